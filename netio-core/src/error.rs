@@ -1,0 +1,322 @@
+//! Errors, one enum per family of operations.
+//!
+//! Every variant says what went wrong and is matchable. Each enum has
+//! `is_retryable()`: `true` means "no resources right now, the same call is
+//! likely to succeed later"; everything else failed and will fail again.
+//! Every enum converts into [`std::io::Error`] for code that only wants `?`.
+
+use std::io;
+
+use crate::addr::{AddressError, EndpointAddress};
+
+/// The error source carried by `Failed…` variants.
+pub type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+macro_rules! into_io {
+    ($t:ty, $($retry:pat => $kind:expr),*) => {
+        impl From<$t> for io::Error {
+            fn from(e: $t) -> io::Error {
+                #[allow(unreachable_patterns)]
+                let kind = match &e {
+                    $($retry => $kind,)*
+                    _ => io::ErrorKind::Other,
+                };
+                io::Error::new(kind, e)
+            }
+        }
+    };
+}
+
+/// Errors of [`Backend::open_listen_endpoint`](crate::Backend::open_listen_endpoint).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenListenError {
+    /// The address cannot be listened on.
+    #[error("invalid endpoint address {address}: {reason}")]
+    InvalidEndpointAddress {
+        /// The address given.
+        address: EndpointAddress,
+        /// What is wrong with it.
+        reason: AddressError,
+    },
+    /// This backend already listens on that address and port.
+    #[error("already listening on {0}")]
+    ListenEndpointAlreadyExists(EndpointAddress),
+    /// The connection parameters conflict with each other or with the
+    /// backend configuration (shared pools).
+    #[error("invalid connection parameters: {0}")]
+    InvalidConnectionParameters(String),
+    /// A requested capability is not supported by this provider.
+    #[error("not supported by this provider: {0}")]
+    NotSupported(&'static str),
+    /// Called from a thread other than the loop thread in thread-unsafe mode.
+    #[error("called from outside the event loop thread in thread-unsafe mode")]
+    WrongThread,
+    /// The system is out of a resource (file descriptors, memory); retrying
+    /// later may work.
+    #[error("no resources to listen on {address}: {source}")]
+    NoResources {
+        /// The address given.
+        address: EndpointAddress,
+        /// The underlying error.
+        source: Source,
+    },
+    /// Opening failed for another reason (address in use, not local, …).
+    #[error("failed to listen on {address}: {source}")]
+    FailedOpenListenEndpoint {
+        /// The address given.
+        address: EndpointAddress,
+        /// The underlying error.
+        source: Source,
+    },
+}
+
+impl OpenListenError {
+    /// `true` for "no resources, retry later".
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::NoResources { .. })
+    }
+}
+into_io!(OpenListenError,
+    OpenListenError::InvalidEndpointAddress { .. } => io::ErrorKind::InvalidInput,
+    OpenListenError::ListenEndpointAlreadyExists(_) => io::ErrorKind::AlreadyExists,
+    OpenListenError::InvalidConnectionParameters(_) => io::ErrorKind::InvalidInput,
+    OpenListenError::NotSupported(_) => io::ErrorKind::Unsupported,
+    OpenListenError::NoResources { .. } => io::ErrorKind::WouldBlock);
+
+/// Errors of [`Backend::open_active_endpoint`](crate::Backend::open_active_endpoint).
+///
+/// These are errors found before a connection is attempted. A connection
+/// that is attempted but refused is reported through
+/// `Handler::on_connection_refused`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenActiveError {
+    /// The address cannot be connected to.
+    #[error("invalid endpoint address {address}: {reason}")]
+    InvalidEndpointAddress {
+        /// The address given.
+        address: EndpointAddress,
+        /// What is wrong with it.
+        reason: AddressError,
+    },
+    /// An active endpoint to that address exists already (opening or open).
+    #[error("an active endpoint to {0} exists already")]
+    ActiveEndpointAlreadyExists(EndpointAddress),
+    /// The connection parameters conflict with each other or with the
+    /// backend configuration.
+    #[error("invalid connection parameters: {0}")]
+    InvalidConnectionParameters(String),
+    /// A requested capability is not supported by this provider.
+    #[error("not supported by this provider: {0}")]
+    NotSupported(&'static str),
+    /// Called from a thread other than the loop thread in thread-unsafe mode.
+    #[error("called from outside the event loop thread in thread-unsafe mode")]
+    WrongThread,
+    /// The system is out of a resource (file descriptors, ports, memory);
+    /// retrying later may work.
+    #[error("no resources to connect to {address}: {source}")]
+    NoResources {
+        /// The address given.
+        address: EndpointAddress,
+        /// The underlying error.
+        source: Source,
+    },
+    /// Opening failed for another reason.
+    #[error("failed to open an active endpoint to {address}: {source}")]
+    FailedOpenActiveEndpoint {
+        /// The address given.
+        address: EndpointAddress,
+        /// The underlying error.
+        source: Source,
+    },
+}
+
+impl OpenActiveError {
+    /// `true` for "no resources, retry later".
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::NoResources { .. })
+    }
+}
+into_io!(OpenActiveError,
+    OpenActiveError::InvalidEndpointAddress { .. } => io::ErrorKind::InvalidInput,
+    OpenActiveError::ActiveEndpointAlreadyExists(_) => io::ErrorKind::AlreadyExists,
+    OpenActiveError::InvalidConnectionParameters(_) => io::ErrorKind::InvalidInput,
+    OpenActiveError::NotSupported(_) => io::ErrorKind::Unsupported,
+    OpenActiveError::NoResources { .. } => io::ErrorKind::WouldBlock);
+
+/// Errors of [`Backend::close_active_endpoint`](crate::Backend::close_active_endpoint)
+/// and [`Backend::close_listen_endpoint`](crate::Backend::close_listen_endpoint).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CloseError {
+    /// No active endpoint (opening, open or accepted) has that remote address.
+    #[error("no active endpoint to {0}")]
+    UnknownActiveEndpoint(EndpointAddress),
+    /// No listen endpoint has that address.
+    #[error("no listen endpoint on {0}")]
+    UnknownListenEndpoint(EndpointAddress),
+    /// Called from a thread other than the loop thread in thread-unsafe mode.
+    #[error("called from outside the event loop thread in thread-unsafe mode")]
+    WrongThread,
+    /// Closing the active endpoint failed.
+    #[error("failed to close the active endpoint to {address}: {source}")]
+    FailedCloseActiveEndpoint {
+        /// The endpoint.
+        address: EndpointAddress,
+        /// The underlying error.
+        source: Source,
+    },
+    /// Closing the listen endpoint failed.
+    #[error("failed to close the listen endpoint on {address}: {source}")]
+    FailedCloseListenEndpoint {
+        /// The endpoint.
+        address: EndpointAddress,
+        /// The underlying error.
+        source: Source,
+    },
+}
+
+impl CloseError {
+    /// Always `false`: closing never lacks resources.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
+}
+into_io!(CloseError,
+    CloseError::UnknownActiveEndpoint(_) => io::ErrorKind::NotFound,
+    CloseError::UnknownListenEndpoint(_) => io::ErrorKind::NotFound);
+
+/// Errors of [`Backend::get_buffer`](crate::Backend::get_buffer) and
+/// [`Backend::num_available_buffers`](crate::Backend::num_available_buffers).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BufferError {
+    /// No established connection has that remote address.
+    #[error("no established connection to {0}")]
+    UnknownActiveEndpoint(EndpointAddress),
+    /// The connection has no send buffers (it was opened for zero-copy or
+    /// copy sending only).
+    #[error("the connection to {0} has no send buffers allocated")]
+    NoBuffersAllocated(EndpointAddress),
+    /// Called from a thread other than the loop thread in thread-unsafe mode.
+    #[error("called from outside the event loop thread in thread-unsafe mode")]
+    WrongThread,
+}
+
+impl BufferError {
+    /// Always `false`: an empty pool is `Ok(None)`, not an error.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
+}
+into_io!(BufferError,
+    BufferError::UnknownActiveEndpoint(_) => io::ErrorKind::NotFound,
+    BufferError::NoBuffersAllocated(_) => io::ErrorKind::Unsupported);
+
+/// Errors of the send operations: `send_buffer`, `send_data` and
+/// `send_data_copy`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// No established connection has that remote address.
+    #[error("no established connection to {0}")]
+    UnknownActiveEndpoint(EndpointAddress),
+    /// The send cannot be queued now (buffers or queue slots are all in
+    /// flight); retrying after a completion is likely to work.
+    #[error("no resources to send now; retry after a send completes")]
+    NoResources,
+    /// The send mode is not available on this connection or provider.
+    #[error("not supported: {0}")]
+    NotSupported(&'static str),
+    /// The buffer was not handed out by `get_buffer` for this connection.
+    #[error("the buffer does not belong to this connection's pool")]
+    ForeignBuffer,
+    /// The header is longer than [`MAX_HEADER_LEN`](crate::MAX_HEADER_LEN).
+    #[error("header of {len} bytes is longer than the maximum of {max}")]
+    HeaderTooLong {
+        /// Header length given.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// A zero-copy slice does not lie inside the connection's registered
+    /// memory region.
+    #[error("zero-copy data lies outside the connection's registered memory region")]
+    OutsideRegion,
+    /// The message is larger than the provider can frame.
+    #[error("message of {len} bytes exceeds the limit of {max}")]
+    MessageTooLarge {
+        /// Message length (header included).
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Called from a thread other than the loop thread in thread-unsafe mode.
+    #[error("called from outside the event loop thread in thread-unsafe mode")]
+    WrongThread,
+    /// Sending failed and retrying will not help.
+    #[error("send failed: {0}")]
+    Failed(Source),
+}
+
+impl SendError {
+    /// `true` for "no resources, retry later".
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::NoResources)
+    }
+}
+into_io!(SendError,
+    SendError::UnknownActiveEndpoint(_) => io::ErrorKind::NotFound,
+    SendError::NoResources => io::ErrorKind::WouldBlock,
+    SendError::NotSupported(_) => io::ErrorKind::Unsupported,
+    SendError::HeaderTooLong { .. } => io::ErrorKind::InvalidInput,
+    SendError::OutsideRegion => io::ErrorKind::InvalidInput,
+    SendError::ForeignBuffer => io::ErrorKind::InvalidInput,
+    SendError::MessageTooLarge { .. } => io::ErrorKind::InvalidInput);
+
+/// Errors creating a backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreateError {
+    /// The configuration is inconsistent.
+    #[error("invalid backend configuration: {0}")]
+    InvalidConfig(String),
+    /// The configuration asks for something this provider does not support.
+    #[error("not supported by this provider: {0}")]
+    NotSupported(&'static str),
+    /// No provider of that name is compiled in.
+    #[error("unknown provider `{0}`")]
+    UnknownProvider(String),
+    /// Creating the backend failed.
+    #[error("failed to create the backend: {0}")]
+    Failed(Source),
+}
+into_io!(CreateError,
+    CreateError::InvalidConfig(_) => io::ErrorKind::InvalidInput,
+    CreateError::NotSupported(_) => io::ErrorKind::Unsupported,
+    CreateError::UnknownProvider(_) => io::ErrorKind::NotFound);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_no_resources_is_retryable() {
+        assert!(SendError::NoResources.is_retryable());
+        assert!(!SendError::ForeignBuffer.is_retryable());
+        assert!(!SendError::Failed("x".into()).is_retryable());
+        let a = EndpointAddress::localhost(1);
+        assert!(OpenActiveError::NoResources { address: a, source: "emfile".into() }.is_retryable());
+        assert!(!OpenActiveError::ActiveEndpointAlreadyExists(a).is_retryable());
+    }
+
+    #[test]
+    fn converts_into_io_error_with_matching_kind() {
+        let e: io::Error = SendError::NoResources.into();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        let e: io::Error = CloseError::UnknownListenEndpoint(EndpointAddress::localhost(1)).into();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(e.to_string().contains("127.0.0.1:1"));
+    }
+}

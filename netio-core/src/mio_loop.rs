@@ -1,0 +1,1 @@
+//! The real event loop, on mio (epoll on Linux).
