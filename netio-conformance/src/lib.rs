@@ -1,1 +1,5 @@
-//! placeholder
+//! The behavioural suite every netio-rs provider must pass.
+#![warn(missing_docs)]
+
+mod harness;
+pub use harness::Harness;

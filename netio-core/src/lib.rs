@@ -69,7 +69,7 @@ pub use event_loop::{thread_token, EventLoop, Signal, Timer};
 pub use handler::{CloseReason, DynHandler, Handler, NoopHandler, RefuseReason};
 pub use params::{
     BackendConfig, BufferedSendParams, Capabilities, ConnectionParams, Features, NetworkMode,
-    PoolParams, RecvParams, ThreadSafety, MAX_HEADER_LEN,
+    PoolParams, RecvParams, ThreadSafety, DEFAULT_SEND_QUEUE_DEPTH, MAX_HEADER_LEN,
 };
 pub use region::{Lent, MemoryRegion, RegionError, RegionSlice};
 

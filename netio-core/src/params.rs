@@ -47,8 +47,11 @@ impl PoolParams {
     }
 }
 
+/// Default for [`BackendConfig::send_queue_depth`].
+pub const DEFAULT_SEND_QUEUE_DEPTH: usize = 256;
+
 /// Configuration of a backend instance.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendConfig {
     /// The kind of network.
     pub mode: NetworkMode,
@@ -61,6 +64,22 @@ pub struct BackendConfig {
     /// When set, every connection can send buffered, and `get_buffer` hands
     /// out buffers of this pool.
     pub shared_send_pool: Option<PoolParams>,
+    /// How many `send_data` and `send_data_copy` sends may be in flight on
+    /// one connection; one more answers `SendError::NoResources`. Buffered
+    /// sends are bounded by their pool instead.
+    pub send_queue_depth: usize,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        Self {
+            mode: NetworkMode::default(),
+            thread_safety: ThreadSafety::default(),
+            shared_receive_pool: None,
+            shared_send_pool: None,
+            send_queue_depth: DEFAULT_SEND_QUEUE_DEPTH,
+        }
+    }
 }
 
 impl BackendConfig {
@@ -162,6 +181,9 @@ impl ConnectionParams {
         if self.send_buffered.num_buf > u32::MAX as usize || self.recv.num_buf > u32::MAX as usize
         {
             return Err("more than 2^32-1 buffers requested".into());
+        }
+        if config.send_queue_depth == 0 {
+            return Err("send_queue_depth of 0 leaves no room for any send".into());
         }
         if let Some(p) = config.shared_receive_pool {
             if p.num_buf == 0 || p.buf_size == 0 {
