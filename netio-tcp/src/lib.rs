@@ -1,0 +1,1 @@
+//! TCP provider of netio-rs, on mio.
