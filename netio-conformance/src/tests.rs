@@ -1,0 +1,1854 @@
+//! The behaviours, one function each, generic over the [`Harness`].
+//!
+//! Each is called by a `#[test]` of the same name that [`suite!`](crate::suite)
+//! generates. They panic (fail) with a message saying which rule of the
+//! contract broke.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use netio_core::{
+    Backend, BackendConfig, BufferError, BufferPool, CloseError, CloseReason, ConnectionParams,
+    EndpointAddress, EventLoop, Features, MemoryRegion, OpenActiveError, OpenListenError,
+    PoolParams, RefuseReason, SendError, Signal, ThreadSafety, Timer, MAX_HEADER_LEN,
+};
+
+use crate::ctx::{connect_target, full_params, Ctx, Node};
+use crate::harness::Harness;
+use crate::recorder::{Event, React};
+
+/// Wall-clock bound for loops run by the event loop tests themselves.
+const WATCHDOG: Duration = Duration::from_secs(20);
+
+fn copy_supported<H: Harness>(c: &Ctx<H>) -> bool {
+    c.h.features().send_copy
+}
+
+fn zc_supported<H: Harness>(c: &Ctx<H>) -> bool {
+    c.h.features().send_zero_copy
+}
+
+// ---------------------------------------------------------------- connections
+
+/// Listening on port 0 returns the bound port, and it accepts connections.
+pub fn listen_on_port_zero_returns_bound_port<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let (s, cl) = (c.node(), c.node());
+    let addr = c.listen(&s, ConnectionParams::receive(64, 4));
+    assert_ne!(
+        addr.port(),
+        0,
+        "the returned address must carry the bound port"
+    );
+    assert!(
+        addr.ip() == s.ip || addr.ip().is_unspecified(),
+        "listened on {} but got {addr}",
+        s.ip
+    );
+    let target = connect_target(addr, s.ip);
+    c.connect(&s, &cl, target, ConnectionParams::buffered(64, 4));
+}
+
+/// Listening twice on the same address fails with `ListenEndpointAlreadyExists`.
+pub fn listening_twice_on_one_address_fails_with_already_exists<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let addr = c.listen(&s, ConnectionParams::receive(64, 4));
+    let r = c.call(&s, move |b| {
+        b.open_listen_endpoint(addr, ConnectionParams::receive(64, 4))
+    });
+    match r {
+        Err(OpenListenError::ListenEndpointAlreadyExists(a)) => assert_eq!(a, addr),
+        other => {
+            panic!("second listen on {addr}: expected ListenEndpointAlreadyExists, got {other:?}")
+        }
+    }
+    assert!(s.log.is_empty(), "a refused listen must report nothing");
+}
+
+/// Unusable addresses fail at once with `InvalidEndpointAddress`, naming the
+/// address.
+pub fn bad_addresses_fail_clearly<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let multicast = EndpointAddress::v4(224, 0, 0, 1, 0);
+    let r = c.call(&s, move |b| {
+        b.open_listen_endpoint(multicast, ConnectionParams::receive(64, 4))
+    });
+    match r {
+        Err(e @ OpenListenError::InvalidEndpointAddress { .. }) => {
+            assert!(
+                e.to_string().contains("224.0.0.1"),
+                "error must name the address: {e}"
+            )
+        }
+        other => panic!("listen on {multicast}: expected InvalidEndpointAddress, got {other:?}"),
+    }
+    let ip = s.ip;
+    for bad in [
+        EndpointAddress::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 80),
+        EndpointAddress::new(ip, 0),
+        EndpointAddress::v4(239, 1, 1, 1, 80),
+    ] {
+        let r = c.call(&s, move |b| {
+            b.open_active_endpoint(bad, ConnectionParams::buffered(64, 4))
+        });
+        match r {
+            Err(e @ OpenActiveError::InvalidEndpointAddress { .. }) => {
+                assert!(
+                    e.to_string().contains(&bad.to_string()),
+                    "error must name {bad}: {e}"
+                )
+            }
+            other => panic!("connect to {bad}: expected InvalidEndpointAddress, got {other:?}"),
+        }
+    }
+    c.settle();
+    assert!(
+        s.log.is_empty(),
+        "rejected calls must report nothing: {:?}",
+        s.log
+    );
+}
+
+/// A connection is reported established on both sides, each with the
+/// capabilities its own parameters give.
+pub fn connect_establishes_on_both_sides_with_capabilities<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let copy = copy_supported(&c);
+    let sp = ConnectionParams::receive(128, 4);
+    let cp = ConnectionParams::buffered(128, 4);
+    let p = c.pair(sp.clone(), cp.clone());
+    let cfg = c.config();
+    let client_caps = p
+        .client
+        .log
+        .established_with(p.listen)
+        .expect("client established");
+    assert_eq!(client_caps, cp.capabilities(&cfg, copy));
+    assert!(client_caps.send_buffered && !client_caps.receive && !client_caps.send_zero_copy);
+    let server_caps = p
+        .server
+        .log
+        .established_with(p.accepted)
+        .expect("server established");
+    assert_eq!(server_caps, sp.capabilities(&cfg, copy));
+    assert!(server_caps.receive && !server_caps.send_buffered && !server_caps.send_zero_copy);
+    assert_eq!(
+        p.accepted.ip(),
+        p.client.ip,
+        "server must name the connection by the client's address"
+    );
+    assert_eq!(p.client.log.established().len(), 1);
+    assert_eq!(p.server.log.established().len(), 1);
+}
+
+/// Capabilities follow the parameters: a count of 0 or no region means the
+/// capability was not requested.
+pub fn capabilities_follow_params<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let copy = copy_supported(&c);
+    let s = c.node();
+    let listen = c.listen(&s, ConnectionParams::receive(64, 4));
+    let listen = connect_target(listen, s.ip);
+    let mut cases = vec![
+        ConnectionParams::default(),
+        ConnectionParams::receive(64, 0),
+        ConnectionParams::buffered(64, 0),
+        ConnectionParams::receive(64, 2),
+        ConnectionParams::buffered(64, 2),
+    ];
+    if zc_supported(&c) {
+        cases.push(ConnectionParams::default().with_zero_copy(MemoryRegion::new(64)));
+    }
+    let cfg = c.config();
+    for params in cases {
+        let cl = c.node();
+        let expected = params.capabilities(&cfg, copy);
+        c.connect(&s, &cl, listen, params.clone());
+        let got = cl.log.established_with(listen).unwrap();
+        assert_eq!(got, expected, "capabilities for {params:?}");
+    }
+    let caps = ConnectionParams::receive(64, 0).capabilities(&cfg, copy);
+    assert!(!caps.receive && !caps.send_buffered && !caps.send_zero_copy);
+}
+
+/// A listener's parameters apply to every connection it accepts.
+pub fn listener_params_apply_to_every_accepted_connection<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let copy = copy_supported(&c);
+    let s = c.node();
+    let sp = full_params(96, 3);
+    let listen = connect_target(c.listen(&s, sp.clone()), s.ip);
+    let mut accepted = Vec::new();
+    for _ in 0..3 {
+        let cl = c.node();
+        accepted.push(c.connect(&s, &cl, listen, ConnectionParams::receive(96, 3)));
+    }
+    let want = sp.capabilities(&c.config(), copy);
+    for a in accepted {
+        assert_eq!(
+            s.log.established_with(a),
+            Some(want),
+            "accepted connection {a}"
+        );
+        let (buf, lw) = c.call(&s, move |b| {
+            let buf = b
+                .get_buffer(a)
+                .expect("get_buffer on an accepted connection");
+            (
+                buf.map(|b| b.capacity()),
+                b.num_available_buffers(a).unwrap(),
+            )
+        });
+        assert_eq!(
+            buf,
+            Some(96),
+            "accepted connection {a} must have the listener's send buffers"
+        );
+        assert_eq!(lw, 2, "three buffers, one taken: low-water mark 2");
+    }
+}
+
+/// Connecting where nothing listens reports `on_connection_refused` to the
+/// initiator only; the endpoint is gone afterwards, so it can be opened
+/// again.
+pub fn connecting_to_nothing_is_refused_on_initiator_only<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let (s, cl) = (c.node(), c.node());
+    // A listener that is closed again: nothing listens there any more.
+    let listen = connect_target(c.listen(&s, ConnectionParams::receive(64, 2)), s.ip);
+    c.call(&s, move |b| b.close_listen_endpoint(listen))
+        .unwrap();
+    c.settle();
+    for attempt in 0..2 {
+        c.call(&cl, move |b| {
+            b.open_active_endpoint(listen, ConnectionParams::buffered(64, 2))
+        })
+        .unwrap_or_else(|e| panic!("attempt {attempt}: open_active_endpoint failed: {e}"));
+        let log = cl.log.clone();
+        c.wait("the connection is refused", || {
+            log.refused().len() > attempt
+        });
+        let (remote, reason) = cl.log.refused()[attempt].clone();
+        assert_eq!(remote, listen);
+        assert_eq!(reason, RefuseReason::Refused, "nothing listens at {listen}");
+    }
+    let other = c.h.refusing_address();
+    c.call(&cl, move |b| {
+        b.open_active_endpoint(other, ConnectionParams::buffered(64, 2))
+    })
+    .unwrap();
+    let log = cl.log.clone();
+    c.wait("the connection to the refusing address is refused", || {
+        log.refused().len() == 3
+    });
+    c.settle();
+    assert!(
+        cl.log.established().is_empty(),
+        "no connection may be established"
+    );
+    assert!(
+        cl.log.closed().is_empty(),
+        "a refused connection is not closed"
+    );
+    assert!(
+        s.log.is_empty(),
+        "the other side hears nothing: {:?}",
+        s.log
+    );
+}
+
+/// Opening an active endpoint that is already opening or open fails with
+/// `ActiveEndpointAlreadyExists`.
+pub fn opening_same_active_endpoint_twice_fails<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let (s, cl) = (c.node(), c.node());
+    let listen = connect_target(c.listen(&s, ConnectionParams::receive(64, 2)), s.ip);
+    let (first, second) = c.call(&cl, move |b| {
+        (
+            b.open_active_endpoint(listen, ConnectionParams::buffered(64, 2)),
+            b.open_active_endpoint(listen, ConnectionParams::buffered(64, 2)),
+        )
+    });
+    first.unwrap();
+    assert!(
+        matches!(second, Err(OpenActiveError::ActiveEndpointAlreadyExists(a)) if a == listen),
+        "while opening: {second:?}"
+    );
+    let log = cl.log.clone();
+    c.wait("established", || log.established_with(listen).is_some());
+    let third = c.call(&cl, move |b| {
+        b.open_active_endpoint(listen, ConnectionParams::buffered(64, 2))
+    });
+    assert!(
+        matches!(third, Err(OpenActiveError::ActiveEndpointAlreadyExists(a)) if a == listen),
+        "while open: {third:?}"
+    );
+    c.settle();
+    assert_eq!(cl.log.established().len(), 1);
+    assert_eq!(
+        s.log.established().len(),
+        1,
+        "the refused open must not connect again"
+    );
+}
+
+/// Both sides of a connection can send.
+pub fn connections_are_bidirectional<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(full_params(64, 4), full_params(64, 4));
+    c.send_buffered(&p.client, p.listen, b"ping".to_vec());
+    c.send_buffered(&p.server, p.accepted, b"pong".to_vec());
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("both messages arrive", || {
+        !sl.data_from(p.accepted).is_empty() && !cl.data_from(p.listen).is_empty()
+    });
+    assert_eq!(p.server.log.data_from(p.accepted), vec![b"ping".to_vec()]);
+    assert_eq!(p.client.log.data_from(p.listen), vec![b"pong".to_vec()]);
+}
+
+/// After a connection is closed, the same endpoint can be opened again and
+/// works.
+pub fn reopening_after_close_works<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(full_params(64, 4), full_params(64, 4));
+    let listen = p.listen;
+    c.call(&p.client, move |b| b.close_active_endpoint(listen))
+        .unwrap();
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("both sides report the close", || {
+        cl.closed_count(listen) == 1 && sl.closed_count(p.accepted) == 1
+    });
+    let again = c.connect(&p.server, &p.client, listen, full_params(64, 4));
+    c.send_buffered(&p.client, listen, b"again".to_vec());
+    let sl = p.server.log.clone();
+    c.wait("the message on the new connection arrives", || {
+        !sl.data_from(again).is_empty()
+    });
+    assert_eq!(p.server.log.data_from(again), vec![b"again".to_vec()]);
+    assert_eq!(p.client.log.established().len(), 2);
+}
+
+// -------------------------------------------------------------- buffered send
+
+/// A buffered send delivers exactly the bytes written, including an empty
+/// message and one of every byte value.
+pub fn buffered_send_delivers_exact_bytes<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(512, 4),
+        ConnectionParams::buffered(512, 4),
+    );
+    let all: Vec<u8> = (0..=255u8).collect();
+    let msgs = vec![
+        all.clone(),
+        Vec::new(),
+        b"x".to_vec(),
+        all.iter().rev().copied().collect(),
+    ];
+    for m in &msgs {
+        c.send_buffered(&p.client, p.listen, m.clone());
+    }
+    let sl = p.server.log.clone();
+    c.wait("all messages arrive", || {
+        sl.data_from(p.accepted).len() >= msgs.len()
+    });
+    assert_eq!(p.server.log.data_from(p.accepted), msgs);
+}
+
+/// A buffered send completes with the buffer's index as its key.
+pub fn buffered_send_completes_with_buffer_index<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 4),
+        ConnectionParams::buffered(64, 3),
+    );
+    let listen = p.listen;
+    let sent: Vec<u64> = c.call(&p.client, move |b| {
+        let bufs: Vec<_> = (0..3)
+            .map(|_| b.get_buffer(listen).unwrap().unwrap())
+            .collect();
+        let mut keys = Vec::new();
+        for mut buf in bufs {
+            buf.write(&[buf.index() as u8]).unwrap();
+            keys.push(buf.index());
+            b.send_buffer(listen, buf).unwrap();
+        }
+        keys
+    });
+    let distinct: BTreeSet<u64> = sent.iter().copied().collect();
+    assert_eq!(distinct.len(), 3, "buffer indices must differ: {sent:?}");
+    let cl = p.client.log.clone();
+    c.wait("three completions", || cl.completed_to(listen).len() == 3);
+    let done: BTreeSet<u64> = p.client.log.completed_to(listen).into_iter().collect();
+    assert_eq!(done, distinct, "completion keys must be the buffer indices");
+}
+
+/// `get_buffer` gives `None` when every buffer is out, and buffers come back
+/// after their sends complete (or when an unsent buffer is dropped).
+pub fn get_buffer_gives_none_when_pool_empty_and_buffers_return_after_completion<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 4),
+        ConnectionParams::buffered(64, 2),
+    );
+    let listen = p.listen;
+    let (a, b2, third) = c.call(&p.client, move |b| {
+        let a = b.get_buffer(listen).unwrap();
+        let b2 = b.get_buffer(listen).unwrap();
+        let third = b.get_buffer(listen).unwrap();
+        (a, b2, third.is_none())
+    });
+    let (a, b2) = (a.expect("first buffer"), b2.expect("second buffer"));
+    assert!(
+        third,
+        "a pool of two must be empty after two get_buffer calls"
+    );
+    drop(a);
+    let again = c.call(&p.client, move |b| {
+        b.get_buffer(listen).unwrap().map(|x| x.index())
+    });
+    assert!(again.is_some(), "a dropped buffer returns to the pool");
+    drop(b2);
+    // On the loop thread, so that no completion returns a buffer meanwhile.
+    let sent = c.on_loop(&p.client, move |b| {
+        let mut n = 0;
+        while let Some(mut buf) = b.get_buffer(listen).unwrap() {
+            buf.write(b"m").unwrap();
+            b.send_buffer(listen, buf).unwrap();
+            n += 1;
+            if n > 2 {
+                break;
+            }
+        }
+        (n, b.get_buffer(listen).unwrap().is_none())
+    });
+    assert_eq!(sent.0, 2, "exactly the pool's two buffers can be in flight");
+    assert!(sent.1, "no buffer while both are in flight");
+    let cl = p.client.log.clone();
+    c.wait("both sends complete", || cl.completed_to(listen).len() == 2);
+    let back = c.call(&p.client, move |b| {
+        let x = b.get_buffer(listen).unwrap();
+        let y = b.get_buffer(listen).unwrap();
+        x.is_some() && y.is_some()
+    });
+    assert!(back, "both buffers are free again after completion");
+}
+
+/// A buffer that does not belong to the connection's pool is rejected with
+/// `ForeignBuffer`, and nothing is sent.
+pub fn foreign_buffer_is_rejected<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 4),
+        ConnectionParams::buffered(64, 2),
+    );
+    let s2 = c.node();
+    let listen2 = connect_target(c.listen(&s2, ConnectionParams::receive(64, 4)), s2.ip);
+    c.connect(&s2, &p.client, listen2, ConnectionParams::buffered(64, 2));
+    let listen = p.listen;
+    let (own_pool, stranger) = c.call(&p.client, move |b| {
+        let mut other = b.get_buffer(listen2).unwrap().unwrap();
+        other.write(b"x").unwrap();
+        let r1 = b.send_buffer(listen, other);
+        let pool = BufferPool::new(64, 1);
+        let mut alien = pool.get().unwrap();
+        alien.write(b"y").unwrap();
+        let r2 = b.send_buffer(listen, alien);
+        (r1, r2)
+    });
+    assert!(
+        matches!(own_pool, Err(SendError::ForeignBuffer)),
+        "another connection's buffer: {own_pool:?}"
+    );
+    assert!(
+        matches!(stranger, Err(SendError::ForeignBuffer)),
+        "a buffer of a private pool: {stranger:?}"
+    );
+    assert!(!own_pool.unwrap_err().is_retryable());
+    c.settle();
+    assert!(p.server.log.data().is_empty(), "nothing may be delivered");
+    assert!(s2.log.data().is_empty(), "nothing may be delivered");
+    let free = c.call(&p.client, move |b| b.get_buffer(listen2).unwrap().is_some());
+    assert!(free, "the rejected buffer went back to its own pool");
+}
+
+/// `get_buffer` and `num_available_buffers` on a connection without send
+/// buffers fail with `NoBuffersAllocated`.
+pub fn get_buffer_without_send_buffers_fails_with_no_buffers_allocated<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let mut cp = ConnectionParams::receive(64, 2);
+    if zc_supported(&c) {
+        cp = cp.with_zero_copy(MemoryRegion::new(64));
+    }
+    let p = c.pair(ConnectionParams::receive(64, 2), cp);
+    let listen = p.listen;
+    let (g, n) = c.call(&p.client, move |b| {
+        (
+            b.get_buffer(listen).map(|o| o.is_some()),
+            b.num_available_buffers(listen),
+        )
+    });
+    assert!(
+        matches!(g, Err(BufferError::NoBuffersAllocated(a)) if a == listen),
+        "get_buffer: {g:?}"
+    );
+    assert!(
+        matches!(n, Err(BufferError::NoBuffersAllocated(_))),
+        "num_available_buffers: {n:?}"
+    );
+}
+
+/// Every operation on an endpoint that does not exist fails with
+/// `UnknownActiveEndpoint`.
+pub fn operations_on_unknown_endpoint_fail<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 2),
+        ConnectionParams::buffered(64, 2),
+    );
+    let nobody = EndpointAddress::new(p.server.ip, p.listen.port().wrapping_add(1).max(1));
+    let listen = p.listen;
+    let r = c.call(&p.client, move |b| {
+        let buf = b.get_buffer(listen).unwrap().unwrap();
+        (
+            b.get_buffer(nobody).map(|o| o.is_some()),
+            b.send_buffer(nobody, buf),
+            b.send_data_copy(nobody, &[b"x"], &[], 1),
+            b.num_available_buffers(nobody),
+            b.close_active_endpoint(nobody),
+        )
+    });
+    assert!(
+        matches!(r.0, Err(BufferError::UnknownActiveEndpoint(a)) if a == nobody),
+        "get_buffer: {:?}",
+        r.0
+    );
+    assert!(
+        matches!(r.1, Err(SendError::UnknownActiveEndpoint(a)) if a == nobody),
+        "send_buffer: {:?}",
+        r.1
+    );
+    assert!(
+        matches!(r.2, Err(SendError::UnknownActiveEndpoint(_))),
+        "send_data_copy: {:?}",
+        r.2
+    );
+    assert!(
+        matches!(r.3, Err(BufferError::UnknownActiveEndpoint(_))),
+        "num_available_buffers: {:?}",
+        r.3
+    );
+    assert!(
+        matches!(r.4, Err(CloseError::UnknownActiveEndpoint(_))),
+        "close_active_endpoint: {:?}",
+        r.4
+    );
+    c.settle();
+    assert!(p.client.log.completed_to(nobody).is_empty());
+}
+
+/// `num_available_buffers` reports the fewest free buffers since the last
+/// call, then starts over from the current number.
+pub fn low_water_mark_of_free_buffers_resets_on_read<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 4),
+        ConnectionParams::buffered(64, 4),
+    );
+    let listen = p.listen;
+    let marks = c.call(&p.client, move |b| {
+        let first = b.num_available_buffers(listen).unwrap();
+        let held: Vec<_> = (0..3)
+            .map(|_| b.get_buffer(listen).unwrap().unwrap())
+            .collect();
+        drop(held);
+        let after_dip = b.num_available_buffers(listen).unwrap();
+        let after_reset = b.num_available_buffers(listen).unwrap();
+        (first, after_dip, after_reset)
+    });
+    assert_eq!(
+        marks,
+        (4, 1, 4),
+        "(initial, after taking 3 of 4, after reading once)"
+    );
+}
+
+// ------------------------------------------------------------------ zero-copy
+
+fn zc_pair<H: Harness>(c: &mut Ctx<H>, region: &MemoryRegion) -> crate::Pair<H> {
+    c.pair(
+        ConnectionParams::receive(1024, 8),
+        ConnectionParams::receive(1024, 8).with_zero_copy(region.clone()),
+    )
+}
+
+/// The header given to `send_data` arrives in front of the payload, as one
+/// message.
+pub fn zero_copy_header_is_prepended_to_payload<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::new(256);
+    region.write(10, b"payload").unwrap();
+    let p = zc_pair(&mut c, &region);
+    let listen = p.listen;
+    let s = region.slice(10, 7).unwrap();
+    c.call(&p.client, move |b| b.send_data(listen, &[s], b"HDR:", 7))
+        .unwrap();
+    let sl = p.server.log.clone();
+    c.wait("the message arrives", || {
+        !sl.data_from(p.accepted).is_empty()
+    });
+    assert_eq!(
+        p.server.log.data_from(p.accepted),
+        vec![b"HDR:payload".to_vec()]
+    );
+}
+
+/// A header longer than 16 bytes is rejected with `HeaderTooLong`; 16 bytes
+/// are fine.
+pub fn zero_copy_header_longer_than_16_bytes_is_rejected<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::new(64);
+    let p = zc_pair(&mut c, &region);
+    let listen = p.listen;
+    let s = region.slice(0, 4).unwrap();
+    let (long, exact) = c.call(&p.client, move |b| {
+        (
+            b.send_data(listen, &[s], &[1u8; MAX_HEADER_LEN + 1], 1),
+            b.send_data(listen, &[s], &[2u8; MAX_HEADER_LEN], 2),
+        )
+    });
+    assert!(
+        matches!(long, Err(SendError::HeaderTooLong { len: 17, max: 16 })),
+        "17-byte header: {long:?}"
+    );
+    exact.expect("a 16-byte header is allowed");
+    let sl = p.server.log.clone();
+    c.wait("the valid message arrives", || {
+        !sl.data_from(p.accepted).is_empty()
+    });
+    c.settle();
+    let got = p.server.log.data_from(p.accepted);
+    assert_eq!(got.len(), 1, "only the valid send is delivered");
+    assert_eq!(got[0].len(), 20);
+    assert_eq!(p.client.log.completed_to(listen), vec![2]);
+}
+
+/// Data outside the connection's registered region is rejected with
+/// `OutsideRegion`; a connection without a region answers `NotSupported`.
+pub fn zero_copy_data_outside_region_is_rejected<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::new(64);
+    let other = MemoryRegion::new(64);
+    let p = zc_pair(&mut c, &region);
+    let listen = p.listen;
+    let foreign = other.slice(0, 8).unwrap();
+    let r = c.call(&p.client, move |b| b.send_data(listen, &[foreign], &[], 1));
+    assert!(
+        matches!(r, Err(SendError::OutsideRegion)),
+        "slice of another region: {r:?}"
+    );
+    // A connection without a region.
+    let s2 = c.node();
+    let l2 = connect_target(c.listen(&s2, ConnectionParams::receive(64, 2)), s2.ip);
+    c.connect(&s2, &p.client, l2, ConnectionParams::buffered(64, 2));
+    let own = region.slice(0, 8).unwrap();
+    let r = c.call(&p.client, move |b| b.send_data(l2, &[own], &[], 2));
+    assert!(
+        matches!(r, Err(SendError::NotSupported(_))),
+        "no region on the connection: {r:?}"
+    );
+    c.settle();
+    assert!(
+        p.server.log.data().is_empty() && s2.log.data().is_empty(),
+        "nothing may be delivered"
+    );
+    region
+        .write(0, b"free")
+        .expect("a rejected send must not keep the region lent");
+}
+
+/// A zero-copy send completes with the caller's key, and its data is lent
+/// (cannot be written through the safe API) until then.
+pub fn zero_copy_completion_carries_callers_key<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::new(64);
+    let p = zc_pair(&mut c, &region);
+    let listen = p.listen;
+    let (a, b2) = (region.slice(0, 8).unwrap(), region.slice(8, 8).unwrap());
+    let r2 = region.clone();
+    // On the loop thread, so that the sends cannot complete before the write.
+    let refused = c.on_loop(&p.client, move |b| {
+        b.send_data(listen, &[a], &[], 0xdead_beef).unwrap();
+        b.send_data(listen, &[b2], &[], u64::MAX).unwrap();
+        r2.write(0, b"overwrite").is_err()
+    });
+    assert!(refused, "data of a send in flight must not be writable");
+    let cl = p.client.log.clone();
+    c.wait("both sends complete", || cl.completed_to(listen).len() == 2);
+    let keys: BTreeSet<u64> = p.client.log.completed_to(listen).into_iter().collect();
+    assert_eq!(keys, BTreeSet::from([0xdead_beef, u64::MAX]));
+    region
+        .write(0, b"overwrite")
+        .expect("writable again after completion");
+}
+
+/// Several slices (scatter/gather) arrive as one message, in the order
+/// given.
+pub fn zero_copy_scatter_gather_arrives_as_one_message<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::new(128);
+    region.write(0, b"AAAA").unwrap();
+    region.write(64, b"BBBBBB").unwrap();
+    region.write(100, b"CC").unwrap();
+    let p = zc_pair(&mut c, &region);
+    let listen = p.listen;
+    let slices = [
+        region.slice(64, 6).unwrap(),
+        region.slice(0, 4).unwrap(),
+        region.slice(100, 2).unwrap(),
+    ];
+    c.call(&p.client, move |b| b.send_data(listen, &slices, b"h", 5))
+        .unwrap();
+    let sl = p.server.log.clone();
+    c.wait("the message arrives", || {
+        !sl.data_from(p.accepted).is_empty()
+    });
+    c.settle();
+    assert_eq!(
+        p.server.log.data_from(p.accepted),
+        vec![b"hBBBBBBAAAACC".to_vec()]
+    );
+}
+
+/// Buffered and zero-copy sends work side by side on one connection.
+pub fn buffered_and_zero_copy_work_on_one_connection<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::from_vec(b"zero-copy".to_vec());
+    let p = c.pair(
+        ConnectionParams::receive(64, 4),
+        ConnectionParams::buffered(64, 2).with_zero_copy(region.clone()),
+    );
+    let listen = p.listen;
+    let s = region.slice(0, 9).unwrap();
+    c.call(&p.client, move |b| b.send_data(listen, &[s], &[], 100))
+        .unwrap();
+    let sl = p.server.log.clone();
+    c.wait("the zero-copy message arrives", || {
+        sl.data_from(p.accepted).len() == 1
+    });
+    c.send_buffered(&p.client, listen, b"buffered".to_vec());
+    c.wait("the buffered message arrives", || {
+        sl.data_from(p.accepted).len() == 2
+    });
+    assert_eq!(
+        p.server.log.data_from(p.accepted),
+        vec![b"zero-copy".to_vec(), b"buffered".to_vec()]
+    );
+}
+
+// ----------------------------------------------------------------------- copy
+
+/// `send_data_copy` copies at once: overwriting the caller's memory right
+/// after the call does not change what arrives.
+pub fn copy_send_data_may_be_overwritten_after_call<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(256, 8),
+        ConnectionParams::default(),
+    );
+    let listen = p.listen;
+    let r = c.call(&p.client, move |b| {
+        let mut data = b"original".to_vec();
+        let mut tail = b"-tail".to_vec();
+        let mut header = b"H1".to_vec();
+        b.send_data_copy(listen, &[&data, &tail], &header, 42)
+            .unwrap();
+        data.iter_mut().for_each(|x| *x = b'X');
+        tail.clear();
+        header.iter_mut().for_each(|x| *x = b'Y');
+        drop((data, tail, header));
+        b.send_data_copy(listen, &[b"z"], &[0u8; MAX_HEADER_LEN + 1], 43)
+    });
+    assert!(
+        matches!(r, Err(SendError::HeaderTooLong { .. })),
+        "17-byte header: {r:?}"
+    );
+    let sl = p.server.log.clone();
+    c.wait("the message arrives", || {
+        !sl.data_from(p.accepted).is_empty()
+    });
+    let cl = p.client.log.clone();
+    c.wait("the send completes", || cl.completed_to(listen) == vec![42]);
+    c.settle();
+    assert_eq!(
+        p.server.log.data_from(p.accepted),
+        vec![b"H1original-tail".to_vec()]
+    );
+}
+
+/// A provider either sends by copy, or says `NotSupported`, as its declared
+/// features say.
+pub fn copy_send_is_supported_or_reports_not_supported<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let copy = copy_supported(&c);
+    let p = c.pair(
+        ConnectionParams::receive(64, 4),
+        ConnectionParams::default(),
+    );
+    let listen = p.listen;
+    let caps = p.client.log.established_with(listen).unwrap();
+    assert_eq!(
+        caps.send_copy, copy,
+        "the capability must match the declared feature"
+    );
+    let r = c.call(&p.client, move |b| {
+        b.send_data_copy(listen, &[b"copy"], &[], 9)
+    });
+    if copy {
+        r.expect("copy sending is declared supported");
+        let sl = p.server.log.clone();
+        c.wait("the message arrives", || {
+            !sl.data_from(p.accepted).is_empty()
+        });
+    } else {
+        assert!(matches!(r, Err(SendError::NotSupported(_))), "{r:?}");
+    }
+}
+
+/// At most `send_queue_depth` copy sends are in flight per connection; one
+/// more answers `NoResources`, and retrying after completions works.
+pub fn send_queue_depth_bounds_sends_with_no_resources<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let cfg = BackendConfig {
+        send_queue_depth: 4,
+        ..c.config()
+    };
+    let cl = c.node_with(cfg, None);
+    let p = c.pair_of(
+        s,
+        cl,
+        ConnectionParams::receive(64, 16),
+        ConnectionParams::default(),
+    );
+    let listen = p.listen;
+    // On the loop thread, so that no send completes between the five calls.
+    let results = c.on_loop(&p.client, move |b| {
+        (0..5u64)
+            .map(|k| b.send_data_copy(listen, &[&k.to_le_bytes()], &[], k))
+            .collect::<Vec<_>>()
+    });
+    for (k, r) in results.iter().take(4).enumerate() {
+        assert!(r.is_ok(), "send {k} within the depth: {r:?}");
+    }
+    let fifth = results.into_iter().nth(4).unwrap();
+    match fifth {
+        Err(e) => assert!(
+            e.is_retryable() && matches!(e, SendError::NoResources),
+            "{e:?}"
+        ),
+        Ok(()) => panic!("the fifth send must answer NoResources"),
+    }
+    let cl = p.client.log.clone();
+    c.wait("four sends complete", || cl.completed_to(listen).len() == 4);
+    c.call(&p.client, move |b| {
+        b.send_data_copy(listen, &[b"retry"], &[], 99)
+    })
+    .expect("a retry after completions works");
+    let sl = p.server.log.clone();
+    c.wait("five messages arrive", || {
+        sl.data_from(p.accepted).len() == 5
+    });
+}
+
+// ------------------------------------------------------------------- delivery
+
+/// Many messages arrive in order, exactly once, and every send completes
+/// once.
+pub fn many_messages_arrive_in_order_exactly_once<H: Harness>(mode: ThreadSafety) {
+    const N: u32 = 500;
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 8),
+        ConnectionParams::buffered(64, 8),
+    );
+    for i in 0..N {
+        c.send_buffered(&p.client, p.listen, i.to_le_bytes().to_vec());
+    }
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("every message arrives and every send completes", || {
+        sl.data_from(p.accepted).len() >= N as usize
+            && cl.completed_to(p.listen).len() >= N as usize
+    });
+    c.settle();
+    let got: Vec<u32> = p
+        .server
+        .log
+        .data_from(p.accepted)
+        .iter()
+        .map(|d| u32::from_le_bytes(d[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(got, (0..N).collect::<Vec<_>>(), "in order, exactly once");
+    assert_eq!(
+        p.client.log.completed_to(p.listen).len(),
+        N as usize,
+        "one completion per send"
+    );
+    assert!(p.client.log.closed().is_empty() && p.server.log.closed().is_empty());
+}
+
+/// A message exactly as large as the receive buffer arrives, and the
+/// connection stays open.
+pub fn message_of_exactly_receive_buffer_size_arrives<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(256, 2),
+        ConnectionParams::buffered(256, 2),
+    );
+    let msg: Vec<u8> = (0..256u32).map(|i| (i * 7) as u8).collect();
+    c.send_buffered(&p.client, p.listen, msg.clone());
+    let sl = p.server.log.clone();
+    c.wait("the message arrives", || {
+        !sl.data_from(p.accepted).is_empty()
+    });
+    c.send_buffered(&p.client, p.listen, b"after".to_vec());
+    c.wait("the next message arrives", || {
+        sl.data_from(p.accepted).len() == 2
+    });
+    assert_eq!(
+        p.server.log.data_from(p.accepted),
+        vec![msg, b"after".to_vec()]
+    );
+    assert!(p.server.log.closed().is_empty() && p.client.log.closed().is_empty());
+}
+
+/// A message larger than the receiver's buffer closes the connection with
+/// `MessageTooLarge`; it is never delivered, receive memory does not grow,
+/// and the sender's key is reported once.
+pub fn message_larger_than_receive_buffer_closes_connection_clearly<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(256, 2),
+        ConnectionParams::buffered(1024, 2),
+    );
+    let before = p.server.backend.memory_usage();
+    let key = c.send_buffered(&p.client, p.listen, vec![0xab; 257]);
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("both sides report the close", || {
+        sl.closed_count(p.accepted) == 1 && cl.closed_count(p.listen) == 1
+    });
+    c.settle();
+    let (_, reason, _) = p.server.log.closed()[0].clone();
+    assert_eq!(
+        reason,
+        CloseReason::MessageTooLarge {
+            size: 257,
+            limit: 256
+        },
+        "the receiver's close reason"
+    );
+    assert!(
+        reason.to_string().contains("257"),
+        "reason must say the size: {reason}"
+    );
+    assert!(
+        p.server.log.data().is_empty(),
+        "the oversized message must not be delivered"
+    );
+    let done = p.client.log.completed_to(p.listen);
+    let cancelled = p.client.log.cancelled_to(p.listen);
+    let reports = done.iter().chain(&cancelled).filter(|k| **k == key).count();
+    assert_eq!(
+        reports, 1,
+        "key {key}: completed {done:?}, cancelled {cancelled:?}"
+    );
+    assert!(
+        p.server.backend.memory_usage().receive_bytes <= before.receive_bytes,
+        "receive memory grew: {:?} -> {:?}",
+        before,
+        p.server.backend.memory_usage()
+    );
+}
+
+// -------------------------------------------------------------------- closing
+
+/// Closing an active endpoint reports `on_connection_closed` on both sides:
+/// `Local` here, `PeerClosed` there.
+pub fn closing_active_endpoint_reports_closed_on_both_sides<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(full_params(64, 2), full_params(64, 2));
+    let listen = p.listen;
+    c.call(&p.client, move |b| b.close_active_endpoint(listen))
+        .unwrap();
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("both sides report the close", || {
+        cl.closed_count(listen) == 1 && sl.closed_count(p.accepted) == 1
+    });
+    c.settle();
+    assert_eq!(
+        p.client.log.closed(),
+        vec![(listen, CloseReason::Local, vec![])]
+    );
+    assert_eq!(
+        p.server.log.closed(),
+        vec![(p.accepted, CloseReason::PeerClosed, vec![])]
+    );
+}
+
+/// Closing with sends in flight reports every key exactly once: completed or
+/// cancelled, never both; nothing cancelled is delivered.
+pub fn closing_with_sends_in_flight_reports_each_key_once<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 32),
+        ConnectionParams::buffered(64, 16),
+    );
+    let listen = p.listen;
+    let sent = c.call(&p.client, move |b| {
+        let mut keys = Vec::new();
+        while let Some(mut buf) = b.get_buffer(listen).unwrap() {
+            buf.write_int(buf.index()).unwrap();
+            keys.push(buf.index());
+            b.send_buffer(listen, buf).unwrap();
+        }
+        b.close_active_endpoint(listen).unwrap();
+        keys
+    });
+    assert_eq!(sent.len(), 16);
+    let cl = p.client.log.clone();
+    c.wait("the close is reported", || cl.closed_count(listen) == 1);
+    c.settle();
+    let done = p.client.log.completed_to(listen);
+    let cancelled = p.client.log.cancelled_to(listen);
+    let mut all: Vec<u64> = done.iter().chain(&cancelled).copied().collect();
+    all.sort_unstable();
+    let mut want = sent.clone();
+    want.sort_unstable();
+    assert_eq!(
+        all, want,
+        "each key once: completed {done:?}, cancelled {cancelled:?}"
+    );
+    let events = p.client.log.events();
+    let close_at = events
+        .iter()
+        .position(|e| matches!(e, Event::Closed { .. }))
+        .unwrap();
+    assert!(
+        !events[close_at..]
+            .iter()
+            .any(|e| matches!(e, Event::Completed { .. })),
+        "no completion may follow the close: {events:?}"
+    );
+    let delivered: Vec<u64> = p
+        .server
+        .log
+        .data_from(p.accepted)
+        .iter()
+        .map(|d| u64::from_le_bytes(d[..8].try_into().unwrap()))
+        .collect();
+    for k in &delivered {
+        assert!(
+            !cancelled.contains(k),
+            "key {k} was delivered but reported cancelled"
+        );
+    }
+    let order: Vec<usize> = delivered
+        .iter()
+        .map(|k| sent.iter().position(|s| s == k).unwrap())
+        .collect();
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "delivered out of order: {delivered:?}"
+    );
+}
+
+/// Closing a listener closes every connection it accepted (and only those);
+/// the listener itself is reported nowhere.
+pub fn closing_listener_closes_its_connections<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let listen = connect_target(c.listen(&s, full_params(64, 2)), s.ip);
+    let clients: Vec<Node<H>> = (0..3).map(|_| c.node()).collect();
+    let mut accepted = Vec::new();
+    for cl in &clients {
+        accepted.push(c.connect(&s, cl, listen, full_params(64, 2)));
+    }
+    // The server's own outgoing connection must survive.
+    let other = c.node();
+    let other_listen = connect_target(c.listen(&other, full_params(64, 2)), other.ip);
+    c.connect(&other, &s, other_listen, full_params(64, 2));
+    c.call(&s, move |b| b.close_listen_endpoint(listen))
+        .unwrap();
+    let sl = s.log.clone();
+    c.wait("every accepted connection is closed", || {
+        sl.closed().len() >= 3
+    });
+    for cl in &clients {
+        let log = cl.log.clone();
+        c.wait("each client hears of the close", || {
+            log.closed_count(listen) == 1
+        });
+        assert_eq!(cl.log.closed()[0].1, CloseReason::PeerClosed);
+    }
+    c.settle();
+    let closed = s.log.closed();
+    assert_eq!(
+        closed.len(),
+        3,
+        "exactly the accepted connections: {closed:?}"
+    );
+    let names: BTreeSet<_> = closed.iter().map(|x| x.0).collect();
+    assert_eq!(names, accepted.iter().copied().collect::<BTreeSet<_>>());
+    assert!(
+        closed.iter().all(|x| x.1 == CloseReason::ListenerClosed),
+        "{closed:?}"
+    );
+    c.send_buffered(&s, other_listen, b"still open".to_vec());
+    let ol = other.log.clone();
+    c.wait("the outgoing connection still works", || {
+        !ol.data().is_empty()
+    });
+    let cl = c.node();
+    c.call(&cl, move |b| {
+        b.open_active_endpoint(listen, full_params(64, 2))
+    })
+    .unwrap();
+    let log = cl.log.clone();
+    c.wait("a new connection to the closed listener is refused", || {
+        !log.refused().is_empty()
+    });
+}
+
+/// Closing a listener that accepted nothing reports nothing, and the
+/// address can be listened on again.
+pub fn closing_listener_without_connections_reports_nothing<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let listen = c.listen(&s, full_params(64, 2));
+    c.call(&s, move |b| b.close_listen_endpoint(listen))
+        .unwrap();
+    c.settle();
+    assert!(
+        s.log.is_empty(),
+        "nothing is reported for a listener: {:?}",
+        s.log
+    );
+    let again = c.call(&s, move |b| {
+        b.open_listen_endpoint(listen, full_params(64, 2))
+    });
+    assert_eq!(again.expect("listening again on the same address"), listen);
+}
+
+/// Closing an endpoint that does not exist fails with `UnknownActiveEndpoint`
+/// or `UnknownListenEndpoint`, also the second time a listener is closed.
+pub fn closing_unknown_endpoint_fails<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let listen = c.listen(&s, full_params(64, 2));
+    let nowhere = EndpointAddress::new(s.ip, 9);
+    let r = c.call(&s, move |b| {
+        (
+            b.close_active_endpoint(nowhere),
+            b.close_listen_endpoint(nowhere),
+            b.close_listen_endpoint(listen),
+            b.close_listen_endpoint(listen),
+            b.close_active_endpoint(listen),
+        )
+    });
+    assert!(
+        matches!(r.0, Err(CloseError::UnknownActiveEndpoint(a)) if a == nowhere),
+        "{:?}",
+        r.0
+    );
+    assert!(
+        matches!(r.1, Err(CloseError::UnknownListenEndpoint(a)) if a == nowhere),
+        "{:?}",
+        r.1
+    );
+    assert!(r.2.is_ok(), "{:?}", r.2);
+    assert!(
+        matches!(r.3, Err(CloseError::UnknownListenEndpoint(a)) if a == listen),
+        "{:?}",
+        r.3
+    );
+    assert!(
+        matches!(r.4, Err(CloseError::UnknownActiveEndpoint(_))),
+        "a listener is not an active endpoint: {:?}",
+        r.4
+    );
+}
+
+/// An accepted connection can be closed by the peer's address; both sides
+/// report it.
+pub fn accepted_endpoint_can_be_closed_by_remote_address<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(full_params(64, 2), full_params(64, 2));
+    let acc = p.accepted;
+    c.call(&p.server, move |b| b.close_active_endpoint(acc))
+        .unwrap();
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("both sides report the close", || {
+        sl.closed_count(acc) == 1 && cl.closed_count(p.listen) == 1
+    });
+    assert_eq!(p.server.log.closed()[0].1, CloseReason::Local);
+    assert_eq!(p.client.log.closed()[0].1, CloseReason::PeerClosed);
+}
+
+/// A peer's close is reported; afterwards the endpoint is gone (sends fail
+/// with `UnknownActiveEndpoint`) and can be opened again.
+pub fn peer_close_is_reported_and_endpoint_is_gone<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(full_params(64, 2), full_params(64, 2));
+    let acc = p.accepted;
+    c.call(&p.server, move |b| b.close_active_endpoint(acc))
+        .unwrap();
+    let cl = p.client.log.clone();
+    c.wait("the client hears of the close", || {
+        cl.closed_count(p.listen) == 1
+    });
+    let listen = p.listen;
+    let r = c.call(&p.client, move |b| {
+        b.get_buffer(listen).map(|x| x.is_some())
+    });
+    assert!(
+        matches!(r, Err(BufferError::UnknownActiveEndpoint(_))),
+        "{r:?}"
+    );
+    c.connect(&p.server, &p.client, listen, full_params(64, 2));
+}
+
+// -------------------------------------------------------------------- threads
+
+/// In thread-safe mode, sends from many threads at once all arrive, each
+/// thread's in its order.
+pub fn sends_from_many_threads_all_arrive<H: Harness>(mode: ThreadSafety) {
+    const THREADS: u32 = 4;
+    const PER: u32 = 100;
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 16),
+        ConnectionParams::buffered(64, 16),
+    );
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let b = p.client.backend.clone();
+            let listen = p.listen;
+            let failures = failures.clone();
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + WATCHDOG;
+                for i in 0..PER {
+                    loop {
+                        if Instant::now() > deadline {
+                            failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("thread {t} timed out at {i}"));
+                            return;
+                        }
+                        match b.get_buffer(listen) {
+                            Ok(Some(mut buf)) => {
+                                buf.write_int(t).unwrap();
+                                buf.write_int(i).unwrap();
+                                match b.send_buffer(listen, buf) {
+                                    Ok(()) => break,
+                                    Err(e) if e.is_retryable() => {}
+                                    Err(e) => {
+                                        failures.lock().unwrap().push(format!("thread {t}: {e}"));
+                                        return;
+                                    }
+                                }
+                            }
+                            Ok(None) => std::thread::yield_now(),
+                            Err(e) => {
+                                failures.lock().unwrap().push(format!("thread {t}: {e}"));
+                                return;
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let sl = p.server.log.clone();
+    let total = (THREADS * PER) as usize;
+    let f2 = failures.clone();
+    c.wait("every message from every thread arrives", || {
+        sl.data_from(p.accepted).len() >= total || !f2.lock().unwrap().is_empty()
+    });
+    for h in handles {
+        h.join().expect("sender thread panicked");
+    }
+    assert!(
+        failures.lock().unwrap().is_empty(),
+        "{:?}",
+        failures.lock().unwrap()
+    );
+    let mut per: HashMap<u32, Vec<u32>> = HashMap::new();
+    for d in p.server.log.data_from(p.accepted) {
+        let t = u32::from_le_bytes(d[0..4].try_into().unwrap());
+        let i = u32::from_le_bytes(d[4..8].try_into().unwrap());
+        per.entry(t).or_default().push(i);
+    }
+    for t in 0..THREADS {
+        assert_eq!(
+            per.get(&t),
+            Some(&(0..PER).collect::<Vec<_>>()),
+            "thread {t}'s messages"
+        );
+    }
+}
+
+/// A handler can send and close from inside its callbacks without
+/// deadlock: the server echoes, and closes when asked to.
+pub fn handler_can_send_and_close_inside_callbacks<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let e2 = errors.clone();
+    let react: React<H::Backend> = Box::new(move |b, ev| {
+        if let Event::Data { remote, data } = ev {
+            if data == b"close" {
+                if let Err(e) = b.close_active_endpoint(*remote) {
+                    e2.lock().unwrap().push(e.to_string());
+                }
+                return;
+            }
+            match b.get_buffer(*remote) {
+                Ok(Some(mut buf)) => {
+                    buf.write(b"echo:").unwrap();
+                    buf.write(data).unwrap();
+                    if let Err(e) = b.send_buffer(*remote, buf) {
+                        e2.lock().unwrap().push(e.to_string());
+                    }
+                }
+                other => e2.lock().unwrap().push(format!("get_buffer: {other:?}")),
+            }
+        }
+    });
+    let server = c.node_with(c.config(), Some(react));
+    let client = c.node();
+    let p = c.pair_of(server, client, full_params(64, 8), full_params(64, 8));
+    c.send_buffered(&p.client, p.listen, b"a".to_vec());
+    c.send_buffered(&p.client, p.listen, b"b".to_vec());
+    let cl = p.client.log.clone();
+    c.wait("both echoes arrive", || cl.data_from(p.listen).len() == 2);
+    assert_eq!(
+        p.client.log.data_from(p.listen),
+        vec![b"echo:a".to_vec(), b"echo:b".to_vec()]
+    );
+    c.send_buffered(&p.client, p.listen, b"close".to_vec());
+    let sl = p.server.log.clone();
+    c.wait("the handler's close is reported on both sides", || {
+        cl.closed_count(p.listen) == 1 && sl.closed_count(p.accepted) == 1
+    });
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+    assert_eq!(p.server.log.closed()[0].1, CloseReason::Local);
+}
+
+/// In thread-unsafe mode, every operation called from a thread other than
+/// the loop thread fails with `WrongThread`, without side effects.
+pub fn calls_off_the_loop_thread_fail_with_wrong_thread<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    assert_eq!(mode, ThreadSafety::Unsafe);
+    let p = c.pair(full_params(64, 2), full_params(64, 2));
+    let b = p.client.backend.clone();
+    let listen = p.listen;
+    let ip = p.client.ip;
+    let r = std::thread::spawn(move || {
+        let any = EndpointAddress::new(ip, 0);
+        (
+            matches!(
+                b.open_listen_endpoint(any, full_params(64, 2)),
+                Err(OpenListenError::WrongThread)
+            ),
+            matches!(
+                b.open_active_endpoint(listen.with_port(listen.port() ^ 1), full_params(64, 2)),
+                Err(OpenActiveError::WrongThread)
+            ),
+            matches!(b.get_buffer(listen), Err(BufferError::WrongThread)),
+            matches!(
+                b.num_available_buffers(listen),
+                Err(BufferError::WrongThread)
+            ),
+            matches!(
+                b.send_data_copy(listen, &[b"x"], &[], 1),
+                Err(SendError::WrongThread)
+            ),
+            matches!(
+                b.close_active_endpoint(listen),
+                Err(CloseError::WrongThread)
+            ),
+            matches!(
+                b.close_listen_endpoint(listen),
+                Err(CloseError::WrongThread)
+            ),
+        )
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        r,
+        (true, true, true, true, true, true, true),
+        "each call must fail with WrongThread"
+    );
+    c.settle();
+    assert!(
+        p.client.log.closed().is_empty(),
+        "nothing may have been closed"
+    );
+    assert!(p.server.log.data().is_empty(), "nothing may have been sent");
+    c.send_buffered(&p.client, listen, b"ok".to_vec());
+    let sl = p.server.log.clone();
+    c.wait("the connection still works from the loop thread", || {
+        !sl.data().is_empty()
+    });
+}
+
+/// In thread-unsafe mode, sends issued from signal and timer callbacks (on
+/// the loop thread) work.
+pub fn sends_through_signals_and_timers_work<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 16),
+        ConnectionParams::buffered(64, 16),
+    );
+    let listen = p.listen;
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let send = {
+        let b = p.client.backend.clone();
+        let errors = errors.clone();
+        move |msg: &[u8]| match b.get_buffer(listen) {
+            Ok(Some(mut buf)) => {
+                buf.write(msg).unwrap();
+                if let Err(e) = b.send_buffer(listen, buf) {
+                    errors.lock().unwrap().push(e.to_string());
+                }
+            }
+            other => errors
+                .lock()
+                .unwrap()
+                .push(format!("get_buffer: {other:?}")),
+        }
+    };
+    let lp = c.h.event_loop(&p.client.backend);
+    let s1 = send.clone();
+    let signal = lp.signal(move || s1(b"sig"));
+    let timer_slot: Arc<Mutex<Option<<H::Loop as EventLoop>::Timer>>> = Arc::new(Mutex::new(None));
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let (slot2, ticks2) = (timer_slot.clone(), ticks.clone());
+    let timer = lp.timer(move || {
+        if ticks2.fetch_add(1, Ordering::SeqCst) < 3 {
+            send(b"tick");
+        }
+        if ticks2.load(Ordering::SeqCst) >= 3 {
+            if let Some(t) = slot2.lock().unwrap().as_ref() {
+                t.stop();
+            }
+        }
+    });
+    timer.start(Duration::from_millis(1));
+    *timer_slot.lock().unwrap() = Some(timer);
+    let s2 = signal.clone();
+    std::thread::spawn(move || (0..3).for_each(|_| s2.fire()))
+        .join()
+        .unwrap();
+    let sl = p.server.log.clone();
+    c.wait("three signal and three timer messages arrive", || {
+        sl.data().len() >= 6
+    });
+    c.settle();
+    timer_slot.lock().unwrap().take();
+    let data = p.server.log.data_from(p.accepted);
+    assert_eq!(
+        data.iter().filter(|d| d.as_slice() == b"sig").count(),
+        3,
+        "{data:?}"
+    );
+    assert_eq!(
+        data.iter().filter(|d| d.as_slice() == b"tick").count(),
+        3,
+        "{data:?}"
+    );
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+}
+
+// ----------------------------------------------------------------- event loop
+
+/// Runs `lp` on this thread with `init`, with a watchdog that stops it after
+/// [`WATCHDOG`] so a broken loop fails the test instead of hanging it.
+/// Returns whether the watchdog had to stop it.
+fn run_guarded<L: EventLoop>(lp: &L, init: impl FnOnce()) -> bool {
+    let done = AtomicBool::new(false);
+    let fired = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let start = Instant::now();
+            while !done.load(Ordering::SeqCst) {
+                if start.elapsed() > WATCHDOG {
+                    fired.store(true, Ordering::SeqCst);
+                    lp.stop();
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        lp.run(init);
+        done.store(true, Ordering::SeqCst);
+    });
+    fired.load(Ordering::SeqCst)
+}
+
+/// `run` calls the init callback before any other callback, even a signal
+/// fired before `run`.
+pub fn init_runs_before_any_other_callback<H: Harness>(_mode: ThreadSafety) {
+    let mut h = H::setup();
+    let lp = Arc::new(h.fresh_loop());
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (o2, l2) = (order.clone(), lp.clone());
+    let sig = lp.signal(move || {
+        o2.lock().unwrap().push("signal");
+        l2.stop();
+    });
+    sig.fire();
+    let (o3, l3) = (order.clone(), lp.clone());
+    let watchdog = run_guarded(&*lp, move || {
+        o3.lock().unwrap().push(if l3.on_loop_thread() {
+            "init"
+        } else {
+            "init off the loop thread"
+        });
+    });
+    drop(sig);
+    assert!(!watchdog, "the signal fired before run never ran");
+    assert_eq!(*order.lock().unwrap(), vec!["init", "signal"]);
+}
+
+/// `stop` called from another thread makes `run` return.
+pub fn stop_from_another_thread_returns_run<H: Harness>(_mode: ThreadSafety) {
+    let mut h = H::setup();
+    let lp = h.fresh_loop();
+    let stopped_by_other = AtomicBool::new(false);
+    let (tx, rx) = mpsc::channel::<()>();
+    let (lpr, flag) = (&lp, &stopped_by_other);
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            rx.recv_timeout(WATCHDOG).expect("init ran");
+            assert!(!lpr.on_loop_thread(), "this thread does not run the loop");
+            flag.store(true, Ordering::SeqCst);
+            lpr.stop();
+        });
+        lp.run(|| tx.send(()).unwrap());
+    });
+    assert!(
+        stopped_by_other.load(Ordering::SeqCst),
+        "run returned before stop was called"
+    );
+    assert!(
+        !lp.on_loop_thread(),
+        "after run the caller is no longer the loop thread"
+    );
+}
+
+/// A `stop` before `run` makes `run` return right after the init callback.
+pub fn stop_before_run_returns_after_init<H: Harness>(_mode: ThreadSafety) {
+    let mut h = H::setup();
+    let lp = h.fresh_loop();
+    lp.stop();
+    let mut inited = false;
+    let watchdog = run_guarded(&lp, || inited = true);
+    assert!(inited, "init must run");
+    assert!(
+        !watchdog,
+        "run must return by itself after a stop before run"
+    );
+}
+
+/// A signal fired N times, from several threads, runs its callback N times on
+/// the loop thread.
+pub fn signal_fired_n_times_runs_n_times_from_any_thread<H: Harness>(_mode: ThreadSafety) {
+    const THREADS: usize = 3;
+    const FIRES: usize = 50;
+    let mut h = H::setup();
+    let lp = Arc::new(h.fresh_loop());
+    let count = Arc::new(AtomicUsize::new(0));
+    let off_thread = Arc::new(AtomicUsize::new(0));
+    let (c2, o2, l2) = (count.clone(), off_thread.clone(), lp.clone());
+    let sig = lp.signal(move || {
+        if !l2.on_loop_thread() {
+            o2.fetch_add(1, Ordering::SeqCst);
+        }
+        if c2.fetch_add(1, Ordering::SeqCst) + 1 == THREADS * FIRES {
+            l2.stop();
+        }
+    });
+    let watchdog = run_guarded(&*lp, || {
+        for _ in 0..THREADS {
+            let s = sig.clone();
+            std::thread::spawn(move || (0..FIRES).for_each(|_| s.fire()));
+        }
+    });
+    assert!(
+        !watchdog,
+        "only {} of {} fires ran",
+        count.load(Ordering::SeqCst),
+        THREADS * FIRES
+    );
+    assert_eq!(count.load(Ordering::SeqCst), THREADS * FIRES);
+    assert_eq!(
+        off_thread.load(Ordering::SeqCst),
+        0,
+        "callbacks must run on the loop thread"
+    );
+}
+
+/// A timer fires periodically; after `stop` it does not fire; `start` with a
+/// new period restarts it.
+pub fn timer_fires_periodically_stops_and_restarts_with_new_period<H: Harness>(
+    _mode: ThreadSafety,
+) {
+    let mut h = H::setup();
+    let lp = Arc::new(h.fresh_loop());
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let slot: Arc<Mutex<Option<<H::Loop as EventLoop>::Timer>>> = Arc::new(Mutex::new(None));
+    let quiet_ticks = Arc::new(AtomicUsize::new(0));
+    let quiet_slot: Arc<Mutex<Option<<H::Loop as EventLoop>::Timer>>> = Arc::new(Mutex::new(None));
+    let ticks_at_stop = Arc::new(AtomicUsize::new(usize::MAX));
+
+    // Timer A: 3 ticks at 1 ms, restart at 2 ms, 3 more ticks, then stop and
+    // start timer B, which watches for 5 of its own ticks that A stays quiet.
+    let (t2, s2, qs2, tas2) = (
+        ticks.clone(),
+        slot.clone(),
+        quiet_slot.clone(),
+        ticks_at_stop.clone(),
+    );
+    let timer = lp.timer(move || {
+        let n = t2.fetch_add(1, Ordering::SeqCst) + 1;
+        let guard = s2.lock().unwrap();
+        let Some(t) = guard.as_ref() else { return };
+        if n == 3 {
+            t.stop();
+            t.start(Duration::from_millis(2));
+        } else if n == 6 {
+            t.stop();
+            tas2.store(n, Ordering::SeqCst);
+            if let Some(q) = qs2.lock().unwrap().as_ref() {
+                q.start(Duration::from_millis(3));
+            }
+        }
+    });
+    let (q2, l2) = (quiet_ticks.clone(), lp.clone());
+    let quiet = lp.timer(move || {
+        if q2.fetch_add(1, Ordering::SeqCst) + 1 == 5 {
+            l2.stop();
+        }
+    });
+    *slot.lock().unwrap() = Some(timer);
+    *quiet_slot.lock().unwrap() = Some(quiet);
+    let s3 = slot.clone();
+    let watchdog = run_guarded(&*lp, move || {
+        s3.lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .start(Duration::from_millis(1));
+    });
+    slot.lock().unwrap().take();
+    quiet_slot.lock().unwrap().take();
+    assert!(
+        !watchdog,
+        "the timers did not finish: {} ticks",
+        ticks.load(Ordering::SeqCst)
+    );
+    assert_eq!(
+        ticks_at_stop.load(Ordering::SeqCst),
+        6,
+        "restarted timer ticked 3 more times"
+    );
+    assert_eq!(
+        ticks.load(Ordering::SeqCst),
+        6,
+        "a stopped timer must not fire"
+    );
+    assert_eq!(quiet_ticks.load(Ordering::SeqCst), 5);
+}
+
+// --------------------------------------------------------------- shared pools
+
+/// With a backend-wide shared receive pool, receive memory stays constant as
+/// connections grow, and every connection still receives.
+pub fn shared_receive_pool_keeps_memory_constant_as_connections_grow<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let pool = PoolParams::new(128, 8);
+    let cfg = BackendConfig {
+        shared_receive_pool: Some(pool),
+        ..c.config()
+    };
+    let shared = c.node_with(cfg, None);
+    let private = c.node();
+    let mut usage = Vec::new();
+    let mut servers = Vec::new();
+    for _ in 0..4 {
+        let s = c.node();
+        let listen = connect_target(c.listen(&s, full_params(128, 4)), s.ip);
+        let a = c.connect(
+            &s,
+            &shared,
+            listen,
+            ConnectionParams::receive(128, 8).with_shared_receive(),
+        );
+        c.connect(&s, &private, listen, ConnectionParams::receive(128, 8));
+        usage.push((
+            shared.backend.memory_usage().receive_bytes,
+            private.backend.memory_usage().receive_bytes,
+        ));
+        servers.push((s, a));
+    }
+    for (i, (s, p)) in usage.iter().enumerate() {
+        assert_eq!(
+            *s,
+            pool.bytes(),
+            "shared: constant after {} connections",
+            i + 1
+        );
+        assert_eq!(*p, (i + 1) * 128 * 8, "private pools grow per connection");
+    }
+    for (i, (s, a)) in servers.iter().enumerate() {
+        c.send_buffered(s, *a, vec![i as u8; 100]);
+    }
+    let log = shared.log.clone();
+    c.wait("every connection delivers through the shared pool", || {
+        log.data().len() == 4
+    });
+}
+
+/// A listener's own shared pool serves only the connections it accepts.
+pub fn per_listener_shared_pool_serves_only_its_listener<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let la = connect_target(
+        c.listen(&s, ConnectionParams::receive(100, 4).with_shared_receive()),
+        s.ip,
+    );
+    let lb = connect_target(c.listen(&s, ConnectionParams::receive(100, 4)), s.ip);
+    let base = s.backend.memory_usage().receive_bytes;
+    let mut clients = Vec::new();
+    for i in 0..5 {
+        let cl = c.node();
+        let target = if i < 3 { la } else { lb };
+        c.connect(&s, &cl, target, ConnectionParams::buffered(100, 2));
+        clients.push((cl, target));
+    }
+    let used = s.backend.memory_usage().receive_bytes - base;
+    assert!(
+        used == 2 * 400 || used == 400 + 2 * 400,
+        "listener A's three connections share one pool of 400 bytes, listener B's two have 400 each; \
+         got {used} bytes beyond the {base} before any connection"
+    );
+    for (cl, target) in &clients {
+        c.send_buffered(cl, *target, vec![7; 100]);
+    }
+    let log = s.log.clone();
+    c.wait("every connection receives", || log.data().len() == 5);
+}
+
+/// With a backend-wide shared send pool, every connection can send buffered
+/// and all share the pool's buffers.
+pub fn shared_send_pool_serves_every_connection<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let copy = copy_supported(&c);
+    let cfg = BackendConfig {
+        shared_send_pool: Some(PoolParams::new(64, 3)),
+        ..c.config()
+    };
+    let cl = c.node_with(cfg.clone(), None);
+    let (s1, s2) = (c.node(), c.node());
+    let l1 = connect_target(c.listen(&s1, ConnectionParams::receive(64, 4)), s1.ip);
+    let l2 = connect_target(c.listen(&s2, ConnectionParams::receive(64, 4)), s2.ip);
+    c.connect(&s1, &cl, l1, ConnectionParams::default());
+    c.connect(&s2, &cl, l2, ConnectionParams::default());
+    let caps = cl.log.established_with(l1).unwrap();
+    assert_eq!(caps, ConnectionParams::default().capabilities(&cfg, copy));
+    assert!(
+        caps.send_buffered,
+        "a shared send pool gives every connection buffered sending"
+    );
+    assert_eq!(
+        cl.backend.memory_usage().send_bytes,
+        64 * 3,
+        "the pool counts once"
+    );
+    let r = c.call(&cl, move |b| {
+        let x = b.get_buffer(l1).unwrap();
+        let y = b.get_buffer(l2).unwrap();
+        let z = b.get_buffer(l1).unwrap();
+        let none = b.get_buffer(l2).unwrap().is_none();
+        let (mut x, mut y, z) = (x.unwrap(), y.unwrap(), z.unwrap());
+        x.write(b"via-l1").unwrap();
+        y.write(b"via-l2").unwrap();
+        b.send_buffer(l2, x).unwrap();
+        b.send_buffer(l1, y).unwrap();
+        drop(z);
+        none
+    });
+    assert!(
+        r,
+        "three buffers shared by both connections: the fourth get_buffer gives None"
+    );
+    let (a, b) = (s1.log.clone(), s2.log.clone());
+    c.wait("both messages arrive", || {
+        a.data().len() == 1 && b.data().len() == 1
+    });
+    assert_eq!(s2.log.data()[0].1, b"via-l1".to_vec());
+    assert_eq!(s1.log.data()[0].1, b"via-l2".to_vec());
+}
+
+// ----------------------------------------------------------------------- meta
+
+/// The `unsupported` list given to `suite!` matches [`Harness::features`].
+pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
+    let h = H::setup();
+    let f: Features = h.features();
+    let table = [
+        ("send_copy", f.send_copy),
+        ("send_zero_copy", f.send_zero_copy),
+        ("buffered_with_zero_copy", f.buffered_with_zero_copy),
+        ("thread_unsafe_mode", f.thread_unsafe_mode),
+        ("shared_receive_pool", f.shared_receive_pool),
+        ("shared_send_pool", f.shared_send_pool),
+    ];
+    for name in unsupported {
+        assert!(
+            table.iter().any(|(n, _)| n == name),
+            "unknown feature `{name}` in the unsupported list"
+        );
+    }
+    for (name, supported) in table {
+        assert_eq!(
+            unsupported.contains(&name),
+            !supported,
+            "feature `{name}`: Harness::features says supported = {supported}, the suite! list disagrees"
+        );
+    }
+}
