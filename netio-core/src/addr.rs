@@ -162,7 +162,14 @@ mod tests {
             "[::1]:7".parse::<EndpointAddress>().unwrap(),
             EndpointAddress::localhost_v6(7)
         );
-        for bad in ["", "1.2.3.4", "1.2.3.4:99999", "::1:80", "host:80", "1.2.3:4"] {
+        for bad in [
+            "",
+            "1.2.3.4",
+            "1.2.3.4:99999",
+            "::1:80",
+            "host:80",
+            "1.2.3:4",
+        ] {
             assert!(
                 matches!(bad.parse::<EndpointAddress>(), Err(AddressError::Syntax(_))),
                 "{bad:?} parsed"
@@ -180,7 +187,10 @@ mod tests {
     #[test]
     fn remote_validation_rejects_unusable_targets() {
         let v = |s: &str| s.parse::<EndpointAddress>().unwrap().validate_remote();
-        assert_eq!(v("0.0.0.0:80"), Err(AddressError::Unspecified("0.0.0.0".parse().unwrap())));
+        assert_eq!(
+            v("0.0.0.0:80"),
+            Err(AddressError::Unspecified("0.0.0.0".parse().unwrap()))
+        );
         assert_eq!(v("127.0.0.1:0"), Err(AddressError::PortZero));
         assert!(matches!(v("224.0.0.1:80"), Err(AddressError::Multicast(_))));
         assert_eq!(v("255.255.255.255:80"), Err(AddressError::Broadcast));

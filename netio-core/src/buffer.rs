@@ -53,7 +53,10 @@ impl BufferPool {
     /// # Panics
     /// If `num_buf` exceeds `u32::MAX` (buffer indices are 32-bit).
     pub fn new(buf_size: usize, num_buf: usize) -> Self {
-        assert!(num_buf <= u32::MAX as usize, "at most 2^32-1 buffers per pool");
+        assert!(
+            num_buf <= u32::MAX as usize,
+            "at most 2^32-1 buffers per pool"
+        );
         let mut free = Vec::with_capacity(num_buf);
         // Hand out low indices first: push in reverse, pop from the back.
         for i in (0..num_buf).rev() {
@@ -316,7 +319,8 @@ mod tests {
             })
         );
         assert_eq!(b.as_slice(), b"ab");
-        b.write_iovec(&[IoSlice::new(b"c"), IoSlice::new(b"d")]).unwrap();
+        b.write_iovec(&[IoSlice::new(b"c"), IoSlice::new(b"d")])
+            .unwrap();
         assert_eq!(b.as_slice(), b"abcd");
         assert!(b.write_int(1u8).is_err());
         b.clear();

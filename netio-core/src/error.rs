@@ -307,7 +307,11 @@ mod tests {
         assert!(!SendError::ForeignBuffer.is_retryable());
         assert!(!SendError::Failed("x".into()).is_retryable());
         let a = EndpointAddress::localhost(1);
-        assert!(OpenActiveError::NoResources { address: a, source: "emfile".into() }.is_retryable());
+        assert!(OpenActiveError::NoResources {
+            address: a,
+            source: "emfile".into()
+        }
+        .is_retryable());
         assert!(!OpenActiveError::ActiveEndpointAlreadyExists(a).is_retryable());
     }
 

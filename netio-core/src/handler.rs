@@ -112,7 +112,12 @@ pub trait Handler<B: ?Sized>: Send {
 
     /// A connection attempt by this side failed. Only the initiator hears of
     /// it; the active endpoint no longer exists afterwards.
-    fn on_connection_refused(&mut self, backend: &B, remote: EndpointAddress, reason: &RefuseReason) {
+    fn on_connection_refused(
+        &mut self,
+        backend: &B,
+        remote: EndpointAddress,
+        reason: &RefuseReason,
+    ) {
         let _ = (backend, remote, reason);
     }
 

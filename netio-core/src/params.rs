@@ -178,8 +178,7 @@ impl ConnectionParams {
         if self.send_buffered.num_buf > 0 && self.send_buffered.buf_size == 0 {
             return Err("send buffers of size 0 requested".into());
         }
-        if self.send_buffered.num_buf > u32::MAX as usize || self.recv.num_buf > u32::MAX as usize
-        {
+        if self.send_buffered.num_buf > u32::MAX as usize || self.recv.num_buf > u32::MAX as usize {
             return Err("more than 2^32-1 buffers requested".into());
         }
         if config.send_queue_depth == 0 {

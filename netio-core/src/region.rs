@@ -322,8 +322,14 @@ mod tests {
     fn slices_outside_bounds_are_refused() {
         let r = MemoryRegion::new(10);
         assert!(r.slice(0, 10).is_ok());
-        assert!(matches!(r.slice(5, 6), Err(RegionError::OutOfBounds { .. })));
-        assert!(matches!(r.slice(usize::MAX, 2), Err(RegionError::OutOfBounds { .. })));
+        assert!(matches!(
+            r.slice(5, 6),
+            Err(RegionError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.slice(usize::MAX, 2),
+            Err(RegionError::OutOfBounds { .. })
+        ));
     }
 
     #[test]
@@ -337,7 +343,9 @@ mod tests {
     #[test]
     fn lent_ranges_refuse_writes_until_dropped() {
         let r = MemoryRegion::from_vec(b"0123456789".to_vec());
-        let lent = r.lend(&[r.slice(2, 3).unwrap(), r.slice(8, 2).unwrap()]).unwrap();
+        let lent = r
+            .lend(&[r.slice(2, 3).unwrap(), r.slice(8, 2).unwrap()])
+            .unwrap();
         assert!(r.write(0, b"ab").is_ok());
         assert!(r.write(5, b"abc").is_ok());
         assert!(r.write(4, b"z").is_err());
