@@ -1,1 +1,574 @@
-//! placeholder
+//! A deterministic in-memory fabric for netio-rs.
+//!
+//! A [`Sim`] is one world of virtual hosts with IP addresses, one virtual
+//! clock and one seeded scheduler. Each host has an event loop
+//! ([`SimLoop`]) and any number of backends ([`SimBackend`]); both implement
+//! the `netio-core` traits, so application code written against
+//! [`Backend`](netio_core::Backend) and [`EventLoop`](netio_core::EventLoop)
+//! runs here unchanged. The same seed gives the same run, byte for byte
+//! ([`Sim::trace`] proves it), and simulated minutes take milliseconds: no
+//! real sleeping ever happens.
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use std::time::Duration;
+//! use netio_core::{Backend, BackendConfig, Capabilities, ConnectionParams, EndpointAddress, Handler};
+//! use netio_sim::Sim;
+//!
+//! /// Sends every message back.
+//! struct Echo;
+//! impl<B: Backend + ?Sized> Handler<B> for Echo {
+//!     fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
+//!         let _ = b.send_data_copy(remote, &[data], &[], 0);
+//!     }
+//! }
+//!
+//! /// Says "ping" once connected and keeps what comes back.
+//! struct Client(Arc<Mutex<Vec<Vec<u8>>>>);
+//! impl<B: Backend + ?Sized> Handler<B> for Client {
+//!     fn on_connection_established(&mut self, b: &B, remote: EndpointAddress, _: Capabilities) {
+//!         b.send_data_copy(remote, &[b"ping"], &[], 1).unwrap();
+//!     }
+//!     fn on_data(&mut self, _: &B, _: EndpointAddress, data: &[u8]) {
+//!         self.0.lock().unwrap().push(data.to_vec());
+//!     }
+//! }
+//!
+//! let sim = Sim::with_seed(7);
+//! let (server_host, client_host) = (sim.next_host(), sim.next_host()); // 127.0.0.1, 127.0.0.2
+//! let server = server_host.backend(BackendConfig::default(), Echo).unwrap();
+//! let addr = server
+//!     .open_listen_endpoint(EndpointAddress::new(server_host.ip(), 0), ConnectionParams::receive(64, 4))
+//!     .unwrap();
+//!
+//! let got = Arc::new(Mutex::new(Vec::new()));
+//! let client = client_host.backend(BackendConfig::default(), Client(got.clone())).unwrap();
+//! client.open_active_endpoint(addr, ConnectionParams::receive(64, 4)).unwrap();
+//!
+//! // Drive the world (on this thread) until the echo is back.
+//! assert!(sim.run_until(Duration::from_secs(1), || !got.lock().unwrap().is_empty()));
+//! assert_eq!(got.lock().unwrap()[0], b"ping");
+//! assert!(sim.now() < Duration::from_millis(1)); // a few link latencies of 10 µs
+//! ```
+//!
+//! # The model
+//!
+//! - **Addresses.** [`Sim::next_host`] hands out 127.0.0.1, 127.0.0.2, …;
+//!   [`Sim::host`] takes any unicast address. A host listens on its own
+//!   address (or the unspecified one). Ephemeral ports come from the
+//!   seeded generator, in 49152–65535.
+//! - **Time.** Every operation returns at once; every outcome is an event on
+//!   the virtual clock, dispatched later by whoever drives the world
+//!   ([`Sim::step`], [`Sim::run_for`], [`Sim::run_until`],
+//!   [`Sim::run_until_idle`], or [`SimLoop::run`]). Handlers are never
+//!   called from inside a backend call nor with the world locked, so they
+//!   may call back into any backend, close, fire signals.
+//! - **Links.** Each direction between two hosts has a latency, a
+//!   bandwidth (messages are serialised one after another) and a small
+//!   random jitter ([`LinkConfig`], [`Sim::set_link`]). Messages of one
+//!   connection always arrive in order.
+//! - **Buffers.** A message needs a free receive buffer at the receiver
+//!   (per connection, the listener's shared pool, or the backend's shared
+//!   pool). A send completes when the receiver has taken the message into a
+//!   receive buffer; until then the sender's buffer or queue slot stays in
+//!   flight. A busy receiver therefore pushes back: senders see
+//!   `get_buffer` = `None` and `SendError::NoResources`.
+//! - **Faults**, first-class and reported through the normal callbacks:
+//!   [`Sim::refuse_connections`], [`Sim::reset_connections`],
+//!   [`Sim::partition`] / [`Sim::heal`], [`Sim::crash`],
+//!   [`Sim::slow_receiver`].
+//! - **Threads.** The world sits behind one mutex. The *driver thread* is
+//!   the thread currently (or last) driving it, initially the one that
+//!   created the [`Sim`]; a backend created with
+//!   [`ThreadSafety::Unsafe`](netio_core::ThreadSafety::Unsafe) refuses
+//!   calls from any other thread with `WrongThread`. Thread-safe backends
+//!   accept calls from every thread; such a call only queues work.
+//!
+//! # Seeds
+//!
+//! [`Sim::new`] uses [`Sim::DEFAULT_SEED`], or the `NETIO_SIM_SEED`
+//! environment variable when it is set (decimal, or hexadecimal with `0x`),
+//! so a failing run can be replayed with `NETIO_SIM_SEED=… cargo test`.
+//! [`Sim::with_seed`] ignores the environment.
+//!
+//! # Lifetimes
+//!
+//! Backends, listeners and connections live as long as the world: dropping a
+//! [`SimBackend`] handle closes nothing (close endpoints or crash the host
+//! for that). The world is freed when the last handle ([`Sim`],
+//! [`SimHost`], [`SimLoop`], [`SimBackend`], signals, timers) is dropped, so
+//! a handler or callback that stores such a handle keeps its world alive;
+//! handlers do not need to, since every callback receives its backend.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod backend;
+mod event_loop;
+mod rng;
+mod world;
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+pub use backend::{SimBackend, SimProvider};
+pub use event_loop::{SimLoop, SimSignal, SimTimer};
+pub use netio_core;
+
+use world::{Call, NetEv, World};
+
+/// How long a connection attempt waits for an answer before it is refused
+/// with [`RefuseReason::Unreachable`](netio_core::RefuseReason::Unreachable)
+/// (target host missing, crashed, or partitioned away). Virtual time.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The model of one link direction between two hosts.
+///
+/// A message of `n` bytes occupies the link for `n / bandwidth` seconds
+/// after the messages before it, then travels `latency` plus a random
+/// `jitter` (uniform in `0..=jitter`, from the seeded generator). Control
+/// packets (connect, refuse, close) only take latency and jitter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LinkConfig {
+    /// One-way propagation delay.
+    pub latency: Duration,
+    /// Bytes per second; 0 means unlimited.
+    pub bandwidth_bytes_per_sec: u64,
+    /// Largest extra delay added at random to each packet.
+    pub jitter: Duration,
+}
+
+impl LinkConfig {
+    /// A link with `latency`, `bandwidth_bytes_per_sec` and no jitter.
+    pub const fn new(latency: Duration, bandwidth_bytes_per_sec: u64) -> Self {
+        Self {
+            latency,
+            bandwidth_bytes_per_sec,
+            jitter: Duration::ZERO,
+        }
+    }
+}
+
+impl Default for LinkConfig {
+    /// 10 µs latency, 10 GB/s, up to 1 µs jitter.
+    fn default() -> Self {
+        Self {
+            latency: Duration::from_micros(10),
+            bandwidth_bytes_per_sec: 10_000_000_000,
+            jitter: Duration::from_micros(1),
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    world: Mutex<World>,
+    /// Signalled when work is scheduled or a loop is stopped, for threads
+    /// blocked in [`SimLoop::run`] or [`Sim::wait_for_work`].
+    wake: Condvar,
+    /// Held while one event is processed and its callbacks dispatched: one
+    /// callback at a time, whoever drives.
+    step_lock: Mutex<()>,
+    seed: u64,
+}
+
+/// A simulated world: hosts, links, one virtual clock, one seeded scheduler.
+///
+/// `Sim` is a cheap handle (clone it freely; it is `Send + Sync`). See the
+/// [crate docs](crate) for the model.
+#[derive(Clone)]
+pub struct Sim {
+    shared: Arc<Shared>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+thread_local! {
+    static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the current thread as running simulator callbacks.
+struct CallbackGuard;
+
+impl CallbackGuard {
+    fn enter() -> Self {
+        IN_CALLBACK.with(|c| c.set(true));
+        Self
+    }
+}
+
+impl Drop for CallbackGuard {
+    fn drop(&mut self) {
+        IN_CALLBACK.with(|c| c.set(false));
+    }
+}
+
+fn assert_not_in_callback(what: &str) {
+    assert!(
+        !IN_CALLBACK.with(|c| c.get()),
+        "{what} called from inside a simulator callback (handler, signal or timer); \
+         drive the simulation from outside callbacks, e.g. call SimLoop::stop in the \
+         callback and step from the code that called run"
+    );
+}
+
+impl Default for Sim {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sim {
+    /// The seed [`Sim::new`] uses when `NETIO_SIM_SEED` is not set.
+    pub const DEFAULT_SEED: u64 = 0x5EED_0F_5EED;
+
+    /// A world seeded with `NETIO_SIM_SEED` if set, else
+    /// [`Sim::DEFAULT_SEED`].
+    ///
+    /// # Panics
+    /// If `NETIO_SIM_SEED` is set but is not a `u64` (decimal or `0x` hex).
+    pub fn new() -> Self {
+        match std::env::var("NETIO_SIM_SEED") {
+            Ok(v) => {
+                let t = v.trim();
+                let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+                    Some(hex) => u64::from_str_radix(hex, 16),
+                    None => t.parse(),
+                };
+                match parsed {
+                    Ok(seed) => Self::with_seed(seed),
+                    Err(_) => panic!(
+                        "NETIO_SIM_SEED={v:?} is not a u64; set it to a decimal or 0x-prefixed \
+                         hexadecimal number, or unset it to use Sim::DEFAULT_SEED"
+                    ),
+                }
+            }
+            Err(_) => Self::with_seed(Self::DEFAULT_SEED),
+        }
+    }
+
+    /// A world whose schedule is determined by `seed`.
+    pub fn with_seed(seed: u64) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                world: Mutex::new(World::new(seed, netio_core::thread_token())),
+                wake: Condvar::new(),
+                step_lock: Mutex::new(()),
+                seed,
+            }),
+        }
+    }
+
+    /// The seed of this world.
+    pub fn seed(&self) -> u64 {
+        self.shared.seed
+    }
+
+    pub(crate) fn world(&self) -> MutexGuard<'_, World> {
+        lock(&self.shared.world)
+    }
+
+    /// Runs `f` on the locked world, then wakes threads waiting for work.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut World) -> R) -> R {
+        let mut w = self.world();
+        let r = f(&mut w);
+        let notify = w.waiters > 0;
+        drop(w);
+        if notify {
+            self.shared.wake.notify_all();
+        }
+        r
+    }
+
+    /// The host at `ip`, created if new.
+    ///
+    /// # Panics
+    /// If `ip` is unspecified, multicast or broadcast: a host needs a
+    /// unicast address.
+    pub fn host(&self, ip: IpAddr) -> SimHost {
+        let bad = ip.is_unspecified() || ip.is_multicast() || ip == IpAddr::V4(Ipv4Addr::BROADCAST);
+        assert!(
+            !bad,
+            "Sim::host({ip}): a host needs a unicast address such as 127.0.0.5"
+        );
+        self.world().ensure_host(ip);
+        SimHost {
+            lp: SimLoop::new(self.clone(), ip),
+        }
+    }
+
+    /// A new host at the next free address of 127.0.0.1, 127.0.0.2, ….
+    ///
+    /// # Panics
+    /// If all of 127.0.0.0/8 is taken.
+    pub fn next_host(&self) -> SimHost {
+        let ip = {
+            let mut w = self.world();
+            loop {
+                let n = w.next_auto_host;
+                assert!(
+                    n < 1 << 24,
+                    "Sim::next_host: 127.0.0.0/8 is full; use Sim::host with other addresses"
+                );
+                w.next_auto_host += 1;
+                let ip = IpAddr::V4(Ipv4Addr::from(0x7F00_0000 | n));
+                if !w.hosts.contains_key(&ip) {
+                    w.ensure_host(ip);
+                    break ip;
+                }
+            }
+        };
+        SimHost {
+            lp: SimLoop::new(self.clone(), ip),
+        }
+    }
+
+    /// Virtual time since the world was created.
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.world().sched.now)
+    }
+
+    /// Virtual time of the next scheduled event, if any.
+    pub fn next_event_at(&self) -> Option<Duration> {
+        self.world().next_at().map(Duration::from_nanos)
+    }
+
+    /// Runs the next scheduled event (advancing the clock to it) and the
+    /// callbacks it causes. Returns `false` if nothing is scheduled.
+    ///
+    /// # Panics
+    /// If called from inside a simulator callback.
+    pub fn step(&self) -> bool {
+        assert_not_in_callback("Sim::step");
+        let _one_at_a_time = lock(&self.shared.step_lock);
+        let calls = {
+            let mut w = self.world();
+            w.driver = netio_core::thread_token();
+            let Some(ev) = w.pop() else {
+                return false;
+            };
+            w.process(ev);
+            std::mem::take(&mut w.sched.calls)
+        };
+        self.dispatch(calls);
+        true
+    }
+
+    /// Runs events until none is scheduled or `max_events` have run; returns
+    /// how many ran. A running periodic timer keeps the world busy, so this
+    /// then runs exactly `max_events`.
+    pub fn run_until_idle(&self, max_events: usize) -> usize {
+        let mut n = 0;
+        while n < max_events && self.step() {
+            n += 1;
+        }
+        n
+    }
+
+    /// Runs every event due within `d` of virtual time, then sets the clock
+    /// to now + `d`.
+    pub fn run_for(&self, d: Duration) {
+        let deadline = self.world().sched.now.saturating_add(world::nanos(d));
+        while self.world().next_at().is_some_and(|t| t <= deadline) {
+            self.step();
+        }
+        let mut w = self.world();
+        w.sched.now = w.sched.now.max(deadline);
+    }
+
+    /// Runs events until `cond` holds (checked before each event) or the
+    /// clock would pass `deadline` (virtual time since the start). Returns
+    /// whether `cond` holds. When nothing more is due by `deadline`, the
+    /// clock moves to `deadline` and `cond` is checked one last time.
+    pub fn run_until(&self, deadline: Duration, mut cond: impl FnMut() -> bool) -> bool {
+        let deadline = world::nanos(deadline);
+        loop {
+            if cond() {
+                return true;
+            }
+            if !self.world().next_at().is_some_and(|t| t <= deadline) {
+                let mut w = self.world();
+                w.sched.now = w.sched.now.max(deadline);
+                drop(w);
+                return cond();
+            }
+            self.step();
+        }
+    }
+
+    /// Blocks the calling thread for up to `timeout` of *real* time until
+    /// some event is scheduled (by another thread: a backend call, a signal
+    /// fire). Returns whether one is. For drivers that share the world with
+    /// other threads.
+    pub fn wait_for_work(&self, timeout: Duration) -> bool {
+        let mut w = self.world();
+        w.waiters += 1;
+        let (mut w, _) = self
+            .shared
+            .wake
+            .wait_timeout_while(w, timeout, |w| !w.has_work())
+            .unwrap_or_else(|p| p.into_inner());
+        w.waiters -= 1;
+        w.has_work()
+    }
+
+    /// Records one line per event from now on ("<virtual ns> <host> <event>"),
+    /// or stops recording. Recording is off at first.
+    pub fn enable_trace(&self, on: bool) {
+        let mut w = self.world();
+        match (on, w.sched.trace.is_some()) {
+            (true, false) => w.sched.trace = Some(String::new()),
+            (false, true) => w.sched.trace = None,
+            _ => {}
+        }
+    }
+
+    /// The recorded trace (empty if recording is off). Two runs with the
+    /// same seed and the same driving code give identical traces.
+    pub fn trace(&self) -> String {
+        self.world().sched.trace.clone().unwrap_or_default()
+    }
+
+    /// Sets the link model between hosts `a` and `b`, both directions.
+    pub fn set_link(&self, a: IpAddr, b: IpAddr, link: LinkConfig) {
+        self.with(|w| w.set_link(a, b, link));
+    }
+
+    /// The link model from `a` to `b` ([`LinkConfig::default`] unless set).
+    pub fn link(&self, a: IpAddr, b: IpAddr) -> LinkConfig {
+        self.world().link_config(a, b)
+    }
+
+    /// Makes `host` refuse (or accept again) every incoming connection, even
+    /// on ports it listens on: initiators see `on_connection_refused`
+    /// (`Refused`).
+    pub fn refuse_connections(&self, host: IpAddr, refuse: bool) {
+        self.with(|w| w.refuse(host, refuse));
+    }
+
+    /// Breaks every connection between hosts `a` and `b` (in either
+    /// direction; `a == b` for a host's connections to itself): both sides
+    /// report `on_connection_closed` with `Reset` and their unfinished sends
+    /// cancelled; connections still opening are refused.
+    pub fn reset_connections(&self, a: IpAddr, b: IpAddr) {
+        self.with(|w| w.reset(a, b));
+    }
+
+    /// Cuts hosts `a` and `b` apart. Messages and connection packets between
+    /// them are held (senders' sends stop completing); connection attempts
+    /// across the cut are refused with `Unreachable` after
+    /// [`CONNECT_TIMEOUT`] unless the cut heals first.
+    pub fn partition(&self, a: IpAddr, b: IpAddr) {
+        self.with(|w| w.partition(a, b));
+    }
+
+    /// Joins `a` and `b` again: everything held is delivered, in order, one
+    /// link latency from now.
+    pub fn heal(&self, a: IpAddr, b: IpAddr) {
+        self.with(|w| w.heal(a, b));
+    }
+
+    /// Crashes `host` for good: its listeners and connections vanish without
+    /// a word to its own handlers (they hear nothing more), its peers see
+    /// `on_connection_closed` with `Reset` one latency later, and connection
+    /// attempts to it time out (`Unreachable`). Its loop's signals and
+    /// timers keep running; its backends' operations fail.
+    pub fn crash(&self, host: IpAddr) {
+        self.with(|w| w.crash(host));
+    }
+
+    /// Makes every receive buffer on `host` stay busy for `per_message` of
+    /// virtual time after `on_data` returns, so its senders feel
+    /// backpressure. `Duration::ZERO` restores normal speed.
+    pub fn slow_receiver(&self, host: IpAddr, per_message: Duration) {
+        self.with(|w| w.slow(host, per_message));
+    }
+
+    /// Runs callbacks with the world unlocked.
+    fn dispatch(&self, calls: Vec<Call>) {
+        let _guard = CallbackGuard::enter();
+        for call in calls {
+            match call {
+                Call::Net {
+                    backend,
+                    host,
+                    handler,
+                    ev,
+                } => {
+                    let alive = self.world().host_alive(host);
+                    let b = SimBackend::from_parts(SimLoop::new(self.clone(), host), backend);
+                    if let NetEv::Data(remote, buf, pool) = ev {
+                        if alive {
+                            lock(&handler).on_data(&b, remote, buf.as_slice());
+                        }
+                        self.with(|w| w.recv_done(host, buf, pool));
+                        continue;
+                    }
+                    if !alive {
+                        continue;
+                    }
+                    let mut h = lock(&handler);
+                    match ev {
+                        NetEv::Established(r, caps) => h.on_connection_established(&b, r, caps),
+                        NetEv::Refused(r, why) => h.on_connection_refused(&b, r, &why),
+                        NetEv::Closed(r, why, keys) => h.on_connection_closed(&b, r, &why, &keys),
+                        NetEv::Completed(r, key) => h.on_send_completed(&b, r, key),
+                        NetEv::Data(..) => unreachable!("handled above"),
+                    }
+                }
+                Call::Timer { id, gen, f } => {
+                    if self.world().timer_live(id, gen) {
+                        (lock(&f))();
+                    }
+                }
+                Call::Signal { f } => (lock(&f))(),
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Sim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sim")
+            .field("seed", &self.seed())
+            .field("now", &self.now())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A virtual host: an IP address with its own event loop. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct SimHost {
+    lp: SimLoop,
+}
+
+impl SimHost {
+    /// The host's address.
+    pub fn ip(&self) -> IpAddr {
+        self.lp.ip()
+    }
+
+    /// The host's event loop; backends created on it run on this host.
+    pub fn event_loop(&self) -> &SimLoop {
+        &self.lp
+    }
+
+    /// The world this host belongs to.
+    pub fn sim(&self) -> &Sim {
+        self.lp.sim()
+    }
+
+    /// Creates a backend on this host (same as
+    /// [`SimProvider::create`](netio_core::Provider::create) with this
+    /// host's loop).
+    pub fn backend<H: netio_core::Handler<SimBackend> + 'static>(
+        &self,
+        config: netio_core::BackendConfig,
+        handler: H,
+    ) -> Result<SimBackend, netio_core::CreateError> {
+        SimBackend::create(&self.lp, config, handler)
+    }
+}

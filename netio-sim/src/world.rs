@@ -1,0 +1,1564 @@
+//! The world: hosts, backends, connections, links and the event queue, all
+//! behind one lock, with no user code ever called from here.
+//!
+//! Calling order (the sans-IO shape): a backend call or a fault locks the
+//! world, changes state and schedules events; [`World::pop`] hands the
+//! driver the next event, [`World::process`] applies it and queues the
+//! handler callbacks it causes in [`Sched::calls`]; the driver takes those,
+//! unlocks, and dispatches them (see `Sim::step`).
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::fmt::{self, Write as _};
+use std::io;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use netio_core::{
+    BackendConfig, BufferError, BufferPool, Capabilities, CloseError, CloseReason,
+    ConnectionParams, EndpointAddress, Handler, Lent, MemoryRegion, MemoryUsage, NetworkBuffer,
+    OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError, ThreadSafety,
+    MAX_HEADER_LEN,
+};
+
+use crate::backend::SimBackend;
+use crate::rng::Rng;
+use crate::LinkConfig;
+
+/// Index of a backend in [`World::backends`].
+pub(crate) type BackendId = usize;
+type ConnId = u64;
+type ListenerId = u64;
+type PoolId = u64;
+
+/// A backend's handler, called by the driver with the world unlocked.
+pub(crate) type HandlerCell = Arc<Mutex<Box<dyn Handler<SimBackend>>>>;
+/// A signal or timer callback.
+pub(crate) type UserFn = Arc<Mutex<Box<dyn FnMut() + Send>>>;
+
+/// First port handed out for listen port 0 and for the local side of
+/// outgoing connections (the IANA dynamic range).
+const EPHEMERAL_FIRST: u16 = 49152;
+const EPHEMERAL_COUNT: u64 = 65536 - EPHEMERAL_FIRST as u64;
+
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+// ---------------------------------------------------------------------------
+// Scheduling
+
+/// Something that happens at a virtual instant.
+pub(crate) enum Ev {
+    /// A control packet reaches side `to` of a connection.
+    Ctrl { conn: ConnId, to: usize, pkt: Ctrl },
+    /// The initiator gives up connecting.
+    ConnectTimeout { conn: ConnId },
+    /// A side that is `Closing` reports its end.
+    Finish { conn: ConnId, side: usize },
+    /// Messages of pipe `dir` (from side `dir` to the other) may arrive.
+    Deliver { conn: ConnId, dir: usize },
+    /// A slow receiver frees a receive buffer.
+    Release { buf: NetworkBuffer, pool: PoolId },
+    /// A timer period elapsed.
+    Timer { id: u64, gen: u64 },
+    /// A signal was fired.
+    Signal { id: u64 },
+}
+
+/// Connection management packets.
+pub(crate) enum Ctrl {
+    Syn,
+    SynAck,
+    Refuse(RefuseReason),
+    Close(CloseReason),
+}
+
+struct Entry {
+    at: u64,
+    tie: u64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl Entry {
+    fn key(&self) -> (u64, u64, u64) {
+        (self.at, self.tie, self.seq)
+    }
+}
+impl PartialEq for Entry {
+    fn eq(&self, o: &Self) -> bool {
+        self.key() == o.key()
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    /// Reversed, so the `BinaryHeap` pops the earliest event first.
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.key().cmp(&self.key())
+    }
+}
+
+/// A handler or loop callback the driver runs after unlocking the world.
+pub(crate) enum Call {
+    Net {
+        backend: BackendId,
+        host: IpAddr,
+        handler: HandlerCell,
+        ev: NetEv,
+    },
+    Timer {
+        id: u64,
+        gen: u64,
+        f: UserFn,
+    },
+    Signal {
+        f: UserFn,
+    },
+}
+
+/// The handler method to call.
+pub(crate) enum NetEv {
+    Established(EndpointAddress, Capabilities),
+    Refused(EndpointAddress, RefuseReason),
+    Closed(EndpointAddress, CloseReason, Vec<u64>),
+    /// The message sits in a receive buffer of pool `.2` until `on_data`
+    /// returns (and a slow receiver's delay has passed).
+    Data(EndpointAddress, NetworkBuffer, PoolId),
+    Completed(EndpointAddress, u64),
+}
+
+/// Clock, random numbers, event queue, trace and pending callbacks.
+pub(crate) struct Sched {
+    pub(crate) now: u64,
+    pub(crate) rng: Rng,
+    seq: u64,
+    queue: BinaryHeap<Entry>,
+    pub(crate) trace: Option<String>,
+    pub(crate) calls: Vec<Call>,
+}
+
+impl Sched {
+    fn schedule(&mut self, at: u64, ev: Ev) {
+        debug_assert!(at >= self.now);
+        let tie = self.rng.next_u64();
+        self.seq += 1;
+        self.queue.push(Entry {
+            at,
+            tie,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    pub(crate) fn log(&mut self, host: IpAddr, args: fmt::Arguments<'_>) {
+        if let Some(t) = &mut self.trace {
+            let _ = writeln!(t, "{} {} {}", self.now, host, args);
+        }
+    }
+
+    fn emit(&mut self, backends: &[BackendState], b: BackendId, ev: NetEv) {
+        let be = &backends[b];
+        if self.trace.is_some() {
+            let text = match &ev {
+                NetEv::Established(r, c) => format!(
+                    "established {r} caps={}{}{}{}",
+                    if c.receive { 'r' } else { '-' },
+                    if c.send_buffered { 'b' } else { '-' },
+                    if c.send_zero_copy { 'z' } else { '-' },
+                    if c.send_copy { 'c' } else { '-' },
+                ),
+                NetEv::Refused(r, why) => format!("refused {r} ({why})"),
+                NetEv::Closed(r, why, keys) => format!("closed {r} ({why}) cancelled={keys:?}"),
+                NetEv::Data(r, buf, _) => {
+                    format!(
+                        "data from {r} len={} fnv={:016x}",
+                        buf.len(),
+                        fnv(buf.as_slice())
+                    )
+                }
+                NetEv::Completed(r, k) => format!("completed {r} key={k}"),
+            };
+            self.log(be.host, format_args!("b{b} {text}"));
+        }
+        self.calls.push(Call::Net {
+            backend: b,
+            host: be.host,
+            handler: Arc::clone(&be.handler),
+            ev,
+        });
+    }
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+// ---------------------------------------------------------------------------
+// State
+
+#[derive(Clone)]
+pub(crate) struct Pool {
+    id: PoolId,
+    pool: BufferPool,
+}
+
+pub(crate) struct Host {
+    pub(crate) crashed: bool,
+    refusing: bool,
+    slow: u64,
+    /// Set by `SimLoop::stop`, cleared when `run` returns.
+    pub(crate) stop: bool,
+    listeners: BTreeMap<u16, ListenerId>,
+    /// Local ports of connections this host initiated (in use).
+    ports: BTreeMap<u16, usize>,
+    /// Local ports of accepted connections (a listener's port), kept out of
+    /// the ephemeral choice while such connections live.
+    accepted_ports: BTreeMap<u16, usize>,
+}
+
+pub(crate) struct BackendState {
+    pub(crate) host: IpAddr,
+    pub(crate) config: BackendConfig,
+    handler: HandlerCell,
+    endpoints: BTreeMap<EndpointAddress, (ConnId, usize)>,
+    listens: BTreeMap<EndpointAddress, ListenerId>,
+    shared_recv: Option<Pool>,
+    shared_send: Option<Pool>,
+}
+
+struct Listener {
+    backend: BackendId,
+    host: IpAddr,
+    addr: EndpointAddress,
+    params: ConnectionParams,
+    pool: Option<Pool>,
+}
+
+#[derive(Clone, Debug)]
+enum Ending {
+    Closed(CloseReason),
+    Refused(RefuseReason),
+}
+
+#[derive(Clone, Debug)]
+enum SideState {
+    Connecting,
+    Open,
+    /// Ended by this side (local close, fault, protocol error); `Ev::Finish`
+    /// reports it.
+    Closing(Ending),
+    Gone,
+}
+
+struct Side {
+    backend: BackendId,
+    host: IpAddr,
+    local: EndpointAddress,
+    /// The endpoint's name in its backend.
+    remote: EndpointAddress,
+    state: SideState,
+    caps: Capabilities,
+    recv: Option<Pool>,
+    send: Option<Pool>,
+    region: Option<MemoryRegion>,
+    /// Copy and zero-copy sends in flight (bounded by `send_queue_depth`).
+    unbuffered: usize,
+}
+
+enum Body {
+    Copy(Vec<u8>),
+    Buffer(NetworkBuffer),
+    ZeroCopy {
+        header: [u8; MAX_HEADER_LEN],
+        header_len: usize,
+        lent: Lent,
+    },
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        match self {
+            Body::Copy(v) => v.len(),
+            Body::Buffer(b) => b.len(),
+            Body::ZeroCopy {
+                header_len, lent, ..
+            } => header_len + lent.len(),
+        }
+    }
+
+    fn write_into(&self, buf: &mut NetworkBuffer) {
+        let ok = match self {
+            Body::Copy(v) => buf.write(v).is_ok(),
+            Body::Buffer(b) => buf.write(b.as_slice()).is_ok(),
+            Body::ZeroCopy {
+                header,
+                header_len,
+                lent,
+            } => {
+                buf.write(&header[..*header_len]).is_ok()
+                    && lent.chunks().all(|c| buf.write(c).is_ok())
+            }
+        };
+        debug_assert!(ok, "message length checked against the receive buffer");
+    }
+}
+
+struct Msg {
+    key: u64,
+    arrival: u64,
+    body: Body,
+}
+
+#[derive(Default)]
+struct Pipe {
+    queue: VecDeque<Msg>,
+    /// Time of the pending `Ev::Deliver`, if any.
+    wake: Option<u64>,
+    /// Waiting for a free receive buffer.
+    blocked: bool,
+    last_arrival: u64,
+}
+
+struct Conn {
+    /// Initiator's host and the target's address.
+    hosts: [IpAddr; 2],
+    target: EndpointAddress,
+    sides: [Option<Side>; 2],
+    /// `pipes[d]` carries messages from side `d` to side `1 - d`.
+    pipes: [Pipe; 2],
+    /// Arrival time of the last control packet towards each side; control
+    /// packets of one direction arrive in order.
+    ctrl_last: [u64; 2],
+    listener: Option<ListenerId>,
+}
+
+impl Conn {
+    fn between(&self, a: IpAddr, b: IpAddr) -> bool {
+        (self.hosts[0] == a && self.hosts[1] == b) || (self.hosts[0] == b && self.hosts[1] == a)
+    }
+}
+
+struct Link {
+    cfg: LinkConfig,
+    free_at: u64,
+}
+
+struct Held {
+    conn: ConnId,
+    to: usize,
+    pkt: Ctrl,
+}
+
+pub(crate) struct TimerState {
+    host: IpAddr,
+    f: UserFn,
+    gen: u64,
+    period: u64,
+    active: bool,
+}
+
+/// Everything the simulator knows.
+pub(crate) struct World {
+    pub(crate) sched: Sched,
+    pub(crate) hosts: BTreeMap<IpAddr, Host>,
+    pub(crate) next_auto_host: u32,
+    pub(crate) backends: Vec<BackendState>,
+    conns: BTreeMap<ConnId, Conn>,
+    next_conn: ConnId,
+    listeners: BTreeMap<ListenerId, Listener>,
+    next_listener: ListenerId,
+    next_pool: PoolId,
+    links: BTreeMap<(IpAddr, IpAddr), Link>,
+    partitions: BTreeSet<(IpAddr, IpAddr)>,
+    held: Vec<Held>,
+    blocked: BTreeMap<PoolId, BTreeSet<(ConnId, usize)>>,
+    timers: BTreeMap<u64, TimerState>,
+    signals: BTreeMap<u64, (IpAddr, UserFn)>,
+    next_user_id: u64,
+    pub(crate) connect_timeout: u64,
+    /// Thread token of the thread that drives (or last drove) the world.
+    pub(crate) driver: u64,
+    /// Threads blocked waiting for something to be scheduled.
+    pub(crate) waiters: usize,
+}
+
+fn pair(a: IpAddr, b: IpAddr) -> (IpAddr, IpAddr) {
+    if a <= b {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
+
+fn failed(kind: io::ErrorKind, msg: String) -> netio_core::Source {
+    Box::new(io::Error::new(kind, msg))
+}
+
+impl World {
+    pub(crate) fn new(seed: u64, driver: u64) -> Self {
+        Self {
+            sched: Sched {
+                now: 0,
+                rng: Rng::new(seed),
+                seq: 0,
+                queue: BinaryHeap::new(),
+                trace: None,
+                calls: Vec::new(),
+            },
+            hosts: BTreeMap::new(),
+            next_auto_host: 1,
+            backends: Vec::new(),
+            conns: BTreeMap::new(),
+            next_conn: 1,
+            listeners: BTreeMap::new(),
+            next_listener: 1,
+            next_pool: 1,
+            links: BTreeMap::new(),
+            partitions: BTreeSet::new(),
+            held: Vec::new(),
+            blocked: BTreeMap::new(),
+            timers: BTreeMap::new(),
+            signals: BTreeMap::new(),
+            next_user_id: 1,
+            connect_timeout: nanos(crate::CONNECT_TIMEOUT),
+            driver,
+            waiters: 0,
+        }
+    }
+
+    // -- queue ---------------------------------------------------------------
+
+    pub(crate) fn next_at(&self) -> Option<u64> {
+        self.sched.queue.peek().map(|e| e.at)
+    }
+
+    pub(crate) fn has_work(&self) -> bool {
+        !self.sched.queue.is_empty()
+    }
+
+    /// Takes the next event and advances the clock to it.
+    pub(crate) fn pop(&mut self) -> Option<Ev> {
+        let e = self.sched.queue.pop()?;
+        self.sched.now = self.sched.now.max(e.at);
+        Some(e.ev)
+    }
+
+    /// Applies `ev`; callbacks it causes go to `self.sched.calls`.
+    pub(crate) fn process(&mut self, ev: Ev) {
+        match ev {
+            Ev::Ctrl { conn, to, pkt } => self.on_ctrl(conn, to, pkt),
+            Ev::ConnectTimeout { conn } => self.on_connect_timeout(conn),
+            Ev::Finish { conn, side } => {
+                let ending = match self.side(conn, side).map(|s| &s.state) {
+                    Some(SideState::Closing(e)) => e.clone(),
+                    _ => return,
+                };
+                self.end_side(conn, side, Some(ending));
+            }
+            Ev::Deliver { conn, dir } => self.deliver(conn, dir),
+            Ev::Release { buf, pool } => self.release_recv(buf, pool),
+            Ev::Timer { id, gen } => {
+                let now = self.sched.now;
+                let Some(t) = self.timers.get(&id) else {
+                    return;
+                };
+                if !t.active || t.gen != gen {
+                    return;
+                }
+                let (host, period, f) = (t.host, t.period, Arc::clone(&t.f));
+                self.sched.schedule(now + period, Ev::Timer { id, gen });
+                self.sched.log(host, format_args!("timer {id}"));
+                self.sched.calls.push(Call::Timer { id, gen, f });
+            }
+            Ev::Signal { id } => {
+                if let Some((host, f)) = self.signals.get(&id) {
+                    let (host, f) = (*host, Arc::clone(f));
+                    self.sched.log(host, format_args!("signal {id}"));
+                    self.sched.calls.push(Call::Signal { f });
+                }
+            }
+        }
+    }
+
+    // -- hosts ---------------------------------------------------------------
+
+    pub(crate) fn ensure_host(&mut self, ip: IpAddr) {
+        self.hosts.entry(ip).or_insert_with(|| Host {
+            crashed: false,
+            refusing: false,
+            slow: 0,
+            stop: false,
+            listeners: BTreeMap::new(),
+            ports: BTreeMap::new(),
+            accepted_ports: BTreeMap::new(),
+        });
+    }
+
+    pub(crate) fn host_mut(&mut self, ip: IpAddr) -> &mut Host {
+        self.ensure_host(ip);
+        self.hosts.get_mut(&ip).expect("just ensured")
+    }
+
+    fn host_up(&self, ip: IpAddr) -> bool {
+        self.hosts.get(&ip).is_some_and(|h| !h.crashed)
+    }
+
+    pub(crate) fn host_alive(&self, ip: IpAddr) -> bool {
+        self.host_up(ip)
+    }
+
+    fn pick_port(&mut self, ip: IpAddr) -> Option<u16> {
+        let start = self.sched.rng.below(EPHEMERAL_COUNT);
+        let h = self.hosts.get(&ip)?;
+        (0..EPHEMERAL_COUNT)
+            .map(|i| EPHEMERAL_FIRST + ((start + i) % EPHEMERAL_COUNT) as u16)
+            .find(|p| {
+                !h.listeners.contains_key(p)
+                    && !h.ports.contains_key(p)
+                    && !h.accepted_ports.contains_key(p)
+            })
+    }
+
+    fn new_pool(&mut self, buf_size: usize, num_buf: usize) -> Pool {
+        self.next_pool += 1;
+        Pool {
+            id: self.next_pool,
+            pool: BufferPool::new(buf_size, num_buf),
+        }
+    }
+
+    // -- backends ------------------------------------------------------------
+
+    pub(crate) fn add_backend(
+        &mut self,
+        host: IpAddr,
+        config: BackendConfig,
+        handler: HandlerCell,
+    ) -> BackendId {
+        let shared_recv = config
+            .shared_receive_pool
+            .map(|p| self.new_pool(p.buf_size, p.num_buf));
+        let shared_send = config
+            .shared_send_pool
+            .map(|p| self.new_pool(p.buf_size, p.num_buf));
+        self.backends.push(BackendState {
+            host,
+            config,
+            handler,
+            endpoints: BTreeMap::new(),
+            listens: BTreeMap::new(),
+            shared_recv,
+            shared_send,
+        });
+        let id = self.backends.len() - 1;
+        self.sched.log(host, format_args!("b{id} created"));
+        id
+    }
+
+    /// `false` if `b` is thread-unsafe and the caller is not the driver.
+    pub(crate) fn thread_ok(&self, b: BackendId) -> bool {
+        self.backends[b].config.thread_safety == ThreadSafety::Safe
+            || self.driver == netio_core::thread_token()
+    }
+
+    // -- connections -----------------------------------------------------------
+
+    fn side(&self, conn: ConnId, side: usize) -> Option<&Side> {
+        self.conns.get(&conn)?.sides[side].as_ref()
+    }
+
+    fn side_mut(&mut self, conn: ConnId, side: usize) -> Option<&mut Side> {
+        self.conns.get_mut(&conn)?.sides[side].as_mut()
+    }
+
+    fn make_side(
+        &mut self,
+        b: BackendId,
+        local: EndpointAddress,
+        remote: EndpointAddress,
+        params: &ConnectionParams,
+        listener_pool: Option<Pool>,
+    ) -> Side {
+        let recv = if params.recv.use_shared_pool {
+            listener_pool.or_else(|| self.backends[b].shared_recv.clone())
+        } else if params.recv.num_buf > 0 {
+            Some(self.new_pool(params.recv.buf_size, params.recv.num_buf))
+        } else {
+            None
+        };
+        let send = match &self.backends[b].shared_send {
+            Some(p) => Some(p.clone()),
+            None if params.send_buffered.num_buf > 0 => {
+                Some(self.new_pool(params.send_buffered.buf_size, params.send_buffered.num_buf))
+            }
+            None => None,
+        };
+        let be = &self.backends[b];
+        Side {
+            backend: b,
+            host: be.host,
+            local,
+            remote,
+            state: SideState::Connecting,
+            caps: params.capabilities(&be.config, true),
+            recv,
+            send,
+            region: params.send_zero_copy.clone(),
+            unbuffered: 0,
+        }
+    }
+
+    /// Latency of one packet from `src` to `dst`, jitter included.
+    fn latency(&mut self, src: IpAddr, dst: IpAddr) -> u64 {
+        let cfg = self.link_config(src, dst);
+        nanos(cfg.latency) + self.sched.rng.below(nanos(cfg.jitter) + 1)
+    }
+
+    pub(crate) fn link_config(&self, src: IpAddr, dst: IpAddr) -> LinkConfig {
+        self.links
+            .get(&(src, dst))
+            .map_or_else(LinkConfig::default, |l| l.cfg)
+    }
+
+    pub(crate) fn set_link(&mut self, a: IpAddr, b: IpAddr, cfg: LinkConfig) {
+        for key in [(a, b), (b, a)] {
+            self.links
+                .entry(key)
+                .and_modify(|l| l.cfg = cfg)
+                .or_insert(Link { cfg, free_at: 0 });
+        }
+        self.sched.log(
+            a,
+            format_args!(
+                "link {b} latency={:?} bandwidth={} jitter={:?}",
+                cfg.latency, cfg.bandwidth_bytes_per_sec, cfg.jitter
+            ),
+        );
+    }
+
+    fn partitioned(&self, a: IpAddr, b: IpAddr) -> bool {
+        a != b && self.partitions.contains(&pair(a, b))
+    }
+
+    /// Sends a control packet towards side `to`; packets of one direction
+    /// of one connection arrive in the order sent.
+    fn send_ctrl(&mut self, conn: ConnId, to: usize, pkt: Ctrl) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        let (src, dst) = (c.hosts[1 - to], c.hosts[to]);
+        let lat = self.latency(src, dst);
+        let now = self.sched.now;
+        let c = self.conns.get_mut(&conn).expect("checked above");
+        let at = (now + lat).max(c.ctrl_last[to] + 1);
+        c.ctrl_last[to] = at;
+        self.sched.schedule(at, Ev::Ctrl { conn, to, pkt });
+    }
+
+    /// Makes sure pipe `dir` of `conn` is looked at no later than `at`.
+    fn kick(sched: &mut Sched, conn: ConnId, c: &mut Conn, dir: usize, at: u64) {
+        let p = &mut c.pipes[dir];
+        if p.wake.is_none_or(|w| at < w) {
+            p.wake = Some(at);
+            sched.schedule(at, Ev::Deliver { conn, dir });
+        }
+    }
+
+    fn on_ctrl(&mut self, conn: ConnId, to: usize, pkt: Ctrl) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        if self.partitioned(c.hosts[0], c.hosts[1]) {
+            self.held.push(Held { conn, to, pkt });
+            return;
+        }
+        match pkt {
+            Ctrl::Syn => self.on_syn(conn),
+            Ctrl::SynAck => {
+                let Some(s) = self.side_mut(conn, 0) else {
+                    return;
+                };
+                if !matches!(s.state, SideState::Connecting) {
+                    return;
+                }
+                s.state = SideState::Open;
+                let (b, remote, caps) = (s.backend, s.remote, s.caps);
+                self.sched
+                    .emit(&self.backends, b, NetEv::Established(remote, caps));
+                let now = self.sched.now;
+                let c = self.conns.get_mut(&conn).expect("side exists");
+                Self::kick(&mut self.sched, conn, c, 1, now);
+            }
+            Ctrl::Refuse(reason) => {
+                if matches!(
+                    self.side(conn, 0).map(|s| &s.state),
+                    Some(SideState::Connecting)
+                ) {
+                    self.end_side(conn, 0, Some(Ending::Refused(reason)));
+                }
+            }
+            Ctrl::Close(reason) => match self.side(conn, to).map(|s| &s.state) {
+                Some(SideState::Open) => self.end_side(conn, to, Some(Ending::Closed(reason))),
+                Some(SideState::Connecting) => {
+                    self.end_side(conn, to, Some(Ending::Refused(RefuseReason::Refused)))
+                }
+                _ => {}
+            },
+        }
+    }
+
+    fn on_syn(&mut self, conn: ConnId) {
+        let c = &self.conns[&conn];
+        let target = c.target;
+        let Some(s0) = c.sides[0].as_ref() else {
+            return;
+        };
+        if !matches!(s0.state, SideState::Connecting) {
+            return;
+        }
+        let key = s0.local;
+        let Some(h) = self.hosts.get(&target.ip()) else {
+            return; // nobody there: the initiator times out
+        };
+        if h.crashed {
+            return;
+        }
+        let lid = match h.listeners.get(&target.port()) {
+            Some(&l) if !h.refusing => l,
+            _ => {
+                self.sched
+                    .log(target.ip(), format_args!("refuse {key} -> {target}"));
+                self.send_ctrl(conn, 0, Ctrl::Refuse(RefuseReason::Refused));
+                return;
+            }
+        };
+        let l = &self.listeners[&lid];
+        let (lb, params, pool) = (l.backend, l.params.clone(), l.pool.clone());
+        if self.backends[lb].endpoints.contains_key(&key) {
+            self.send_ctrl(conn, 0, Ctrl::Refuse(RefuseReason::Refused));
+            return;
+        }
+        let mut side = self.make_side(lb, target, key, &params, pool);
+        side.state = SideState::Open;
+        let caps = side.caps;
+        *self
+            .host_mut(target.ip())
+            .accepted_ports
+            .entry(target.port())
+            .or_default() += 1;
+        self.backends[lb].endpoints.insert(key, (conn, 1));
+        let c = self.conns.get_mut(&conn).expect("exists");
+        c.sides[1] = Some(side);
+        c.listener = Some(lid);
+        self.sched
+            .emit(&self.backends, lb, NetEv::Established(key, caps));
+        self.send_ctrl(conn, 0, Ctrl::SynAck);
+    }
+
+    fn on_connect_timeout(&mut self, conn: ConnId) {
+        if !matches!(
+            self.side(conn, 0).map(|s| &s.state),
+            Some(SideState::Connecting)
+        ) {
+            return;
+        }
+        let accepted = matches!(self.side(conn, 1).map(|s| &s.state), Some(SideState::Open));
+        self.end_side(conn, 0, Some(Ending::Refused(RefuseReason::Unreachable)));
+        if accepted {
+            self.send_ctrl(conn, 1, Ctrl::Close(CloseReason::Reset));
+        }
+    }
+
+    /// Ends `side`: its unfinished sends are cancelled, its endpoint name is
+    /// freed, and `ending` (if any: a crash ends silently) is reported.
+    fn end_side(&mut self, conn: ConnId, side: usize, ending: Option<Ending>) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let Some(s) = c.sides[side].as_mut() else {
+            return;
+        };
+        if matches!(s.state, SideState::Gone) {
+            return;
+        }
+        s.state = SideState::Gone;
+        s.unbuffered = 0;
+        let (b, host, local, remote) = (s.backend, s.host, s.local, s.remote);
+        let keys: Vec<u64> = c.pipes[side].queue.drain(..).map(|m| m.key).collect();
+        let all_gone = c.sides.iter().all(|s| {
+            s.as_ref()
+                .is_none_or(|s| matches!(s.state, SideState::Gone))
+        });
+        if all_gone {
+            self.conns.remove(&conn);
+        }
+        let be = &mut self.backends[b];
+        if be.endpoints.get(&remote) == Some(&(conn, side)) {
+            be.endpoints.remove(&remote);
+        }
+        let h = self.host_mut(host);
+        let ports = if side == 0 {
+            &mut h.ports
+        } else {
+            &mut h.accepted_ports
+        };
+        if let Some(n) = ports.get_mut(&local.port()) {
+            *n -= 1;
+            if *n == 0 {
+                ports.remove(&local.port());
+            }
+        }
+        match ending {
+            Some(Ending::Closed(reason)) => {
+                self.sched
+                    .emit(&self.backends, b, NetEv::Closed(remote, reason, keys))
+            }
+            Some(Ending::Refused(reason)) => {
+                self.sched
+                    .emit(&self.backends, b, NetEv::Refused(remote, reason))
+            }
+            None => self
+                .sched
+                .log(host, format_args!("b{b} vanished {remote} lost={keys:?}")),
+        }
+    }
+
+    /// Marks `side` as ending with `ending` and reports it at once (as an
+    /// event, never from inside the caller); tells the peer with `peer`.
+    fn begin_end(&mut self, conn: ConnId, side: usize, ending: Ending, peer: Option<CloseReason>) {
+        let Some(s) = self.side_mut(conn, side) else {
+            return;
+        };
+        if !matches!(s.state, SideState::Open | SideState::Connecting) {
+            return;
+        }
+        s.state = SideState::Closing(ending);
+        let now = self.sched.now;
+        self.sched.schedule(now, Ev::Finish { conn, side });
+        if let Some(reason) = peer {
+            let other = 1 - side;
+            if matches!(
+                self.side(conn, other).map(|s| &s.state),
+                Some(SideState::Open | SideState::Connecting)
+            ) {
+                self.send_ctrl(conn, other, Ctrl::Close(reason));
+            }
+        }
+    }
+
+    fn deliver(&mut self, conn: ConnId, dir: usize) {
+        let now = self.sched.now;
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        if c.pipes[dir].wake != Some(now) {
+            return; // superseded by an earlier wake-up
+        }
+        let cut = self.partitioned(c.hosts[0], c.hosts[1]);
+        let c = self.conns.get_mut(&conn).expect("exists");
+        c.pipes[dir].wake = None;
+        let (Some(tx), Some(rx)) = (c.sides[dir].as_ref(), c.sides[1 - dir].as_ref()) else {
+            return;
+        };
+        if !matches!(tx.state, SideState::Open) || !matches!(rx.state, SideState::Open) || cut {
+            return; // resumed by establishment or heal, or purged by close
+        }
+        let (tx_b, tx_remote, rx_b, rx_remote) = (tx.backend, tx.remote, rx.backend, rx.remote);
+        let Some(pool) = rx.recv.clone() else {
+            if !c.pipes[dir].queue.is_empty() {
+                let reason =
+                    CloseReason::Protocol("message on a connection without receive buffers".into());
+                self.begin_end(
+                    conn,
+                    1 - dir,
+                    Ending::Closed(reason),
+                    Some(CloseReason::PeerClosed),
+                );
+            }
+            return;
+        };
+        let mut done = Vec::new();
+        loop {
+            let Some(head) = c.pipes[dir].queue.front() else {
+                break;
+            };
+            if head.arrival > now {
+                let at = head.arrival;
+                Self::kick(&mut self.sched, conn, c, dir, at);
+                break;
+            }
+            let len = head.body.len();
+            if len > pool.pool.buf_size() {
+                let reason = CloseReason::MessageTooLarge {
+                    size: len as u64,
+                    limit: pool.pool.buf_size(),
+                };
+                self.sched.log(
+                    c.hosts[1 - dir],
+                    format_args!("b{rx_b} too large from {rx_remote} len={len}"),
+                );
+                for (buf, key) in done.drain(..) {
+                    self.sched
+                        .emit(&self.backends, rx_b, NetEv::Data(rx_remote, buf, pool.id));
+                    self.sched
+                        .emit(&self.backends, tx_b, NetEv::Completed(tx_remote, key));
+                }
+                self.begin_end(
+                    conn,
+                    1 - dir,
+                    Ending::Closed(reason),
+                    Some(CloseReason::PeerClosed),
+                );
+                return;
+            }
+            let Some(mut buf) = pool.pool.get() else {
+                c.pipes[dir].blocked = true;
+                self.blocked.entry(pool.id).or_default().insert((conn, dir));
+                break;
+            };
+            let msg = c.pipes[dir].queue.pop_front().expect("head exists");
+            msg.body.write_into(&mut buf);
+            if !matches!(msg.body, Body::Buffer(_)) {
+                if let Some(tx) = c.sides[dir].as_mut() {
+                    tx.unbuffered -= 1;
+                }
+            }
+            done.push((buf, msg.key));
+        }
+        for (buf, key) in done {
+            self.sched
+                .emit(&self.backends, rx_b, NetEv::Data(rx_remote, buf, pool.id));
+            self.sched
+                .emit(&self.backends, tx_b, NetEv::Completed(tx_remote, key));
+        }
+    }
+
+    /// A receive buffer of `pool` is free again: pipes waiting for one
+    /// resume.
+    pub(crate) fn release_recv(&mut self, buf: NetworkBuffer, pool: PoolId) {
+        drop(buf);
+        let Some(waiting) = self.blocked.remove(&pool) else {
+            return;
+        };
+        let now = self.sched.now;
+        for (conn, dir) in waiting {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                if c.pipes[dir].blocked {
+                    c.pipes[dir].blocked = false;
+                    Self::kick(&mut self.sched, conn, c, dir, now);
+                }
+            }
+        }
+    }
+
+    /// After `on_data` returned on `host`: frees the buffer now, or after the
+    /// host's slow-receiver delay.
+    pub(crate) fn recv_done(&mut self, host: IpAddr, buf: NetworkBuffer, pool: PoolId) {
+        let slow = self.hosts.get(&host).map_or(0, |h| h.slow);
+        if slow > 0 && self.host_up(host) {
+            let at = self.sched.now + slow;
+            self.sched.schedule(at, Ev::Release { buf, pool });
+        } else {
+            self.release_recv(buf, pool);
+        }
+    }
+
+    // -- backend operations ---------------------------------------------------
+
+    pub(crate) fn op_listen(
+        &mut self,
+        b: BackendId,
+        addr: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<EndpointAddress, OpenListenError> {
+        if !self.thread_ok(b) {
+            return Err(OpenListenError::WrongThread);
+        }
+        addr.validate_listen()
+            .map_err(|reason| OpenListenError::InvalidEndpointAddress {
+                address: addr,
+                reason,
+            })?;
+        let be = &self.backends[b];
+        params
+            .validate(&be.config)
+            .map_err(OpenListenError::InvalidConnectionParameters)?;
+        let ip = be.host;
+        let own_pool =
+            params.recv.use_shared_pool && params.recv.num_buf > 0 && params.recv.buf_size > 0;
+        if params.recv.use_shared_pool && !own_pool && be.shared_recv.is_none() {
+            return Err(OpenListenError::InvalidConnectionParameters(
+                "use_shared_pool on a listen endpoint needs recv.buf_size and recv.num_buf \
+                 (its own pool) or a BackendConfig::shared_receive_pool"
+                    .into(),
+            ));
+        }
+        let fail = |kind, msg: String| OpenListenError::FailedOpenListenEndpoint {
+            address: addr,
+            source: failed(kind, msg),
+        };
+        if !self.host_up(ip) {
+            return Err(fail(
+                io::ErrorKind::NotConnected,
+                format!("simulated host {ip} has crashed"),
+            ));
+        }
+        if addr.ip() != ip && !addr.ip().is_unspecified() {
+            return Err(fail(
+                io::ErrorKind::AddrNotAvailable,
+                format!("{} is not the address of simulated host {ip}", addr.ip()),
+            ));
+        }
+        let port = if addr.port() == 0 {
+            self.pick_port(ip)
+                .ok_or_else(|| OpenListenError::NoResources {
+                    address: addr,
+                    source: failed(io::ErrorKind::AddrInUse, "no free port left".into()),
+                })?
+        } else {
+            let h = &self.hosts[&ip];
+            if let Some(l) = h.listeners.get(&addr.port()) {
+                let l = &self.listeners[l];
+                if l.backend == b && l.addr == addr {
+                    return Err(OpenListenError::ListenEndpointAlreadyExists(addr));
+                }
+                return Err(fail(
+                    io::ErrorKind::AddrInUse,
+                    format!("port {} of {ip} is in use by another listener", addr.port()),
+                ));
+            }
+            if h.ports.contains_key(&addr.port()) {
+                return Err(fail(
+                    io::ErrorKind::AddrInUse,
+                    format!("port {} of {ip} is in use by a connection", addr.port()),
+                ));
+            }
+            addr.port()
+        };
+        let pool = own_pool.then(|| self.new_pool(params.recv.buf_size, params.recv.num_buf));
+        let bound = addr.with_port(port);
+        self.next_listener += 1;
+        let lid = self.next_listener;
+        self.listeners.insert(
+            lid,
+            Listener {
+                backend: b,
+                host: ip,
+                addr: bound,
+                params,
+                pool,
+            },
+        );
+        self.host_mut(ip).listeners.insert(port, lid);
+        self.backends[b].listens.insert(bound, lid);
+        self.sched.log(ip, format_args!("b{b} listen {bound}"));
+        Ok(bound)
+    }
+
+    pub(crate) fn op_connect(
+        &mut self,
+        b: BackendId,
+        addr: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<(), OpenActiveError> {
+        if !self.thread_ok(b) {
+            return Err(OpenActiveError::WrongThread);
+        }
+        addr.validate_remote()
+            .map_err(|reason| OpenActiveError::InvalidEndpointAddress {
+                address: addr,
+                reason,
+            })?;
+        let be = &self.backends[b];
+        params
+            .validate(&be.config)
+            .map_err(OpenActiveError::InvalidConnectionParameters)?;
+        if params.recv.use_shared_pool && be.shared_recv.is_none() {
+            return Err(OpenActiveError::InvalidConnectionParameters(
+                "recv.use_shared_pool on an active endpoint needs \
+                 BackendConfig::shared_receive_pool"
+                    .into(),
+            ));
+        }
+        let ip = be.host;
+        if be.endpoints.contains_key(&addr) {
+            return Err(OpenActiveError::ActiveEndpointAlreadyExists(addr));
+        }
+        if !self.host_up(ip) {
+            return Err(OpenActiveError::FailedOpenActiveEndpoint {
+                address: addr,
+                source: failed(
+                    io::ErrorKind::NotConnected,
+                    format!("simulated host {ip} has crashed"),
+                ),
+            });
+        }
+        let port = self
+            .pick_port(ip)
+            .ok_or_else(|| OpenActiveError::NoResources {
+                address: addr,
+                source: failed(io::ErrorKind::AddrInUse, "no free local port left".into()),
+            })?;
+        let local = EndpointAddress::new(ip, port);
+        let side = self.make_side(b, local, addr, &params, None);
+        *self.host_mut(ip).ports.entry(port).or_default() += 1;
+        self.next_conn += 1;
+        let conn = self.next_conn;
+        self.conns.insert(
+            conn,
+            Conn {
+                hosts: [ip, addr.ip()],
+                target: addr,
+                sides: [Some(side), None],
+                pipes: Default::default(),
+                ctrl_last: [0; 2],
+                listener: None,
+            },
+        );
+        self.backends[b].endpoints.insert(addr, (conn, 0));
+        self.sched
+            .log(ip, format_args!("b{b} connect {addr} from {local}"));
+        let at = self.sched.now + self.connect_timeout;
+        self.sched.schedule(at, Ev::ConnectTimeout { conn });
+        self.send_ctrl(conn, 1, Ctrl::Syn);
+        Ok(())
+    }
+
+    pub(crate) fn op_close_listen(
+        &mut self,
+        b: BackendId,
+        addr: EndpointAddress,
+    ) -> Result<(), CloseError> {
+        if !self.thread_ok(b) {
+            return Err(CloseError::WrongThread);
+        }
+        let lid = self.backends[b]
+            .listens
+            .remove(&addr)
+            .ok_or(CloseError::UnknownListenEndpoint(addr))?;
+        let l = self.listeners.remove(&lid).expect("listener of a backend");
+        self.host_mut(l.host).listeners.remove(&l.addr.port());
+        self.sched
+            .log(l.host, format_args!("b{b} close listen {addr}"));
+        let accepted: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.listener == Some(lid))
+            .map(|(&id, _)| id)
+            .collect();
+        for conn in accepted {
+            self.begin_end(
+                conn,
+                1,
+                Ending::Closed(CloseReason::ListenerClosed),
+                Some(CloseReason::PeerClosed),
+            );
+        }
+        Ok(())
+    }
+
+    fn endpoint(&self, b: BackendId, remote: EndpointAddress) -> Option<(ConnId, usize)> {
+        self.backends[b].endpoints.get(&remote).copied()
+    }
+
+    pub(crate) fn op_close(
+        &mut self,
+        b: BackendId,
+        remote: EndpointAddress,
+    ) -> Result<(), CloseError> {
+        if !self.thread_ok(b) {
+            return Err(CloseError::WrongThread);
+        }
+        let (conn, side) = self
+            .endpoint(b, remote)
+            .ok_or(CloseError::UnknownActiveEndpoint(remote))?;
+        let s = self.side(conn, side).expect("endpoint of a live side");
+        let host = s.host;
+        let ending = match s.state {
+            SideState::Connecting => Ending::Refused(RefuseReason::Cancelled),
+            SideState::Open => Ending::Closed(CloseReason::Local),
+            _ => return Ok(()), // already ending; reported once
+        };
+        self.sched.log(host, format_args!("b{b} close {remote}"));
+        self.begin_end(conn, side, ending, Some(CloseReason::PeerClosed));
+        Ok(())
+    }
+
+    /// The open side named `remote` of backend `b`.
+    fn open_side(&mut self, b: BackendId, remote: EndpointAddress) -> Option<(ConnId, usize)> {
+        let (conn, side) = self.endpoint(b, remote)?;
+        matches!(self.side(conn, side)?.state, SideState::Open).then_some((conn, side))
+    }
+
+    pub(crate) fn op_get_buffer(
+        &mut self,
+        b: BackendId,
+        remote: EndpointAddress,
+    ) -> Result<Option<NetworkBuffer>, BufferError> {
+        Ok(self.send_pool(b, remote)?.pool.get())
+    }
+
+    pub(crate) fn op_available(
+        &mut self,
+        b: BackendId,
+        remote: EndpointAddress,
+    ) -> Result<usize, BufferError> {
+        Ok(self.send_pool(b, remote)?.pool.take_low_water())
+    }
+
+    fn send_pool(&mut self, b: BackendId, remote: EndpointAddress) -> Result<Pool, BufferError> {
+        if !self.thread_ok(b) {
+            return Err(BufferError::WrongThread);
+        }
+        let (conn, side) = self
+            .open_side(b, remote)
+            .ok_or(BufferError::UnknownActiveEndpoint(remote))?;
+        self.side(conn, side)
+            .and_then(|s| s.send.clone())
+            .ok_or(BufferError::NoBuffersAllocated(remote))
+    }
+
+    pub(crate) fn op_send_buffer(
+        &mut self,
+        b: BackendId,
+        remote: EndpointAddress,
+        buf: NetworkBuffer,
+    ) -> Result<(), SendError> {
+        if !self.thread_ok(b) {
+            return Err(SendError::WrongThread);
+        }
+        let (conn, side) = self
+            .open_side(b, remote)
+            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        let s = self.side(conn, side).expect("open side");
+        if !s.send.as_ref().is_some_and(|p| p.pool.owns(&buf)) {
+            return Err(SendError::ForeignBuffer);
+        }
+        let key = buf.index();
+        self.enqueue(conn, side, key, Body::Buffer(buf));
+        Ok(())
+    }
+
+    pub(crate) fn op_send_data(
+        &mut self,
+        b: BackendId,
+        remote: EndpointAddress,
+        data: &[RegionSlice],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError> {
+        if !self.thread_ok(b) {
+            return Err(SendError::WrongThread);
+        }
+        let (conn, side) = self
+            .open_side(b, remote)
+            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        let max_len = MAX_HEADER_LEN;
+        if header.len() > max_len {
+            return Err(SendError::HeaderTooLong {
+                len: header.len(),
+                max: max_len,
+            });
+        }
+        let s = self.side(conn, side).expect("open side");
+        let region = s.region.as_ref().ok_or(SendError::NotSupported(
+            "zero-copy sending needs a registered region (ConnectionParams::with_zero_copy)",
+        ))?;
+        let lent = region.lend(data).map_err(|_| SendError::OutsideRegion)?;
+        if s.unbuffered >= self.backends[b].config.send_queue_depth {
+            return Err(SendError::NoResources);
+        }
+        let mut h = [0u8; MAX_HEADER_LEN];
+        h[..header.len()].copy_from_slice(header);
+        self.enqueue(
+            conn,
+            side,
+            key,
+            Body::ZeroCopy {
+                header: h,
+                header_len: header.len(),
+                lent,
+            },
+        );
+        Ok(())
+    }
+
+    pub(crate) fn op_send_copy(
+        &mut self,
+        b: BackendId,
+        remote: EndpointAddress,
+        data: &[&[u8]],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError> {
+        if !self.thread_ok(b) {
+            return Err(SendError::WrongThread);
+        }
+        let (conn, side) = self
+            .open_side(b, remote)
+            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        if header.len() > MAX_HEADER_LEN {
+            return Err(SendError::HeaderTooLong {
+                len: header.len(),
+                max: MAX_HEADER_LEN,
+            });
+        }
+        let s = self.side(conn, side).expect("open side");
+        if s.unbuffered >= self.backends[b].config.send_queue_depth {
+            return Err(SendError::NoResources);
+        }
+        let len = header.len() + data.iter().map(|d| d.len()).sum::<usize>();
+        let mut v = Vec::with_capacity(len);
+        v.extend_from_slice(header);
+        for d in data {
+            v.extend_from_slice(d);
+        }
+        self.enqueue(conn, side, key, Body::Copy(v));
+        Ok(())
+    }
+
+    /// Puts a message on the wire: it arrives after the link's queue, its
+    /// serialisation time and latency, never before earlier messages of the
+    /// same connection.
+    fn enqueue(&mut self, conn: ConnId, side: usize, key: u64, body: Body) {
+        let c = &self.conns[&conn];
+        let (src, dst) = (c.hosts[side], c.hosts[1 - side]);
+        let len = body.len();
+        let lat = self.latency(src, dst);
+        let now = self.sched.now;
+        let link = self.links.entry((src, dst)).or_insert(Link {
+            cfg: LinkConfig::default(),
+            free_at: 0,
+        });
+        let bw = link.cfg.bandwidth_bytes_per_sec;
+        let tx = if bw == 0 {
+            0
+        } else {
+            u64::try_from((len as u128 * 1_000_000_000).div_ceil(u128::from(bw)))
+                .unwrap_or(u64::MAX)
+        };
+        let start = now.max(link.free_at);
+        link.free_at = start.saturating_add(tx);
+        let c = self.conns.get_mut(&conn).expect("exists");
+        let p = &mut c.pipes[side];
+        let arrival = (start.saturating_add(tx).saturating_add(lat)).max(p.last_arrival);
+        p.last_arrival = arrival;
+        p.queue.push_back(Msg { key, arrival, body });
+        let s = c.sides[side].as_mut().expect("open side");
+        if !matches!(p.queue.back().map(|m| &m.body), Some(Body::Buffer(_))) {
+            s.unbuffered += 1;
+        }
+        let (host, remote, b) = (s.host, s.remote, s.backend);
+        if !p.blocked {
+            Self::kick(&mut self.sched, conn, c, side, arrival);
+        }
+        self.sched.log(
+            host,
+            format_args!("b{b} send {remote} key={key} len={len} arrives={arrival}"),
+        );
+    }
+
+    pub(crate) fn memory_usage(&self, b: BackendId) -> MemoryUsage {
+        let be = &self.backends[b];
+        let mut recv: BTreeMap<PoolId, usize> = BTreeMap::new();
+        let mut send: BTreeMap<PoolId, usize> = BTreeMap::new();
+        let add = |m: &mut BTreeMap<PoolId, usize>, p: &Option<Pool>| {
+            if let Some(p) = p {
+                m.insert(p.id, p.pool.bytes());
+            }
+        };
+        add(&mut recv, &be.shared_recv);
+        add(&mut send, &be.shared_send);
+        for lid in be.listens.values() {
+            add(&mut recv, &self.listeners[lid].pool);
+        }
+        for &(conn, side) in be.endpoints.values() {
+            if let Some(s) = self.side(conn, side) {
+                add(&mut recv, &s.recv);
+                add(&mut send, &s.send);
+            }
+        }
+        MemoryUsage {
+            receive_bytes: recv.values().sum(),
+            send_bytes: send.values().sum(),
+        }
+    }
+
+    // -- faults ----------------------------------------------------------------
+
+    pub(crate) fn refuse(&mut self, host: IpAddr, refuse: bool) {
+        self.host_mut(host).refusing = refuse;
+        self.sched
+            .log(host, format_args!("fault refuse_connections={refuse}"));
+    }
+
+    pub(crate) fn slow(&mut self, host: IpAddr, per_message: Duration) {
+        self.host_mut(host).slow = nanos(per_message);
+        self.sched
+            .log(host, format_args!("fault slow_receiver {per_message:?}"));
+    }
+
+    fn conns_between(&self, a: IpAddr, b: IpAddr) -> Vec<ConnId> {
+        self.conns
+            .iter()
+            .filter(|(_, c)| c.between(a, b))
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    pub(crate) fn reset(&mut self, a: IpAddr, b: IpAddr) {
+        self.sched.log(a, format_args!("fault reset {b}"));
+        for conn in self.conns_between(a, b) {
+            for side in 0..2 {
+                let ending = match self.side(conn, side).map(|s| &s.state) {
+                    Some(SideState::Open) => Ending::Closed(CloseReason::Reset),
+                    Some(SideState::Connecting) => Ending::Refused(RefuseReason::Refused),
+                    _ => continue,
+                };
+                self.begin_end(conn, side, ending, None);
+            }
+        }
+    }
+
+    pub(crate) fn partition(&mut self, a: IpAddr, b: IpAddr) {
+        if a != b {
+            self.partitions.insert(pair(a, b));
+            self.sched.log(a, format_args!("fault partition {b}"));
+        }
+    }
+
+    pub(crate) fn heal(&mut self, a: IpAddr, b: IpAddr) {
+        if !self.partitions.remove(&pair(a, b)) {
+            return;
+        }
+        self.sched.log(a, format_args!("fault heal {b}"));
+        let now = self.sched.now;
+        for conn in self.conns_between(a, b) {
+            for dir in 0..2 {
+                let c = &self.conns[&conn];
+                let lat = self.latency(c.hosts[dir], c.hosts[1 - dir]);
+                let c = self.conns.get_mut(&conn).expect("exists");
+                let p = &mut c.pipes[dir];
+                for m in p.queue.iter_mut() {
+                    m.arrival = m.arrival.max(now + lat);
+                }
+                p.last_arrival = p.last_arrival.max(now + lat);
+                if let Some(at) = p.queue.front().map(|m| m.arrival) {
+                    if !p.blocked {
+                        Self::kick(&mut self.sched, conn, c, dir, at);
+                    }
+                }
+            }
+        }
+        let held = std::mem::take(&mut self.held);
+        let (release, keep): (Vec<Held>, Vec<Held>) = held
+            .into_iter()
+            .partition(|h| self.conns.get(&h.conn).is_some_and(|c| c.between(a, b)));
+        self.held = keep;
+        for h in release {
+            self.send_ctrl(h.conn, h.to, h.pkt);
+        }
+    }
+
+    pub(crate) fn crash(&mut self, host: IpAddr) {
+        let h = self.host_mut(host);
+        if h.crashed {
+            return;
+        }
+        h.crashed = true;
+        let lids: Vec<ListenerId> = std::mem::take(&mut h.listeners).into_values().collect();
+        self.sched.log(host, format_args!("fault crash"));
+        for lid in lids {
+            if let Some(l) = self.listeners.remove(&lid) {
+                self.backends[l.backend].listens.remove(&l.addr);
+            }
+        }
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in ids {
+            for side in 0..2 {
+                if self.side(conn, side).is_some_and(|s| s.host == host) {
+                    self.end_side(conn, side, None);
+                    let other = 1 - side;
+                    if self.side(conn, other).is_some_and(|s| {
+                        s.host != host && matches!(s.state, SideState::Open | SideState::Connecting)
+                    }) {
+                        self.send_ctrl(conn, other, Ctrl::Close(CloseReason::Reset));
+                    }
+                }
+            }
+        }
+    }
+
+    // -- timers and signals ------------------------------------------------------
+
+    pub(crate) fn add_timer(&mut self, host: IpAddr, f: UserFn) -> u64 {
+        self.next_user_id += 1;
+        let id = self.next_user_id;
+        self.timers.insert(
+            id,
+            TimerState {
+                host,
+                f,
+                gen: 0,
+                period: 1,
+                active: false,
+            },
+        );
+        id
+    }
+
+    pub(crate) fn start_timer(&mut self, id: u64, period: Duration) {
+        let now = self.sched.now;
+        if let Some(t) = self.timers.get_mut(&id) {
+            t.gen += 1;
+            t.period = nanos(period).max(1);
+            t.active = true;
+            let (at, gen) = (now + t.period, t.gen);
+            self.sched.schedule(at, Ev::Timer { id, gen });
+        }
+    }
+
+    pub(crate) fn stop_timer(&mut self, id: u64) {
+        if let Some(t) = self.timers.get_mut(&id) {
+            t.gen += 1;
+            t.active = false;
+        }
+    }
+
+    pub(crate) fn timer_live(&self, id: u64, gen: u64) -> bool {
+        self.timers
+            .get(&id)
+            .is_some_and(|t| t.active && t.gen == gen)
+    }
+
+    /// Removes a timer; the caller drops the callback after unlocking.
+    pub(crate) fn remove_timer(&mut self, id: u64) -> Option<UserFn> {
+        self.timers.remove(&id).map(|t| t.f)
+    }
+
+    pub(crate) fn add_signal(&mut self, host: IpAddr, f: UserFn) -> u64 {
+        self.next_user_id += 1;
+        let id = self.next_user_id;
+        self.signals.insert(id, (host, f));
+        id
+    }
+
+    pub(crate) fn fire_signal(&mut self, id: u64) {
+        let now = self.sched.now;
+        self.sched.schedule(now, Ev::Signal { id });
+    }
+
+    /// Removes a signal; the caller drops the callback after unlocking.
+    pub(crate) fn remove_signal(&mut self, id: u64) -> Option<UserFn> {
+        self.signals.remove(&id).map(|s| s.1)
+    }
+}
