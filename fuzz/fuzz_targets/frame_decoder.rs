@@ -66,11 +66,17 @@ fn run(input: &[u8], chunks: &[usize], buffer: usize, limit: Option<u32>, hs: bo
                                 assert!(limit.is_some_and(|l| m.len() as u64 <= u64::from(l)));
                                 events.push(Event::Message(m.to_vec()));
                             }
-                            Frame::DataPart { total_len, offset, bytes } => {
+                            Frame::DataPart {
+                                total_len,
+                                offset,
+                                bytes,
+                            } => {
                                 assert!(limit.is_some_and(|l| total_len <= l));
                                 assert!(!bytes.is_empty());
                                 assert_eq!(offset as usize, partial.len());
-                                assert!(u64::from(offset) + bytes.len() as u64 <= u64::from(total_len));
+                                assert!(
+                                    u64::from(offset) + bytes.len() as u64 <= u64::from(total_len)
+                                );
                                 partial.extend_from_slice(bytes);
                                 if completes {
                                     events.push(Event::Message(std::mem::take(&mut partial)));
@@ -115,6 +121,12 @@ fuzz_target!(|data: &[u8]| {
 
     let streamed = run(input, &chunks, buffer, limit, hs);
     // Reference: one decoder large enough for the whole input, fed at once.
-    let whole = run(input, &[input.len().max(1)], input.len() + MIN_DECODER_BUFFER, limit, hs);
+    let whole = run(
+        input,
+        &[input.len().max(1)],
+        input.len() + MIN_DECODER_BUFFER,
+        limit,
+        hs,
+    );
     assert_eq!(streamed, whole);
 });
