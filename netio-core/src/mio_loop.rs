@@ -1,1 +1,0 @@
-//! The real event loop, on mio (epoll on Linux).

@@ -1,0 +1,596 @@
+//! [`MioLoop`] and its signals and timers.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io;
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+use mio::event::{Event, Source};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+
+use super::signal_queue::{SignalCore, SignalQueue, WakeFlag};
+use super::timers::Timers;
+use crate::event_loop::{thread_token, EventLoop, Signal, Timer};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+
+/// The token of the loop's waker; sources get tokens from 1 on.
+const WAKER: Token = Token(0);
+/// Events fetched per poll when [`LoopConfig::events_capacity`] is 0.
+const DEFAULT_EVENTS_CAPACITY: usize = 1024;
+
+type SourceCallback = Box<dyn FnMut(&Event) + Send>;
+type Callback = Box<dyn FnMut() + Send>;
+type Task = Box<dyn FnOnce() + Send>;
+/// A signal's callback slot: `None` while the loop runs it or once removed.
+type SignalSlot = Mutex<Option<Callback>>;
+
+/// Settings of a [`MioLoop`].
+#[derive(Debug, Clone, Default)]
+pub struct LoopConfig {
+    /// Poll with a zero timeout in a tight loop instead of sleeping in
+    /// epoll: the loop thread keeps a core busy, in exchange events, signals
+    /// and timers are seen without a wake-up and timers tick with sub-ms
+    /// precision. Cross-thread wake-ups then cost no system call.
+    pub busy_poll: bool,
+    /// How many readiness events one poll fetches; 0 means 1024. Sources
+    /// beyond it are served by the next poll.
+    pub events_capacity: usize,
+}
+
+/// Identifies a source registered with [`MioLoop::register`]; pass it to
+/// [`MioLoop::reregister`] and [`MioLoop::deregister`]. Ids are never
+/// reused by a loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SourceId(usize);
+
+/// The real event loop: epoll through mio, plus signals, timers and posted
+/// closures. See the [module documentation](super) for an example.
+///
+/// Clones are handles to the same loop. When the last handle is dropped the
+/// loop drops every callback it holds (sources, signals, timers, posts) and
+/// closes its file descriptors; signals and timers that outlive it do
+/// nothing. A callback that captures a `MioLoop` handle keeps the loop
+/// alive until that callback is dropped (deregister the source, drop the
+/// signal or timer).
+#[derive(Clone)]
+pub struct MioLoop {
+    handle: Arc<Handle>,
+}
+
+/// Owned by the `MioLoop` handles only: dropping the last one shuts the loop
+/// down, which breaks reference cycles through callbacks.
+struct Handle {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.inner.shutdown();
+    }
+}
+
+/// What only the thread inside `run` uses; out of its mutex while running.
+struct PollState {
+    poll: Poll,
+    events: Events,
+    /// Index of the next event of `events` to dispatch (a `stop` can come
+    /// between two; the rest are dispatched by the next `run`).
+    next: usize,
+}
+
+struct Inner {
+    registry: Registry,
+    waker: Waker,
+    busy_poll: bool,
+    poll: Mutex<Option<PollState>>,
+    /// `thread_token()` of the thread inside `run`, 0 when not running.
+    running_on: AtomicU64,
+    stop_requested: AtomicBool,
+    wake: WakeFlag,
+    next_id: AtomicUsize,
+    sources: Mutex<HashMap<usize, Option<SourceCallback>>>,
+    posts: Mutex<VecDeque<Task>>,
+    signal_queue: SignalQueue<SignalSlot>,
+    signals: Mutex<HashMap<usize, Arc<SignalCore<SignalSlot>>>>,
+    timers: Mutex<Timers<Callback>>,
+}
+
+impl MioLoop {
+    /// Creates a loop with the default [`LoopConfig`].
+    pub fn new() -> io::Result<Self> {
+        Self::with_config(LoopConfig::default())
+    }
+
+    /// Creates a loop: an epoll instance and its waker (an eventfd).
+    pub fn with_config(config: LoopConfig) -> io::Result<Self> {
+        let poll = Poll::new()?;
+        let registry = poll.registry().try_clone()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let capacity = match config.events_capacity {
+            0 => DEFAULT_EVENTS_CAPACITY,
+            n => n,
+        };
+        let inner = Inner {
+            registry,
+            waker,
+            busy_poll: config.busy_poll,
+            poll: Mutex::new(Some(PollState {
+                poll,
+                events: Events::with_capacity(capacity),
+                next: 0,
+            })),
+            running_on: AtomicU64::new(0),
+            stop_requested: AtomicBool::new(false),
+            wake: WakeFlag::new(),
+            next_id: AtomicUsize::new(WAKER.0 + 1),
+            sources: Mutex::new(HashMap::new()),
+            posts: Mutex::new(VecDeque::new()),
+            signal_queue: SignalQueue::new(),
+            signals: Mutex::new(HashMap::new()),
+            timers: Mutex::new(Timers::default()),
+        };
+        Ok(Self {
+            handle: Arc::new(Handle {
+                inner: Arc::new(inner),
+            }),
+        })
+    }
+
+    fn inner(&self) -> &Arc<Inner> {
+        &self.handle.inner
+    }
+
+    /// Registers a readiness source (a mio socket, or any fd through
+    /// [`mio::unix::SourceFd`]); `callback` runs on the loop thread with each
+    /// mio event for it. mio is edge-triggered: on a readable event, read
+    /// until `WouldBlock`.
+    ///
+    /// Callable from any thread, including from inside any callback of this
+    /// loop. The source must stay alive (and open) until
+    /// [`deregister`](Self::deregister).
+    pub fn register<S: Source + ?Sized>(
+        &self,
+        source: &mut S,
+        interest: Interest,
+        callback: impl FnMut(&Event) + Send + 'static,
+    ) -> io::Result<SourceId> {
+        let inner = self.inner();
+        let id = inner.next_id();
+        // The callback is in place before epoll can report the source.
+        lock(&inner.sources).insert(id, Some(Box::new(callback)));
+        if let Err(e) = inner.registry.register(source, Token(id), interest) {
+            let callback = lock(&inner.sources).remove(&id);
+            drop(callback);
+            return Err(e);
+        }
+        Ok(SourceId(id))
+    }
+
+    /// Changes the interest of a registered source. Callable from any
+    /// thread. An id this loop does not know: `ErrorKind::NotFound`.
+    pub fn reregister<S: Source + ?Sized>(
+        &self,
+        source: &mut S,
+        id: SourceId,
+        interest: Interest,
+    ) -> io::Result<()> {
+        let inner = self.inner();
+        if !lock(&inner.sources).contains_key(&id.0) {
+            return Err(unknown_source(id));
+        }
+        inner.registry.reregister(source, Token(id.0), interest)
+    }
+
+    /// Deregisters a source and drops its callback (also when called from
+    /// inside that very callback: it is dropped once it returns). No event
+    /// of the source is dispatched after this returns on the loop thread.
+    /// Callable from any thread; an id this loop does not know:
+    /// `ErrorKind::NotFound`.
+    pub fn deregister<S: Source + ?Sized>(&self, source: &mut S, id: SourceId) -> io::Result<()> {
+        let inner = self.inner();
+        let removed = lock(&inner.sources).remove(&id.0);
+        let Some(callback) = removed else {
+            return Err(unknown_source(id));
+        };
+        let result = inner.registry.deregister(source);
+        // After epoll let go of the source: the callback may own it.
+        drop(callback);
+        result
+    }
+
+    /// Runs `f` once on the loop thread, soon: never inline, also when
+    /// called on the loop thread. Closures run in the order posted. Posts
+    /// not yet run when the loop is dropped are dropped.
+    pub fn post(&self, f: impl FnOnce() + Send + 'static) {
+        let inner = self.inner();
+        lock(&inner.posts).push_back(Box::new(f));
+        inner.wake();
+    }
+
+    /// `true` while a thread is inside [`run`](EventLoop::run).
+    pub fn is_running(&self) -> bool {
+        self.inner().running_on.load(Ordering::Acquire) != 0
+    }
+}
+
+fn unknown_source(id: SourceId) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{id:?} is not registered with this loop"),
+    )
+}
+
+impl EventLoop for MioLoop {
+    type Signal = MioSignal;
+    type Timer = MioTimer;
+
+    /// Runs the loop on the calling thread.
+    ///
+    /// # Panics
+    ///
+    /// When the loop is already running (on another thread, or `run` called
+    /// from one of its callbacks), and when epoll fails (not for `EINTR`).
+    /// A panic in a callback propagates; the loop can be run again after.
+    fn run<F: FnOnce()>(&self, init: F) {
+        let inner = self.inner();
+        let state = {
+            let mut slot = lock(&inner.poll);
+            let state = slot
+                .take()
+                .expect("MioLoop::run: the loop is already running");
+            inner.running_on.store(thread_token(), Ordering::Release);
+            state
+        };
+        let mut guard = RunGuard {
+            inner,
+            state: Some(state),
+        };
+        init();
+        let state = guard.state.as_mut().expect("poll state present");
+        while !inner.stop_requested.swap(false, Ordering::AcqRel) {
+            inner.turn(state);
+        }
+    }
+
+    fn stop(&self) {
+        let inner = self.inner();
+        inner.stop_requested.store(true, Ordering::Release);
+        inner.wake();
+    }
+
+    fn signal<F: FnMut() + Send + 'static>(&self, callback: F) -> MioSignal {
+        let inner = self.inner();
+        let slot: SignalSlot = Mutex::new(Some(Box::new(callback)));
+        let core = Arc::new(SignalCore::new(slot));
+        let id = inner.next_id();
+        lock(&inner.signals).insert(id, Arc::clone(&core));
+        MioSignal {
+            handle: Arc::new(SignalHandle {
+                id,
+                core,
+                inner: Arc::downgrade(inner),
+            }),
+        }
+    }
+
+    fn timer<F: FnMut() + Send + 'static>(&self, callback: F) -> MioTimer {
+        let inner = self.inner();
+        let id = inner.next_id();
+        lock(&inner.timers).insert(id, Box::new(callback));
+        MioTimer {
+            id,
+            inner: Arc::downgrade(inner),
+        }
+    }
+
+    fn on_loop_thread(&self) -> bool {
+        self.inner().on_loop_thread()
+    }
+}
+
+impl fmt::Debug for MioLoop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MioLoop")
+            .field("busy_poll", &self.inner().busy_poll)
+            .field("running", &self.is_running())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Gives the poll state back when `run` returns or unwinds.
+struct RunGuard<'a> {
+    inner: &'a Inner,
+    state: Option<PollState>,
+}
+
+impl Drop for RunGuard<'_> {
+    fn drop(&mut self) {
+        let mut slot = lock(&self.inner.poll);
+        self.inner.running_on.store(0, Ordering::Release);
+        *slot = self.state.take();
+    }
+}
+
+impl Inner {
+    fn next_id(&self) -> usize {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn on_loop_thread(&self) -> bool {
+        self.running_on.load(Ordering::Acquire) == thread_token()
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop_requested.load(Ordering::Acquire)
+    }
+
+    /// Announces work to the loop, writing the waker only when the loop may
+    /// be asleep in epoll: not from the loop thread itself (it checks the
+    /// flag before it sleeps), not in busy-poll mode, and only for the first
+    /// announcement since the loop last looked.
+    fn wake(&self) {
+        if self.wake.raise() && !self.busy_poll && !self.on_loop_thread() {
+            // Fails only if the eventfd is gone, i.e. never while `self`
+            // lives; a failed wake-up would show as a stuck loop, not as
+            // corrupted state.
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// One turn of the loop. Returns early (leaving the rest for the next
+    /// turn) as soon as a callback requested a stop.
+    fn turn(&self, st: &mut PollState) {
+        if !self.dispatch_events(st) {
+            return;
+        }
+        self.wake.clear();
+        if !self.run_posts() || !self.run_signals() || !self.run_timers() {
+            return;
+        }
+        let timeout = if self.busy_poll
+            || self.wake.is_raised()
+            || self.stopping()
+            || !self.signal_queue.is_empty()
+        {
+            Some(Duration::ZERO)
+        } else {
+            let next = lock(&self.timers).next_deadline();
+            next.map(|when| when.saturating_duration_since(Instant::now()))
+        };
+        st.next = 0;
+        match st.poll.poll(&mut st.events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => st.events.clear(),
+            Err(e) => panic!("MioLoop: polling epoll failed: {e}"),
+        }
+    }
+
+    /// Dispatches the events of the last poll not dispatched yet. Returns
+    /// `false` when a callback requested a stop.
+    fn dispatch_events(&self, st: &mut PollState) -> bool {
+        let start = st.next;
+        for (i, event) in st.events.iter().enumerate().skip(start) {
+            st.next = i + 1;
+            let id = event.token().0;
+            if id == WAKER.0 {
+                continue;
+            }
+            let taken = lock(&self.sources).get_mut(&id).and_then(Option::take);
+            let Some(mut callback) = taken else {
+                // Deregistered (or its callback lost to a panic).
+                continue;
+            };
+            callback(event);
+            let leftover = {
+                let mut sources = lock(&self.sources);
+                match sources.get_mut(&id) {
+                    Some(slot @ None) => {
+                        *slot = Some(callback);
+                        None
+                    }
+                    _ => Some(callback),
+                }
+            };
+            // Deregistered from inside its own callback: drop it now, with
+            // no lock held.
+            drop(leftover);
+            if self.stopping() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Runs the closures posted before this turn.
+    fn run_posts(&self) -> bool {
+        let n = lock(&self.posts).len();
+        for _ in 0..n {
+            let task = lock(&self.posts).pop_front();
+            let Some(task) = task else { break };
+            task();
+            if self.stopping() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Runs one callback per ready signal (a signal fired k times runs once
+    /// per turn, k turns in a row, so signals take turns fairly).
+    fn run_signals(&self) -> bool {
+        for _ in 0..self.signal_queue.len() {
+            let Some(core) = self.signal_queue.take_one() else {
+                break;
+            };
+            let taken = lock(core.data()).take();
+            if let Some(mut callback) = taken {
+                callback();
+                let leftover = {
+                    let mut slot = lock(core.data());
+                    if core.is_removed() || slot.is_some() {
+                        Some(callback)
+                    } else {
+                        *slot = Some(callback);
+                        None
+                    }
+                };
+                // The signal was dropped from inside its own callback.
+                drop(leftover);
+            }
+            if self.stopping() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Runs the timers due now, each at most once.
+    fn run_timers(&self) -> bool {
+        let now = Instant::now();
+        loop {
+            let due = lock(&self.timers).pop_due(now);
+            let Some((id, mut callback)) = due else {
+                return true;
+            };
+            callback();
+            let leftover = lock(&self.timers).put_back(id, callback);
+            // The timer was dropped from inside its own callback.
+            drop(leftover);
+            if self.stopping() {
+                return false;
+            }
+        }
+    }
+
+    /// Drops every callback and queued closure (the last `MioLoop` handle is
+    /// gone). Dropping a callback can drop signals and timers, which come
+    /// back here to unregister, so nothing is dropped under a lock, and the
+    /// sweep repeats until nothing is left.
+    fn shutdown(&self) {
+        loop {
+            let sources = std::mem::take(&mut *lock(&self.sources));
+            let posts = std::mem::take(&mut *lock(&self.posts));
+            let signals = std::mem::take(&mut *lock(&self.signals));
+            let queued = self.signal_queue.clear();
+            let timers = lock(&self.timers).drain();
+            if sources.is_empty()
+                && posts.is_empty()
+                && signals.is_empty()
+                && queued.is_empty()
+                && timers.is_empty()
+            {
+                return;
+            }
+            let signal_callbacks: Vec<_> = signals
+                .values()
+                .map(|core| {
+                    core.remove();
+                    lock(core.data()).take()
+                })
+                .collect();
+            drop(signal_callbacks);
+            drop((sources, posts, signals, queued, timers));
+        }
+    }
+}
+
+/// A signal of a [`MioLoop`]: [`fire`](Signal::fire) from any thread, the
+/// callback runs on the loop thread once per fire.
+///
+/// Firing costs one atomic add when the signal already has a pending fire;
+/// otherwise it also queues the signal and, if the loop may be asleep,
+/// writes the loop's eventfd. Clones fire the same signal; dropping the last
+/// clone removes it (pending fires are discarded; if its callback is running
+/// it is dropped when it returns).
+#[derive(Clone)]
+pub struct MioSignal {
+    handle: Arc<SignalHandle>,
+}
+
+struct SignalHandle {
+    id: usize,
+    core: Arc<SignalCore<SignalSlot>>,
+    inner: Weak<Inner>,
+}
+
+impl Signal for MioSignal {
+    fn fire(&self) {
+        let h = &*self.handle;
+        if h.core.mark_fired() {
+            if let Some(inner) = h.inner.upgrade() {
+                inner.signal_queue.push(Arc::clone(&h.core));
+                inner.wake();
+            }
+        }
+    }
+}
+
+impl Drop for SignalHandle {
+    fn drop(&mut self) {
+        self.core.remove();
+        let callback = lock(self.core.data()).take();
+        drop(callback);
+        if let Some(inner) = self.inner.upgrade() {
+            let core = lock(&inner.signals).remove(&self.id);
+            drop(core);
+        }
+    }
+}
+
+impl fmt::Debug for MioSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MioSignal")
+            .field("id", &self.handle.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A periodic timer of a [`MioLoop`], created stopped.
+///
+/// Deadlines live in a heap; the loop sleeps in epoll until the earliest
+/// one. epoll waits in whole milliseconds (rounded up, never early), so
+/// without [busy polling](LoopConfig::busy_poll) periods below about a
+/// millisecond tick about once per millisecond: ticks the loop could not
+/// serve in time coalesce into one callback (like a timerfd read), and the
+/// schedule stays aligned to `start`. Dropping the timer stops and removes
+/// it.
+pub struct MioTimer {
+    id: usize,
+    inner: Weak<Inner>,
+}
+
+impl Timer for MioTimer {
+    fn start(&self, period: Duration) {
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        let earliest = lock(&inner.timers).start(self.id, period, Instant::now());
+        if earliest && !inner.on_loop_thread() {
+            inner.wake();
+        }
+    }
+
+    fn stop(&self) {
+        if let Some(inner) = self.inner.upgrade() {
+            lock(&inner.timers).stop(self.id);
+        }
+    }
+}
+
+impl Drop for MioTimer {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            let callback = lock(&inner.timers).remove(self.id);
+            drop(callback);
+        }
+    }
+}
+
+impl fmt::Debug for MioTimer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MioTimer")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}

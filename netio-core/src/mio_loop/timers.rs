@@ -1,0 +1,232 @@
+//! Timer bookkeeping of the mio loop: a deadline heap keyed by timer id.
+//!
+//! Every `start` bumps the timer's generation and pushes a new heap entry;
+//! entries of older generations (stopped, restarted, removed timers) are
+//! skipped when they reach the top, and swept out when they pile up.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
+
+/// One heap entry: when, which timer, which generation of it.
+type Deadline = Reverse<(Instant, usize, u64)>;
+
+#[derive(Debug)]
+struct Entry<C> {
+    /// `None` while the loop runs the callback.
+    callback: Option<C>,
+    period: Duration,
+    generation: u64,
+    active: bool,
+}
+
+/// The timers of one loop, with callbacks of type `C`.
+#[derive(Debug)]
+pub(super) struct Timers<C> {
+    entries: HashMap<usize, Entry<C>>,
+    heap: BinaryHeap<Deadline>,
+}
+
+impl<C> Default for Timers<C> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            heap: BinaryHeap::new(),
+        }
+    }
+}
+
+impl<C> Timers<C> {
+    /// Adds a stopped timer.
+    pub(super) fn insert(&mut self, id: usize, callback: C) {
+        self.entries.insert(
+            id,
+            Entry {
+                callback: Some(callback),
+                period: Duration::from_nanos(1),
+                generation: 0,
+                active: false,
+            },
+        );
+    }
+
+    /// Removes a timer; returns its callback (unless it is running) for the
+    /// caller to drop outside the lock.
+    pub(super) fn remove(&mut self, id: usize) -> Option<C> {
+        self.entries.remove(&id).and_then(|e| e.callback)
+    }
+
+    /// (Re)starts a timer: first tick `period` after `now`. Returns `true`
+    /// when this is now the earliest deadline (a sleeping loop must wake up
+    /// to shorten its wait).
+    pub(super) fn start(&mut self, id: usize, period: Duration, now: Instant) -> bool {
+        let period = period.max(Duration::from_nanos(1));
+        let Some(e) = self.entries.get_mut(&id) else {
+            return false;
+        };
+        e.generation += 1;
+        e.period = period;
+        let Some(deadline) = now.checked_add(period) else {
+            // Beyond the clock's range: never fires.
+            e.active = false;
+            return false;
+        };
+        e.active = true;
+        let generation = e.generation;
+        self.heap.push(Reverse((deadline, id, generation)));
+        self.sweep_if_needed();
+        self.heap.peek().map(|Reverse((_, i, g))| (*i, *g)) == Some((id, generation))
+    }
+
+    /// Stops a timer; its pending heap entry becomes stale.
+    pub(super) fn stop(&mut self, id: usize) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.generation += 1;
+            e.active = false;
+        }
+    }
+
+    /// The earliest live deadline (stale entries on top are dropped).
+    pub(super) fn next_deadline(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((when, id, generation))) = self.heap.peek() {
+            if self.is_live(id, generation) {
+                return Some(when);
+            }
+            self.heap.pop();
+        }
+        None
+    }
+
+    /// Takes the next timer due at `now`: schedules its next tick (missed
+    /// ticks coalesce into this one, the schedule stays aligned to the
+    /// start) and hands out its callback, to be given back with
+    /// [`put_back`](Self::put_back). Timers rescheduled here are after `now`,
+    /// so repeated calls with the same `now` end.
+    pub(super) fn pop_due(&mut self, now: Instant) -> Option<(usize, C)> {
+        loop {
+            let &Reverse((when, id, generation)) = self.heap.peek()?;
+            if when > now {
+                return None;
+            }
+            self.heap.pop();
+            if !self.is_live(id, generation) {
+                continue;
+            }
+            let e = self.entries.get_mut(&id)?;
+            let late = now.duration_since(when).as_nanos();
+            let period = e.period.as_nanos();
+            let ticks = late / period + 1;
+            let next = u64::try_from(ticks.saturating_mul(period))
+                .ok()
+                .and_then(|ns| when.checked_add(Duration::from_nanos(ns)));
+            match next {
+                Some(next) => self.heap.push(Reverse((next, id, generation))),
+                None => e.active = false,
+            }
+            match e.callback.take() {
+                Some(cb) => return Some((id, cb)),
+                // The callback was lost to a panic: the timer stays silent.
+                None => continue,
+            }
+        }
+    }
+
+    /// Gives a callback back after it ran. Returns it when its timer was
+    /// removed meanwhile (the caller drops it outside the lock).
+    pub(super) fn put_back(&mut self, id: usize, callback: C) -> Option<C> {
+        match self.entries.get_mut(&id) {
+            Some(e) if e.callback.is_none() => {
+                e.callback = Some(callback);
+                None
+            }
+            _ => Some(callback),
+        }
+    }
+
+    /// Removes every timer, returning the callbacks.
+    pub(super) fn drain(&mut self) -> Vec<C> {
+        self.heap.clear();
+        self.entries
+            .drain()
+            .filter_map(|(_, e)| e.callback)
+            .collect()
+    }
+
+    fn is_live(&self, id: usize, generation: u64) -> bool {
+        self.entries
+            .get(&id)
+            .is_some_and(|e| e.active && e.generation == generation)
+    }
+
+    /// Drops stale entries once they outnumber the live ones (many restarts
+    /// of long timers would otherwise grow the heap without bound).
+    fn sweep_if_needed(&mut self) {
+        if self.heap.len() > 2 * self.entries.len() + 64 {
+            let entries = &self.entries;
+            self.heap.retain(|Reverse((_, id, generation))| {
+                entries
+                    .get(id)
+                    .is_some_and(|e| e.active && e.generation == *generation)
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_timer_is_rescheduled_aligned_and_coalesces_missed_ticks() {
+        let mut t = Timers::default();
+        let t0 = Instant::now();
+        t.insert(1, "a");
+        assert!(t.start(1, Duration::from_millis(10), t0));
+        assert_eq!(t.next_deadline(), Some(t0 + Duration::from_millis(10)));
+        assert!(t.pop_due(t0 + Duration::from_millis(9)).is_none());
+        // 35 ms late: ticks at 10, 20, 30 coalesce; next one at 40.
+        let (id, cb) = t.pop_due(t0 + Duration::from_millis(35)).unwrap();
+        assert_eq!((id, cb), (1, "a"));
+        assert!(t.pop_due(t0 + Duration::from_millis(35)).is_none());
+        assert_eq!(t.put_back(1, cb), None);
+        assert_eq!(t.next_deadline(), Some(t0 + Duration::from_millis(40)));
+    }
+
+    #[test]
+    fn stop_restart_and_remove_make_old_deadlines_stale() {
+        let mut t = Timers::default();
+        let t0 = Instant::now();
+        t.insert(1, 1);
+        t.insert(2, 2);
+        t.start(1, Duration::from_millis(5), t0);
+        t.start(2, Duration::from_millis(8), t0);
+        t.stop(1);
+        assert_eq!(t.next_deadline(), Some(t0 + Duration::from_millis(8)));
+        assert!(t.start(1, Duration::from_millis(1), t0));
+        assert!(!t.start(2, Duration::from_millis(30), t0));
+        let late = t0 + Duration::from_millis(20);
+        assert_eq!(t.pop_due(late).map(|(id, _)| id), Some(1));
+        assert!(t.pop_due(late).is_none());
+        assert_eq!(t.remove(2), Some(2));
+        assert_eq!(t.put_back(1, 1), None);
+        assert_eq!(t.put_back(2, 2), Some(2));
+        assert_eq!(t.next_deadline(), Some(t0 + Duration::from_millis(21)));
+    }
+
+    #[test]
+    fn zero_period_is_one_nanosecond_and_restarts_do_not_pile_up() {
+        let mut t = Timers::default();
+        let t0 = Instant::now();
+        t.insert(7, ());
+        t.start(7, Duration::ZERO, t0);
+        assert_eq!(t.next_deadline(), Some(t0 + Duration::from_nanos(1)));
+        for _ in 0..10_000 {
+            t.start(7, Duration::from_secs(60), t0);
+        }
+        assert!(t.heap.len() <= 2 * t.entries.len() + 65);
+        t.start(7, Duration::MAX, t0);
+        assert_eq!(t.next_deadline(), None);
+        assert_eq!(t.drain().len(), 1);
+        assert!(t.entries.is_empty() && t.heap.is_empty());
+    }
+}

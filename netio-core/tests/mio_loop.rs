@@ -1,0 +1,725 @@
+//! Behaviour of the real event loop, `netio_core::mio_loop::MioLoop`.
+//!
+//! Nothing here sleeps to synchronise: tests wait for conditions with a
+//! deadline, and every loop is bounded.
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
+use std::thread::{self, JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, UnixStream};
+use mio::unix::SourceFd;
+use mio::Interest;
+use netio_core::mio_loop::{LoopConfig, MioLoop, SourceId};
+use netio_core::{EventLoop, Signal, Timer};
+
+/// How long any awaited condition may take on a loaded machine.
+const DEADLINE: Duration = Duration::from_secs(5);
+
+/// Tests that open file descriptors hold this shared; the fd-leak test holds
+/// it exclusively so its count of open fds is not disturbed.
+static FDS: RwLock<()> = RwLock::new(());
+
+fn fds_shared() -> RwLockReadGuard<'static, ()> {
+    FDS.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Waits until `cond` holds or the deadline passes; returns whether it held.
+fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + DEADLINE;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn count(c: &AtomicUsize) -> usize {
+    c.load(Ordering::SeqCst)
+}
+
+/// A loop running on its own thread; stopped and joined on drop.
+struct Running {
+    el: MioLoop,
+    thread: Option<JoinHandle<()>>,
+    loop_thread: ThreadId,
+}
+
+impl Running {
+    fn start(el: &MioLoop) -> Self {
+        Self::start_with(el, || {})
+    }
+
+    /// Starts the loop with `init` as (part of) its init callback.
+    fn start_with(el: &MioLoop, init: impl FnOnce() + Send + 'static) -> Self {
+        let (tx, rx) = mpsc::channel();
+        let runner = el.clone();
+        let thread = thread::spawn(move || {
+            runner.run(move || {
+                init();
+                tx.send(thread::current().id()).unwrap();
+            });
+        });
+        let loop_thread = rx.recv_timeout(DEADLINE).expect("init ran");
+        Self {
+            el: el.clone(),
+            thread: Some(thread),
+            loop_thread,
+        }
+    }
+
+    /// Stops the loop and waits for `run` to return.
+    fn stop(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.el.stop();
+            assert!(wait_until(|| t.is_finished()), "run did not return");
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            // Do not hang a failing test on a stuck loop.
+            self.el.stop();
+        } else {
+            self.stop_and_join();
+        }
+    }
+}
+
+/// Returns once the loop finished a turn that began after this call: every
+/// signal fired and closure posted before it has been dispatched.
+fn fence(el: &MioLoop) {
+    let done = Arc::new(AtomicBool::new(false));
+    let d = Arc::clone(&done);
+    let inner = el.clone();
+    el.post(move || inner.post(move || d.store(true, Ordering::SeqCst)));
+    assert!(wait_until(|| done.load(Ordering::SeqCst)), "fence");
+}
+
+#[test]
+fn init_runs_before_any_other_callback() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let push = |name: &'static str| {
+        let log = Arc::clone(&log);
+        move || log.lock().unwrap().push(name)
+    };
+
+    // Everything below is ready to be dispatched before `run` starts.
+    let sig = el.signal(push("signal"));
+    sig.fire();
+    el.post(push("post"));
+    let timer = el.timer(push("timer"));
+    timer.start_ns(1);
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    let on_source = push("source");
+    let id = el
+        .register(&mut b, Interest::READABLE, move |_| on_source())
+        .unwrap();
+    a.write_all(b"x").unwrap();
+    // Let the timer's first deadline pass before the loop starts.
+    let t0 = Instant::now();
+    assert!(wait_until(|| t0.elapsed() >= Duration::from_millis(2)));
+
+    let running = Running::start_with(&el, push("init"));
+    let seen = |name| log.lock().unwrap().contains(&name);
+    assert!(wait_until(|| ["signal", "post", "timer", "source"]
+        .iter()
+        .all(|n| seen(*n))));
+    running.stop();
+    assert_eq!(log.lock().unwrap().first(), Some(&"init"));
+    assert_eq!(
+        log.lock().unwrap().iter().filter(|n| **n == "init").count(),
+        1
+    );
+    el.deregister(&mut b, id).unwrap();
+}
+
+#[test]
+fn stop_from_another_thread_returns_run() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let runner = el.clone();
+    let t = thread::spawn(move || runner.run(|| {}));
+    assert!(wait_until(|| el.is_running()));
+    // The loop is asleep in epoll with nothing to do: stop must wake it.
+    el.stop();
+    assert!(wait_until(|| t.is_finished()), "run did not return");
+    t.join().unwrap();
+    assert!(!el.is_running());
+
+    // And a second run on the same loop works the same way.
+    let runner = el.clone();
+    let t = thread::spawn(move || runner.run(|| {}));
+    assert!(wait_until(|| el.is_running()));
+    el.stop();
+    assert!(wait_until(|| t.is_finished()), "second run did not return");
+    t.join().unwrap();
+}
+
+#[test]
+fn stop_before_run_returns_after_init() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let sig = {
+        let calls = Arc::clone(&calls);
+        el.signal(move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    el.stop();
+    let inits = Arc::new(AtomicUsize::new(0));
+    let (runner, s, i) = (el.clone(), sig.clone(), Arc::clone(&inits));
+    let t = thread::spawn(move || {
+        runner.run(|| {
+            i.fetch_add(1, Ordering::SeqCst);
+            s.fire();
+        })
+    });
+    assert!(wait_until(|| t.is_finished()), "run did not return");
+    t.join().unwrap();
+    assert_eq!(count(&inits), 1);
+    assert_eq!(count(&calls), 0, "nothing is dispatched after init");
+
+    // A later run works again, and dispatches the fire left pending.
+    let running = Running::start(&el);
+    assert!(wait_until(|| count(&calls) == 1));
+    sig.fire();
+    assert!(wait_until(|| count(&calls) == 2));
+    running.stop();
+}
+
+#[test]
+fn signal_fired_n_times_runs_n_times_from_many_threads() {
+    let _fds = fds_shared();
+    const THREADS: usize = 4;
+    const FIRES: usize = 2_000;
+    let el = MioLoop::new().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let sig = {
+        let calls = Arc::clone(&calls);
+        el.signal(move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let running = Running::start(&el);
+    let firers: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let sig = sig.clone();
+            thread::spawn(move || {
+                for _ in 0..FIRES {
+                    sig.fire();
+                }
+            })
+        })
+        .collect();
+    for _ in 0..FIRES {
+        sig.fire();
+    }
+    for f in firers {
+        f.join().unwrap();
+    }
+    let total = (THREADS + 1) * FIRES;
+    assert!(
+        wait_until(|| count(&calls) >= total),
+        "{} of {total}",
+        count(&calls)
+    );
+    fence(&el);
+    assert_eq!(count(&calls), total);
+    running.stop();
+}
+
+#[test]
+fn signal_callback_runs_on_loop_thread() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sig = {
+        let seen = Arc::clone(&seen);
+        let el = el.clone();
+        el.clone().signal(move || {
+            seen.lock()
+                .unwrap()
+                .push((thread::current().id(), el.on_loop_thread()))
+        })
+    };
+    let running = Running::start(&el);
+    assert!(!el.on_loop_thread());
+    sig.fire();
+    let other = sig.clone();
+    thread::spawn(move || other.fire()).join().unwrap();
+    // Fired on the loop thread, from a posted closure: not run inline.
+    let inline = Arc::new(AtomicBool::new(true));
+    {
+        let (sig, seen, inline) = (sig.clone(), Arc::clone(&seen), Arc::clone(&inline));
+        el.post(move || {
+            let before = seen.lock().unwrap().len();
+            sig.fire();
+            inline.store(seen.lock().unwrap().len() != before, Ordering::SeqCst);
+        });
+    }
+    assert!(wait_until(|| seen.lock().unwrap().len() == 3));
+    assert!(
+        !inline.load(Ordering::SeqCst),
+        "fire ran the callback inline"
+    );
+    for (thread, on_loop) in seen.lock().unwrap().iter() {
+        assert_eq!(*thread, running.loop_thread);
+        assert!(*on_loop);
+    }
+    running.stop();
+}
+
+#[test]
+fn timer_fires_periodically_then_stops() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let timer = Arc::new(OnceLock::<netio_core::mio_loop::MioTimer>::new());
+    let t = {
+        let (ticks, timer) = (Arc::clone(&ticks), Arc::clone(&timer));
+        el.timer(move || {
+            if ticks.fetch_add(1, Ordering::SeqCst) + 1 == 5 {
+                timer.get().unwrap().stop();
+            }
+        })
+    };
+    let _ = timer.set(t);
+    let running = Running::start(&el);
+    let t0 = Instant::now();
+    timer.get().unwrap().start_ms(2);
+    assert!(wait_until(|| count(&ticks) == 5));
+    // Five periods of 2 ms take at least 10 ms.
+    assert!(t0.elapsed() >= Duration::from_millis(10));
+
+    // A second timer ticks 20 times at 2 ms (40 ms or more): the stopped
+    // one must stay silent meanwhile.
+    let other_ticks = Arc::new(AtomicUsize::new(0));
+    let other = {
+        let o = Arc::clone(&other_ticks);
+        el.timer(move || {
+            o.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    other.start_ms(2);
+    assert!(wait_until(|| count(&other_ticks) >= 20));
+    assert_eq!(count(&ticks), 5);
+
+    // Stopping from another thread works too.
+    other.stop();
+    fence(&el);
+    let frozen = count(&other_ticks);
+    timer.get().unwrap().start_ms(2);
+    assert!(wait_until(|| count(&ticks) >= 8));
+    assert_eq!(count(&other_ticks), frozen);
+    running.stop();
+}
+
+#[test]
+fn timer_restarts_with_new_period() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let timer = {
+        let ticks = Arc::clone(&ticks);
+        Arc::new(el.timer(move || {
+            ticks.fetch_add(1, Ordering::SeqCst);
+        }))
+    };
+    let running = Running::start(&el);
+
+    // A long period restarted with a short one: ticks come at the short one.
+    let t0 = Instant::now();
+    timer.start_s(10);
+    timer.start_ms(2);
+    assert!(wait_until(|| count(&ticks) >= 10));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+
+    // Restarted (on the loop thread, so no tick slips in between) with a
+    // long period: it stays silent while a 5 ms timer ticks 20 times.
+    {
+        let (timer, ticks) = (Arc::clone(&timer), Arc::clone(&ticks));
+        el.post(move || {
+            timer.start_ms(1_000);
+            ticks.store(0, Ordering::SeqCst);
+        });
+    }
+    let fence_ticks = Arc::new(AtomicUsize::new(0));
+    let fence_timer = {
+        let f = Arc::clone(&fence_ticks);
+        el.timer(move || {
+            f.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    fence(&el);
+    let restarted = Instant::now();
+    fence_timer.start_ms(5);
+    assert!(wait_until(|| count(&fence_ticks) >= 20));
+    // At 2 ms it would have ticked about 50 times; allow one 1 s tick in case
+    // the machine stalled for that long.
+    let slow_window = restarted.elapsed();
+    assert!(
+        count(&ticks) <= 1 + (slow_window.as_millis() / 1_000) as usize,
+        "{} ticks in {slow_window:?} at a 1 s period",
+        count(&ticks)
+    );
+
+    // And back to a short period.
+    timer.start_us(500);
+    assert!(wait_until(|| count(&ticks) >= 10));
+    running.stop();
+}
+
+#[test]
+fn dropped_signal_no_longer_runs() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let held = Arc::new(()); // captured by the callback: tells when it is dropped
+    let make = |el: &MioLoop| {
+        let (calls, held) = (Arc::clone(&calls), Arc::clone(&held));
+        el.signal(move || {
+            let _ = &held;
+            calls.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+
+    // Fires pending when the last clone goes are discarded.
+    let sig = make(&el);
+    sig.fire();
+    sig.fire();
+    drop(sig);
+    assert_eq!(
+        Arc::strong_count(&held),
+        1,
+        "callback dropped with the signal"
+    );
+    let running = Running::start(&el);
+    fence(&el);
+    assert_eq!(count(&calls), 0);
+
+    // A clone keeps it alive; the last drop removes it.
+    let sig = make(&el);
+    let clone = sig.clone();
+    sig.fire();
+    assert!(wait_until(|| count(&calls) == 1));
+    drop(sig);
+    clone.fire();
+    assert!(wait_until(|| count(&calls) == 2));
+    drop(clone);
+    assert_eq!(Arc::strong_count(&held), 1);
+    fence(&el);
+    assert_eq!(count(&calls), 2);
+
+    // Dropped from inside its own callback: runs once, then is gone.
+    let slot: Arc<Mutex<Option<netio_core::mio_loop::MioSignal>>> = Arc::default();
+    let sig = {
+        let (calls, slot, held) = (Arc::clone(&calls), Arc::clone(&slot), Arc::clone(&held));
+        el.signal(move || {
+            let _ = &held;
+            calls.fetch_add(1, Ordering::SeqCst);
+            drop(slot.lock().unwrap().take());
+        })
+    };
+    {
+        // Fired twice and handed over on the loop thread, so both fires are
+        // pending when the first callback drops the last handle.
+        let slot = Arc::clone(&slot);
+        el.post(move || {
+            sig.fire();
+            sig.fire();
+            *slot.lock().unwrap() = Some(sig);
+        });
+    }
+    assert!(wait_until(|| count(&calls) == 3));
+    assert!(wait_until(|| Arc::strong_count(&held) == 1));
+    fence(&el);
+    assert_eq!(count(&calls), 3);
+    running.stop();
+}
+
+#[test]
+fn registered_source_callback_runs_on_readiness() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let mut listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listen_fd = listener.as_raw_fd();
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let on_loop = Arc::new(AtomicBool::new(true));
+    let id = {
+        let (accepted, on_loop, el2) = (Arc::clone(&accepted), Arc::clone(&on_loop), el.clone());
+        // The callback accepts through the listener's fd, borrowed as a
+        // std listener for the call.
+        el.register(&mut listener, Interest::READABLE, move |event| {
+            assert!(event.is_readable());
+            if !el2.on_loop_thread() {
+                on_loop.store(false, Ordering::SeqCst);
+            }
+            accept_all(listen_fd, &accepted);
+        })
+        .unwrap()
+    };
+    let running = Running::start(&el);
+    let mut clients = Vec::new();
+    for n in 1..=3 {
+        clients.push(std::net::TcpStream::connect(addr).unwrap());
+        assert!(wait_until(|| accepted.lock().unwrap().len() == n));
+    }
+    assert!(on_loop.load(Ordering::SeqCst));
+
+    // Data on an accepted connection, registered from the test thread while
+    // the loop runs.
+    let conn = accepted.lock().unwrap().remove(0);
+    conn.set_nonblocking(true).unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let conn_fd = conn.as_raw_fd();
+    let conn_id = {
+        let got = Arc::clone(&got);
+        let mut stream = mio::net::TcpStream::from_std(conn.try_clone().unwrap());
+        el.register(&mut SourceFd(&conn_fd), Interest::READABLE, move |_| {
+            let mut buf = [0u8; 64];
+            while let Ok(n @ 1..) = stream.read(&mut buf) {
+                got.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+        .unwrap()
+    };
+    clients[0].write_all(b"hello").unwrap();
+    assert!(wait_until(|| got.lock().unwrap().as_slice() == b"hello"));
+    el.deregister(&mut SourceFd(&conn_fd), conn_id).unwrap();
+    el.deregister(&mut listener, id).unwrap();
+    running.stop();
+}
+
+/// Accepts every pending connection of the (non-blocking) listener `fd`.
+fn accept_all(fd: i32, out: &Mutex<Vec<std::net::TcpStream>>) {
+    use std::os::fd::BorrowedFd;
+    // SAFETY: `fd` is the listener registered with the loop; it stays open
+    // until the test deregisters it after stopping the loop.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let listener = std::net::TcpListener::from(borrowed.try_clone_to_owned().unwrap());
+    while let Ok((s, _)) = listener.accept() {
+        out.lock().unwrap().push(s);
+    }
+}
+
+#[test]
+fn deregister_from_inside_callback_works() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let (mut a, b) = UnixStream::pair().unwrap();
+    let b_fd = b.as_raw_fd();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let held = Arc::new(());
+    let id_cell = Arc::new(OnceLock::<SourceId>::new());
+    let id = {
+        let (calls, held, id_cell, el2) = (
+            Arc::clone(&calls),
+            Arc::clone(&held),
+            Arc::clone(&id_cell),
+            el.clone(),
+        );
+        el.register(&mut SourceFd(&b_fd), Interest::READABLE, move |_| {
+            let _ = &held;
+            calls.fetch_add(1, Ordering::SeqCst);
+            let id = *id_cell.get().unwrap();
+            el2.deregister(&mut SourceFd(&b_fd), id).unwrap();
+            // Deregistering twice is an error, not a crash.
+            assert!(el2.deregister(&mut SourceFd(&b_fd), id).is_err());
+        })
+        .unwrap()
+    };
+    id_cell.set(id).unwrap();
+    let running = Running::start(&el);
+    a.write_all(b"1").unwrap();
+    assert!(wait_until(|| count(&calls) == 1));
+    // The callback (and what it captured) is dropped once it returned.
+    assert!(wait_until(|| Arc::strong_count(&held) == 1));
+    // New readiness reaches nobody.
+    a.write_all(b"2").unwrap();
+    fence(&el);
+    assert_eq!(count(&calls), 1);
+
+    // The fd can be registered again, from a loop callback, with a new id.
+    let again = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    {
+        let (again, el2) = (Arc::clone(&again), el.clone());
+        el.post(move || {
+            let id2 = el2
+                .register(&mut SourceFd(&b_fd), Interest::READABLE, move |_| {
+                    again.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+            tx.send(id2).unwrap();
+        });
+    }
+    let id2 = rx.recv_timeout(DEADLINE).unwrap();
+    assert_ne!(id, id2);
+    // Already readable (unread data): the new registration reports it.
+    assert!(wait_until(|| count(&again) >= 1));
+    el.deregister(&mut SourceFd(&b_fd), id2).unwrap();
+    running.stop();
+    drop(b);
+}
+
+#[test]
+fn post_runs_once_on_loop_thread() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let running = Running::start(&el);
+    for n in 0..100 {
+        let (log, el2) = (Arc::clone(&log), el.clone());
+        el.post(move || {
+            log.lock()
+                .unwrap()
+                .push((n, thread::current().id(), el2.on_loop_thread()))
+        });
+    }
+    assert!(wait_until(|| log.lock().unwrap().len() == 100));
+    fence(&el);
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 100, "each closure ran once");
+    for (i, (n, thread, on_loop)) in log.iter().enumerate() {
+        assert_eq!(i, *n, "in order");
+        assert_eq!(*thread, running.loop_thread);
+        assert!(*on_loop);
+    }
+
+    // A post from the loop thread is not run inline.
+    let ran = Arc::new(AtomicUsize::new(0));
+    let inline = Arc::new(AtomicBool::new(true));
+    {
+        let (ran, inline, el2) = (Arc::clone(&ran), Arc::clone(&inline), el.clone());
+        el.post(move || {
+            let r = Arc::clone(&ran);
+            el2.post(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+            });
+            inline.store(ran.load(Ordering::SeqCst) != 0, Ordering::SeqCst);
+        });
+    }
+    assert!(wait_until(|| count(&ran) == 1));
+    assert!(!inline.load(Ordering::SeqCst));
+    drop(log);
+    running.stop();
+}
+
+#[test]
+fn busy_poll_mode_dispatches_signals() {
+    let _fds = fds_shared();
+    let el = MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        events_capacity: 16,
+    })
+    .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let sig = {
+        let calls = Arc::clone(&calls);
+        el.signal(move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let timer = {
+        let ticks = Arc::clone(&ticks);
+        el.timer(move || {
+            ticks.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let running = Running::start(&el);
+    let firers: Vec<_> = (0..2)
+        .map(|_| {
+            let sig = sig.clone();
+            thread::spawn(move || (0..1_000).for_each(|_| sig.fire()))
+        })
+        .collect();
+    for f in firers {
+        f.join().unwrap();
+    }
+    assert!(wait_until(|| count(&calls) == 2_000));
+    timer.start_us(100);
+    assert!(wait_until(|| count(&ticks) >= 10));
+    timer.stop();
+    fence(&el);
+    assert_eq!(count(&calls), 2_000);
+    running.stop();
+}
+
+/// Open file descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn no_fd_leak_after_drop() {
+    let _fds = FDS.write().unwrap_or_else(|p| p.into_inner());
+    let before = open_fds();
+    for round in 0..5 {
+        let el = MioLoop::with_config(LoopConfig {
+            busy_poll: round % 2 == 1,
+            events_capacity: 0,
+        })
+        .unwrap();
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        // A cycle through callbacks: the signal's callback owns a timer whose
+        // callback owns the signal.
+        let sig_cell = Arc::new(OnceLock::<netio_core::mio_loop::MioSignal>::new());
+        let timer = {
+            let (cell, hits) = (Arc::clone(&sig_cell), Arc::clone(&hits));
+            el.timer(move || {
+                hits.fetch_add(1, Ordering::SeqCst);
+                cell.get().unwrap().fire();
+            })
+        };
+        let sig = {
+            let hits = Arc::clone(&hits);
+            el.signal(move || {
+                hits.fetch_add(1, Ordering::SeqCst);
+                timer.stop();
+            })
+        };
+        let _ = sig_cell.set(sig.clone());
+        {
+            let hits = Arc::clone(&hits);
+            el.register(&mut b, Interest::READABLE, move |_| {
+                hits.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        }
+        let running = Running::start(&el);
+        a.write_all(b"x").unwrap();
+        sig.fire();
+        assert!(wait_until(|| count(&hits) >= 2));
+        running.stop();
+        // Left behind: a pending post, a pending fire and a surviving signal
+        // handle; none of them may keep the loop's fds open.
+        el.post(|| {});
+        sig.fire();
+        drop(el);
+        sig.fire();
+        drop(sig);
+        drop((a, b));
+    }
+    assert_eq!(open_fds(), before, "fds leaked");
+}
