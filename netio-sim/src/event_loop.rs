@@ -64,6 +64,7 @@ impl EventLoop for SimLoop {
     fn run<F: FnOnce()>(&self, init: F) {
         assert_not_in_callback("SimLoop::run");
         self.sim.world().driver = netio_core::thread_token();
+        let _driving = crate::DrivingGuard::enter(&self.sim);
         init();
         loop {
             if self.take_stop() {
@@ -109,11 +110,15 @@ impl EventLoop for SimLoop {
         }
     }
 
-    /// `true` on the world's driver thread: the thread running (or that
-    /// last ran) [`run`](EventLoop::run), [`Sim::step`] or another driving
-    /// method, initially the thread that created the [`Sim`].
+    /// `true` while the calling thread drives the world: inside
+    /// [`run`](EventLoop::run) (init included) or inside a callback
+    /// dispatched by [`Sim::step`] and the other driving methods.
+    ///
+    /// Thread-unsafe backends are more lenient: they accept calls from the
+    /// thread that drives or last drove the world, so a test thread that
+    /// steps the world may call them between steps.
     fn on_loop_thread(&self) -> bool {
-        self.sim.world().driver == netio_core::thread_token()
+        self.sim.driving_here()
     }
 }
 

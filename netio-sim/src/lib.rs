@@ -187,22 +187,53 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 thread_local! {
+    /// Set while this thread runs simulator callbacks.
     static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Worlds (by address of their shared state) this thread is driving
+    /// right now: inside `SimLoop::run`, or dispatching callbacks.
+    static DRIVING: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Marks the current thread as running simulator callbacks.
-struct CallbackGuard;
+/// Marks the current thread as running simulator callbacks of `sim`.
+struct CallbackGuard {
+    _driving: DrivingGuard,
+}
 
 impl CallbackGuard {
-    fn enter() -> Self {
+    fn enter(sim: &Sim) -> Self {
         IN_CALLBACK.with(|c| c.set(true));
-        Self
+        Self {
+            _driving: DrivingGuard::enter(sim),
+        }
     }
 }
 
 impl Drop for CallbackGuard {
     fn drop(&mut self) {
         IN_CALLBACK.with(|c| c.set(false));
+    }
+}
+
+/// Marks the current thread as driving `sim` (see
+/// [`EventLoop::on_loop_thread`](netio_core::EventLoop::on_loop_thread)).
+pub(crate) struct DrivingGuard(usize);
+
+impl DrivingGuard {
+    pub(crate) fn enter(sim: &Sim) -> Self {
+        let id = sim.id();
+        DRIVING.with(|d| d.borrow_mut().push(id));
+        Self(id)
+    }
+}
+
+impl Drop for DrivingGuard {
+    fn drop(&mut self) {
+        DRIVING.with(|d| {
+            let mut d = d.borrow_mut();
+            if let Some(i) = d.iter().rposition(|&x| x == self.0) {
+                d.swap_remove(i);
+            }
+        });
     }
 }
 
@@ -265,6 +296,18 @@ impl Sim {
     /// The seed of this world.
     pub fn seed(&self) -> u64 {
         self.shared.seed
+    }
+
+    /// Identity of this world, for thread-local bookkeeping.
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
+    /// `true` while the calling thread drives this world: inside
+    /// [`SimLoop::run`] or a callback dispatched by any driving method.
+    pub(crate) fn driving_here(&self) -> bool {
+        let id = self.id();
+        DRIVING.with(|d| d.borrow().contains(&id))
     }
 
     pub(crate) fn world(&self) -> MutexGuard<'_, World> {
@@ -489,7 +532,7 @@ impl Sim {
 
     /// Runs callbacks with the world unlocked.
     fn dispatch(&self, calls: Vec<Call>) {
-        let _guard = CallbackGuard::enter();
+        let _guard = CallbackGuard::enter(self);
         for call in calls {
             match call {
                 Call::Net {

@@ -67,10 +67,13 @@ pub(crate) enum Ev {
     Signal { id: u64 },
 }
 
-/// Connection management packets.
+/// Connection management packets. Opening is TCP's three-way handshake:
+/// the initiator is established when the `SynAck` arrives, the acceptor
+/// when the `Ack` does.
 pub(crate) enum Ctrl {
     Syn,
     SynAck,
+    Ack,
     Refuse(RefuseReason),
     Close(CloseReason),
 }
@@ -251,6 +254,8 @@ enum Ending {
 
 #[derive(Clone, Debug)]
 enum SideState {
+    /// Opening: the initiator waits for the `SynAck`, the acceptor for the
+    /// `Ack`. Nothing was reported yet.
     Connecting,
     Open,
     /// Ended by this side (local close, fault, protocol error); `Ev::Finish`
@@ -697,6 +702,22 @@ impl World {
                 let now = self.sched.now;
                 let c = self.conns.get_mut(&conn).expect("side exists");
                 Self::kick(&mut self.sched, conn, c, 1, now);
+                self.send_ctrl(conn, 1, Ctrl::Ack);
+            }
+            Ctrl::Ack => {
+                let Some(s) = self.side_mut(conn, 1) else {
+                    return;
+                };
+                if !matches!(s.state, SideState::Connecting) {
+                    return;
+                }
+                s.state = SideState::Open;
+                let (b, remote, caps) = (s.backend, s.remote, s.caps);
+                self.sched
+                    .emit(&self.backends, b, NetEv::Established(remote, caps));
+                let now = self.sched.now;
+                let c = self.conns.get_mut(&conn).expect("side exists");
+                Self::kick(&mut self.sched, conn, c, 0, now);
             }
             Ctrl::Refuse(reason) => {
                 if matches!(
@@ -708,9 +729,12 @@ impl World {
             }
             Ctrl::Close(reason) => match self.side(conn, to).map(|s| &s.state) {
                 Some(SideState::Open) => self.end_side(conn, to, Some(Ending::Closed(reason))),
-                Some(SideState::Connecting) => {
-                    self.end_side(conn, to, Some(Ending::Refused(RefuseReason::Refused)))
+                // The initiator hears a refusal; an acceptor that never
+                // reported the connection drops it silently.
+                Some(SideState::Connecting) if to == 0 => {
+                    self.end_side(conn, 0, Some(Ending::Refused(RefuseReason::Refused)))
                 }
+                Some(SideState::Connecting) => self.end_side(conn, 1, None),
                 _ => {}
             },
         }
@@ -747,9 +771,7 @@ impl World {
             self.send_ctrl(conn, 0, Ctrl::Refuse(RefuseReason::Refused));
             return;
         }
-        let mut side = self.make_side(lb, target, key, &params, pool);
-        side.state = SideState::Open;
-        let caps = side.caps;
+        let side = self.make_side(lb, target, key, &params, pool);
         *self
             .host_mut(target.ip())
             .accepted_ports
@@ -760,7 +782,7 @@ impl World {
         c.sides[1] = Some(side);
         c.listener = Some(lid);
         self.sched
-            .emit(&self.backends, lb, NetEv::Established(key, caps));
+            .log(target.ip(), format_args!("b{lb} accept {key} on {target}"));
         self.send_ctrl(conn, 0, Ctrl::SynAck);
     }
 
@@ -771,7 +793,10 @@ impl World {
         ) {
             return;
         }
-        let accepted = matches!(self.side(conn, 1).map(|s| &s.state), Some(SideState::Open));
+        let accepted = matches!(
+            self.side(conn, 1).map(|s| &s.state),
+            Some(SideState::Open | SideState::Connecting)
+        );
         self.end_side(conn, 0, Some(Ending::Refused(RefuseReason::Unreachable)));
         if accepted {
             self.send_ctrl(conn, 1, Ctrl::Close(CloseReason::Reset));
@@ -1156,6 +1181,16 @@ impl World {
             .map(|(&id, _)| id)
             .collect();
         for conn in accepted {
+            if matches!(
+                self.side(conn, 1).map(|s| &s.state),
+                Some(SideState::Connecting)
+            ) {
+                // Not reported yet: dropped without a word, the initiator
+                // hears the close.
+                self.end_side(conn, 1, None);
+                self.send_ctrl(conn, 0, Ctrl::Close(CloseReason::PeerClosed));
+                continue;
+            }
             self.begin_end(
                 conn,
                 1,
@@ -1184,6 +1219,10 @@ impl World {
         let s = self.side(conn, side).expect("endpoint of a live side");
         let host = s.host;
         let ending = match s.state {
+            // An accepted connection not yet reported has no name yet.
+            SideState::Connecting if side == 1 => {
+                return Err(CloseError::UnknownActiveEndpoint(remote))
+            }
             SideState::Connecting => Ending::Refused(RefuseReason::Cancelled),
             SideState::Open => Ending::Closed(CloseReason::Local),
             _ => return Ok(()), // already ending; reported once
@@ -1421,7 +1460,13 @@ impl World {
             for side in 0..2 {
                 let ending = match self.side(conn, side).map(|s| &s.state) {
                     Some(SideState::Open) => Ending::Closed(CloseReason::Reset),
-                    Some(SideState::Connecting) => Ending::Refused(RefuseReason::Refused),
+                    Some(SideState::Connecting) if side == 0 => {
+                        Ending::Refused(RefuseReason::Refused)
+                    }
+                    Some(SideState::Connecting) => {
+                        self.end_side(conn, side, None);
+                        continue;
+                    }
                     _ => continue,
                 };
                 self.begin_end(conn, side, ending, None);

@@ -1,0 +1,129 @@
+//! The netio-rs conformance suite on the simulator.
+//!
+//! One virtual host per backend (so each backend has its own address), all
+//! in one [`Sim`] per test, driven by the test thread: `wait_until` and
+//! `settle` step the world on virtual time.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use netio_core::{BackendConfig, EndpointAddress, Features, Handler};
+use netio_sim::{Sim, SimBackend, SimHost, SimLoop};
+
+/// Virtual time `wait_until` gives a condition before giving up.
+const VIRTUAL_DEADLINE: Duration = Duration::from_secs(300);
+/// Events `wait_until` and `settle` run at most (a 1 ms timer over five
+/// virtual minutes is 300 000 events).
+const MAX_STEPS: usize = 2_000_000;
+/// Real time `wait_until` waits in total for other threads (senders in
+/// thread-safe tests) to schedule something while the world is idle.
+const IDLE_WALL: Duration = Duration::from_secs(5);
+
+/// The simulator's [`netio_conformance::Harness`].
+pub struct SimHarness {
+    sim: Sim,
+    hosts: Vec<SimHost>,
+}
+
+impl netio_conformance::Harness for SimHarness {
+    type Loop = SimLoop;
+    type Backend = SimBackend;
+
+    fn setup() -> Self {
+        Self {
+            sim: Sim::new(),
+            hosts: Vec::new(),
+        }
+    }
+
+    fn features(&self) -> Features {
+        Features::ALL
+    }
+
+    fn backend(
+        &mut self,
+        config: BackendConfig,
+        handler: Box<dyn Handler<SimBackend>>,
+    ) -> SimBackend {
+        let host = self.sim.next_host();
+        let b = host
+            .backend(config, handler)
+            .expect("creating a simulated backend");
+        self.hosts.push(host);
+        b
+    }
+
+    fn local_ip(&self, backend: &SimBackend) -> IpAddr {
+        backend.ip()
+    }
+
+    fn refusing_address(&mut self) -> EndpointAddress {
+        // A host that exists but listens nowhere answers with a refusal.
+        let host = self.sim.next_host();
+        let ip = host.ip();
+        self.hosts.push(host);
+        EndpointAddress::new(ip, 9)
+    }
+
+    fn event_loop(&self, backend: &SimBackend) -> &SimLoop {
+        self.hosts
+            .iter()
+            .find(|h| h.ip() == backend.ip())
+            .expect("a backend made by this harness")
+            .event_loop()
+    }
+
+    fn on_loop<R: Send + 'static>(
+        &mut self,
+        _backend: &SimBackend,
+        f: Box<dyn FnOnce() -> R + Send + 'static>,
+    ) -> R {
+        // The test thread drives the world, so it is the loop thread.
+        f()
+    }
+
+    fn wait_until(&mut self, cond: &mut dyn FnMut() -> bool) -> bool {
+        let deadline = self.sim.now() + VIRTUAL_DEADLINE;
+        let mut idle = Duration::ZERO;
+        for _ in 0..MAX_STEPS {
+            if cond() {
+                return true;
+            }
+            match self.sim.next_event_at() {
+                Some(t) if t <= deadline => {
+                    self.sim.step();
+                }
+                Some(_) => return cond(),
+                None => {
+                    // Only another thread can add work now.
+                    if idle >= IDLE_WALL {
+                        return cond();
+                    }
+                    let start = Instant::now();
+                    self.sim.wait_for_work(Duration::from_millis(20));
+                    idle += start.elapsed();
+                }
+            }
+        }
+        cond()
+    }
+
+    fn settle(&mut self) {
+        // Bounded in virtual time: a running periodic timer never idles.
+        let deadline = self.sim.now() + Duration::from_secs(1);
+        for _ in 0..MAX_STEPS {
+            match self.sim.next_event_at() {
+                Some(t) if t <= deadline => {
+                    self.sim.step();
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn fresh_loop(&mut self) -> SimLoop {
+        Sim::new().next_host().event_loop().clone()
+    }
+}
+
+netio_conformance::suite!(crate::SimHarness);
