@@ -1,0 +1,538 @@
+//! Conservation under random operations and random faults (quickcheck).
+//!
+//! Three clients and a server exchange messages in all three send modes
+//! (buffered, copy, zero-copy), close and reconnect, while connections are
+//! reset, partitioned and healed, hosts crash and receivers slow down. A
+//! model checks, as events arrive and after everything is closed:
+//!
+//! - every accepted send ends exactly once: completed or cancelled, never
+//!   both, never twice (unless its own host crashed: then it just vanishes);
+//! - every delivered message was sent, and is delivered at most once;
+//! - messages of one connection arrive in the order they were sent;
+//! - between hosts that did not crash, a send is delivered if and only if it
+//!   completed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use netio_core::{
+    Backend, BackendConfig, Capabilities, CloseReason, ConnectionParams, EndpointAddress, Handler,
+    MemoryRegion,
+};
+use netio_sim::{Sim, SimBackend};
+use quickcheck::{Arbitrary, Gen, QuickCheck, TestResult};
+
+const CLIENTS: usize = 3;
+const SERVER: usize = 0;
+/// Keys of copy and zero-copy sends; buffered keys are buffer indices,
+/// below 2^32.
+const OWN_KEY: u64 = 1 << 40;
+/// Zero-copy message slots per region.
+const SLOTS: u64 = 256;
+const SLOT: usize = 128;
+
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Buffered,
+    Copy,
+    ZeroCopy,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Client `client` sends to the server, or the server to it. The
+    /// server echoes a message marked `echo` from inside its handler.
+    Send {
+        client: usize,
+        to_server: bool,
+        mode: Mode,
+        len: usize,
+        echo: bool,
+    },
+    Close {
+        client: usize,
+        by_server: bool,
+    },
+    Reconnect {
+        client: usize,
+    },
+    Run {
+        micros: u64,
+    },
+    Reset {
+        client: usize,
+    },
+    Partition {
+        client: usize,
+    },
+    Heal {
+        client: usize,
+    },
+    /// Host 0 is the server, 1..=3 the clients.
+    Crash {
+        host: usize,
+    },
+    Slow {
+        host: usize,
+        micros: u64,
+    },
+}
+
+impl Arbitrary for Op {
+    fn arbitrary(g: &mut Gen) -> Self {
+        let client = usize::from(u8::arbitrary(g)) % CLIENTS;
+        let host = usize::from(u8::arbitrary(g)) % (CLIENTS + 1);
+        match u8::arbitrary(g) % 50 {
+            0..=24 => Op::Send {
+                client,
+                to_server: bool::arbitrary(g),
+                mode: *g
+                    .choose(&[Mode::Buffered, Mode::Copy, Mode::ZeroCopy])
+                    .expect("non-empty"),
+                // Up to 10 + 59 bytes: a few exceed the 64-byte receive
+                // buffers and close their connection.
+                len: usize::from(u8::arbitrary(g)) % 60,
+                echo: bool::arbitrary(g),
+            },
+            25..=26 => Op::Close {
+                client,
+                by_server: bool::arbitrary(g),
+            },
+            27..=30 => Op::Reconnect { client },
+            31..=39 => Op::Run {
+                micros: u64::from(u16::arbitrary(g)) % 3_000,
+            },
+            40..=41 => Op::Reset { client },
+            42..=43 => Op::Partition { client },
+            44..=45 => Op::Heal { client },
+            46 => Op::Crash { host },
+            _ => Op::Slow {
+                host,
+                micros: u64::from(u16::arbitrary(g)) % 400,
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Scenario {
+    seed: u64,
+    ops: Vec<Op>,
+}
+
+impl Arbitrary for Scenario {
+    fn arbitrary(g: &mut Gen) -> Self {
+        Self {
+            seed: u64::arbitrary(g),
+            ops: Vec::arbitrary(g),
+        }
+    }
+
+    fn shrink(&self) -> Box<dyn Iterator<Item = Self>> {
+        let seed = self.seed;
+        Box::new(self.ops.shrink().map(move |ops| Scenario { seed, ops }))
+    }
+}
+
+struct SendRec {
+    from: usize,
+    to: usize,
+    completed: u32,
+    cancelled: u32,
+    delivered: u32,
+}
+
+#[derive(Default)]
+struct Model {
+    next_id: u64,
+    sends: BTreeMap<u64, SendRec>,
+    /// (sender node, remote, key) of sends not yet ended.
+    outstanding: BTreeMap<(usize, EndpointAddress, u64), u64>,
+    /// Last message id delivered on (receiver node, remote).
+    last: BTreeMap<(usize, EndpointAddress), u64>,
+    /// The server's name for each client's current connection.
+    server_names: BTreeMap<IpAddr, EndpointAddress>,
+    ips: Vec<IpAddr>,
+    regions: Vec<MemoryRegion>,
+    crashed: BTreeSet<usize>,
+    errors: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Model>>;
+
+fn lock(m: &Shared) -> std::sync::MutexGuard<'_, Model> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Model {
+    fn node_of(&self, ip: IpAddr) -> usize {
+        self.ips.iter().position(|&x| x == ip).expect("known host")
+    }
+
+    /// Sends a fresh message from `node` to `remote`; records it if the
+    /// backend accepts it.
+    fn send(
+        &mut self,
+        node: usize,
+        b: &SimBackend,
+        remote: EndpointAddress,
+        mode: Mode,
+        len: usize,
+        echo: bool,
+    ) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut msg = vec![node as u8, u8::from(echo)];
+        msg.extend_from_slice(&id.to_le_bytes());
+        msg.resize(10 + len, 0xa5);
+        // Header: the first two bytes; payload: the rest.
+        let (header, payload) = msg.split_at(2);
+        let key = match mode {
+            Mode::Buffered => {
+                let Ok(Some(mut buf)) = b.get_buffer(remote) else {
+                    return;
+                };
+                if buf.write(&msg).is_err() {
+                    return;
+                }
+                let key = buf.index();
+                b.send_buffer(remote, buf).map(|()| key)
+            }
+            Mode::Copy => b
+                .send_data_copy(remote, &[payload], header, OWN_KEY | id)
+                .map(|()| OWN_KEY | id),
+            Mode::ZeroCopy => {
+                let region = &self.regions[node];
+                let at = (id % SLOTS) as usize * SLOT;
+                if region.write(at, payload).is_err() {
+                    return; // that slot is still in flight
+                }
+                let s = region.slice(at, payload.len()).expect("in bounds");
+                b.send_data(remote, &[s], header, OWN_KEY | id)
+                    .map(|()| OWN_KEY | id)
+            }
+        };
+        let Ok(key) = key else {
+            return;
+        };
+        let to = self.node_of(remote.ip());
+        self.sends.insert(
+            id,
+            SendRec {
+                from: node,
+                to,
+                completed: 0,
+                cancelled: 0,
+                delivered: 0,
+            },
+        );
+        if let Some(old) = self.outstanding.insert((node, remote, key), id) {
+            self.errors.push(format!(
+                "node {node}: key {key} to {remote} accepted for message {id} while message {old} still holds it"
+            ));
+        }
+    }
+
+    fn end(&mut self, node: usize, remote: EndpointAddress, key: u64, cancelled: bool) {
+        let what = if cancelled { "cancelled" } else { "completed" };
+        match self.outstanding.remove(&(node, remote, key)) {
+            Some(id) => {
+                let r = self.sends.get_mut(&id).expect("recorded");
+                if cancelled {
+                    r.cancelled += 1;
+                } else {
+                    r.completed += 1;
+                }
+            }
+            None => self.errors.push(format!(
+                "node {node}: key {key} to {remote} {what} but no such send is outstanding"
+            )),
+        }
+    }
+}
+
+/// The handler of every node: feeds the model.
+struct Probe {
+    node: usize,
+    model: Shared,
+}
+
+impl Handler<SimBackend> for Probe {
+    fn on_connection_established(
+        &mut self,
+        _: &SimBackend,
+        remote: EndpointAddress,
+        _: Capabilities,
+    ) {
+        if self.node == SERVER {
+            lock(&self.model).server_names.insert(remote.ip(), remote);
+        }
+    }
+
+    fn on_connection_closed(
+        &mut self,
+        _: &SimBackend,
+        remote: EndpointAddress,
+        _: &CloseReason,
+        keys: &[u64],
+    ) {
+        let mut m = lock(&self.model);
+        for &k in keys {
+            m.end(self.node, remote, k, true);
+        }
+        let node = self.node;
+        let left: Vec<u64> = m
+            .outstanding
+            .keys()
+            .filter(|(n, r, _)| *n == node && *r == remote)
+            .map(|k| k.2)
+            .collect();
+        if !left.is_empty() {
+            m.errors.push(format!(
+                "node {node}: close of {remote} left keys {left:?} neither completed nor cancelled"
+            ));
+        }
+        if node == SERVER && m.server_names.get(&remote.ip()) == Some(&remote) {
+            m.server_names.remove(&remote.ip());
+        }
+    }
+
+    fn on_send_completed(&mut self, _: &SimBackend, remote: EndpointAddress, key: u64) {
+        lock(&self.model).end(self.node, remote, key, false);
+    }
+
+    fn on_data(&mut self, b: &SimBackend, remote: EndpointAddress, data: &[u8]) {
+        let mut m = lock(&self.model);
+        let node = self.node;
+        if data.len() < 10 {
+            m.errors
+                .push(format!("node {node}: short message {data:?} from {remote}"));
+            return;
+        }
+        let from = usize::from(data[0]);
+        let id = u64::from_le_bytes(data[2..10].try_into().expect("8 bytes"));
+        match m.sends.get_mut(&id) {
+            Some(r) if r.from == from && r.to == node => {
+                r.delivered += 1;
+                if r.delivered > 1 {
+                    m.errors
+                        .push(format!("node {node}: message {id} delivered twice"));
+                }
+            }
+            _ => m.errors.push(format!(
+                "node {node}: message {id} from node {from} delivered but never sent to it"
+            )),
+        }
+        let last = m.last.entry((node, remote)).or_insert(0);
+        if id <= *last {
+            let prev = *last;
+            m.errors.push(format!(
+                "node {node}: message {id} from {remote} after message {prev}: out of order"
+            ));
+        } else {
+            *last = id;
+        }
+        if node == SERVER && data[1] == 1 {
+            m.send(SERVER, b, remote, Mode::Copy, data.len() - 10, false);
+        }
+    }
+}
+
+static DELIVERED: AtomicUsize = AtomicUsize::new(0);
+static CANCELLED: AtomicUsize = AtomicUsize::new(0);
+static COMPLETED: AtomicUsize = AtomicUsize::new(0);
+
+fn params(region: &MemoryRegion) -> ConnectionParams {
+    ConnectionParams::receive(64, 3)
+        .with_buffered(64, 3)
+        .with_zero_copy(region.clone())
+}
+
+fn conserves(s: Scenario) -> TestResult {
+    let sim = Sim::with_seed(s.seed);
+    let model: Shared = Arc::default();
+    let mut backends = Vec::new();
+    for node in 0..=CLIENTS {
+        let host = sim.next_host();
+        let config = BackendConfig {
+            send_queue_depth: 4,
+            ..BackendConfig::default()
+        };
+        let b = host
+            .backend(
+                config,
+                Probe {
+                    node,
+                    model: model.clone(),
+                },
+            )
+            .expect("backend");
+        let mut m = lock(&model);
+        m.ips.push(host.ip());
+        m.regions.push(MemoryRegion::new(SLOTS as usize * SLOT));
+        backends.push(b);
+    }
+    let ips = lock(&model).ips.clone();
+    let server_region = lock(&model).regions[SERVER].clone();
+    let listen = backends[SERVER]
+        .open_listen_endpoint(EndpointAddress::new(ips[SERVER], 0), params(&server_region))
+        .expect("listen");
+    let client_params = |c: usize| params(&lock(&model).regions[c + 1]);
+    for c in 0..CLIENTS {
+        backends[c + 1]
+            .open_active_endpoint(listen, client_params(c))
+            .expect("connect");
+    }
+    sim.run_for(Duration::from_millis(1));
+
+    for op in &s.ops {
+        match *op {
+            Op::Send {
+                client,
+                to_server,
+                mode,
+                len,
+                echo,
+            } => {
+                let mut m = lock(&model);
+                if to_server {
+                    m.send(client + 1, &backends[client + 1], listen, mode, len, echo);
+                } else if let Some(&name) = m.server_names.get(&ips[client + 1]) {
+                    m.send(SERVER, &backends[SERVER], name, mode, len, false);
+                }
+            }
+            Op::Close { client, by_server } => {
+                if by_server {
+                    let name = lock(&model).server_names.get(&ips[client + 1]).copied();
+                    if let Some(name) = name {
+                        let _ = backends[SERVER].close_active_endpoint(name);
+                    }
+                } else {
+                    let _ = backends[client + 1].close_active_endpoint(listen);
+                }
+            }
+            Op::Reconnect { client } => {
+                let _ = backends[client + 1].open_active_endpoint(listen, client_params(client));
+            }
+            Op::Run { micros } => sim.run_for(Duration::from_micros(micros)),
+            Op::Reset { client } => sim.reset_connections(ips[client + 1], ips[SERVER]),
+            Op::Partition { client } => sim.partition(ips[client + 1], ips[SERVER]),
+            Op::Heal { client } => sim.heal(ips[client + 1], ips[SERVER]),
+            Op::Crash { host } => {
+                lock(&model).crashed.insert(host);
+                sim.crash(ips[host]);
+            }
+            Op::Slow { host, micros } => {
+                sim.slow_receiver(ips[host], Duration::from_micros(micros))
+            }
+        }
+    }
+
+    // Drain: heal, speed up, close everything, run until nothing is left.
+    for c in 0..CLIENTS {
+        sim.heal(ips[c + 1], ips[SERVER]);
+    }
+    for &ip in &ips {
+        sim.slow_receiver(ip, Duration::ZERO);
+    }
+    sim.run_for(Duration::from_millis(100));
+    for c in 0..CLIENTS {
+        let _ = backends[c + 1].close_active_endpoint(listen);
+    }
+    let names: Vec<EndpointAddress> = lock(&model).server_names.values().copied().collect();
+    for name in names {
+        let _ = backends[SERVER].close_active_endpoint(name);
+    }
+    let steps = sim.run_until_idle(1_000_000);
+    let mut errors = Vec::new();
+    if steps == 1_000_000 {
+        errors.push("the world did not become idle".to_string());
+    }
+
+    let m = lock(&model);
+    errors.extend(m.errors.iter().cloned());
+    for ((node, remote, key), id) in &m.outstanding {
+        if !m.crashed.contains(node) {
+            errors.push(format!(
+                "node {node}: message {id} (key {key} to {remote}) never completed nor cancelled"
+            ));
+        }
+    }
+    for (id, r) in &m.sends {
+        if r.completed + r.cancelled > 1 {
+            errors.push(format!(
+                "message {id}: completed {} and cancelled {} times",
+                r.completed, r.cancelled
+            ));
+        }
+        let intact = !m.crashed.contains(&r.from) && !m.crashed.contains(&r.to);
+        if intact && r.delivered != r.completed {
+            errors.push(format!(
+                "message {id} from node {} to node {}: delivered {} times, completed {} times",
+                r.from, r.to, r.delivered, r.completed
+            ));
+        }
+        DELIVERED.fetch_add(r.delivered as usize, Ordering::Relaxed);
+        CANCELLED.fetch_add(r.cancelled as usize, Ordering::Relaxed);
+        COMPLETED.fetch_add(r.completed as usize, Ordering::Relaxed);
+    }
+    if errors.is_empty() {
+        TestResult::passed()
+    } else {
+        errors.truncate(10);
+        TestResult::error(errors.join("\n"))
+    }
+}
+
+#[test]
+fn random_operations_and_faults_conserve_messages() {
+    QuickCheck::new()
+        .tests(200)
+        .max_tests(200)
+        .quickcheck(conserves as fn(Scenario) -> TestResult);
+    let (d, c, k) = (
+        DELIVERED.load(Ordering::Relaxed),
+        COMPLETED.load(Ordering::Relaxed),
+        CANCELLED.load(Ordering::Relaxed),
+    );
+    println!("over 200 scenarios: {d} delivered, {c} completed, {k} cancelled");
+    assert!(d > 1000 && k > 100, "the scenarios exercise too little");
+}
+
+#[test]
+fn a_fixed_scenario_conserves_messages() {
+    // A hand-written schedule touching every operation, for a quick and
+    // reproducible check.
+    let mut ops = Vec::new();
+    for i in 0..40 {
+        ops.push(Op::Send {
+            client: i % CLIENTS,
+            to_server: i % 3 != 0,
+            mode: [Mode::Buffered, Mode::Copy, Mode::ZeroCopy][i % 3],
+            len: (i * 7) % 60,
+            echo: i % 2 == 0,
+        });
+        ops.push(match i {
+            5 => Op::Partition { client: 1 },
+            9 => Op::Slow {
+                host: 0,
+                micros: 200,
+            },
+            14 => Op::Heal { client: 1 },
+            18 => Op::Reset { client: 2 },
+            20 => Op::Reconnect { client: 2 },
+            25 => Op::Close {
+                client: 0,
+                by_server: true,
+            },
+            27 => Op::Reconnect { client: 0 },
+            33 => Op::Crash { host: 3 },
+            _ => Op::Run { micros: 15 },
+        });
+    }
+    let r = conserves(Scenario { seed: 5, ops });
+    assert!(!r.is_failure(), "{r:?}");
+}
