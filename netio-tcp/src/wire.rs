@@ -645,6 +645,33 @@ impl FrameDecoder {
         }
     }
 
+    /// The bytes read but not yet decoded.
+    pub fn pending(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    /// `true` when the buffered bytes begin a valid DATA frame within the
+    /// limit that is too large for the buffer, so the next
+    /// [`next_frame`](Self::next_frame) starts handing it out in parts: a
+    /// caller that assembles parts gets its assembly buffer ready first.
+    pub fn starts_large_message(&self) -> bool {
+        if self.state != DecodeState::Idle || self.buffered() < FRAME_HEADER_LEN {
+            return false;
+        }
+        let mut hb = [0u8; FRAME_HEADER_LEN];
+        hb.copy_from_slice(&self.buf[self.start..self.start + FRAME_HEADER_LEN]);
+        match (FrameHeader::decode(&hb), self.max_data) {
+            (
+                Ok(FrameHeader {
+                    frame_type: FrameType::Data,
+                    len,
+                }),
+                Some(limit),
+            ) => len <= limit && FRAME_HEADER_LEN as u64 + u64::from(len) > self.buf.len() as u64,
+            _ => false,
+        }
+    }
+
     /// Free space to read into, after the buffered bytes. It is empty only
     /// when whole frames are waiting in the buffer: take them with
     /// [`next_frame`](Self::next_frame) first.
@@ -1083,6 +1110,29 @@ mod tests {
         }
         assert_eq!(got, msg);
         assert_eq!(whole, vec![b"small".to_vec()]);
+    }
+
+    #[test]
+    fn starts_large_message_predicts_parts() {
+        let mut dec = FrameDecoder::new(0, Some(100_000));
+        assert!(!dec.starts_large_message());
+        dec.feed(&[1, 0, 0, 0]);
+        assert!(!dec.starts_large_message());
+        dec.feed(&10_000u32.to_le_bytes());
+        assert!(dec.starts_large_message());
+        assert_eq!(dec.pending().len(), 8);
+        assert!(matches!(
+            dec.next_frame().unwrap(),
+            None | Some(Frame::DataPart { .. })
+        ));
+        assert!(!dec.starts_large_message());
+        // Over the limit, or small enough to come out whole: no.
+        let mut dec = FrameDecoder::new(0, Some(100));
+        dec.feed(&[1, 0, 0, 0, 0xff, 0, 0, 0]);
+        assert!(!dec.starts_large_message());
+        let mut dec = FrameDecoder::new(0, Some(100));
+        dec.feed(&[1, 0, 0, 0, 50, 0, 0, 0]);
+        assert!(!dec.starts_large_message());
     }
 
     #[test]

@@ -1,0 +1,1326 @@
+//! The TCP backend: endpoints, sends and the loop-thread I/O paths.
+//!
+//! All state sits behind one mutex. Backend operations (any thread in
+//! thread-safe mode) change it and post work to the loop: writes are
+//! flushed by one posted task per batch, and handler events are queued and
+//! dispatched by a posted task. The loop thread reads with no lock held
+//! (the connection's reader is taken out of the state while it reads) and
+//! hands messages to the handler straight out of the read buffer. The
+//! handler is never called while the state lock is held, and never from
+//! inside an operation.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use mio::event::Event;
+use mio::unix::SourceFd;
+use mio::Interest;
+use netio_core::mio_loop::{MioLoop, MioTimer, SourceId};
+use netio_core::{
+    Backend, BackendConfig, BufferError, BufferPool, CloseError, CloseReason, ConnectionParams,
+    CreateError, EndpointAddress, EventLoop, Features, Handler, MemoryUsage, NetworkBuffer,
+    NetworkMode, OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError,
+    ThreadSafety, Timer, MAX_HEADER_LEN,
+};
+
+use crate::config::TcpConfig;
+use crate::conn::{Conn, Ev, Flushed, LingerStatus, Lingering, Out, Payload, Phase, Reader};
+use crate::socket;
+use crate::wire::{
+    CloseCode, CloseFrame, DataPrefix, Frame, FrameDecoder, Handshake, WireError, MAX_MESSAGE_LEN,
+};
+
+/// Reads per readable event before other sources get a turn.
+const MAX_READS_PER_EVENT: usize = 32;
+/// Period of the timer that enforces handshake and linger deadlines.
+const DEADLINE_TICK: Duration = Duration::from_millis(50);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The TCP backend: a cheap handle (clones share one backend).
+///
+/// Create it with [`TcpProvider::create`](crate::TcpProvider) or
+/// [`TcpBackend::new`] on a [`MioLoop`], which must be run (on any thread)
+/// for anything to happen. See the [crate documentation](crate) for an
+/// example.
+#[derive(Clone)]
+pub struct TcpBackend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for TcpBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = lock(&self.inner.state);
+        f.debug_struct("TcpBackend")
+            .field("thread_safety", &self.inner.config.thread_safety)
+            .field("listeners", &st.listeners.len())
+            .field("connections", &st.conns.len())
+            .field("lingering", &st.lingering.len())
+            .finish()
+    }
+}
+
+struct Listener {
+    sock: mio::net::TcpListener,
+    source: SourceId,
+    params: ConnectionParams,
+    /// The pool of a listener opened with `recv.use_shared_pool` and its
+    /// own sizes, shared by the connections it accepts.
+    recv_pool: Option<BufferPool>,
+}
+
+#[derive(Default)]
+struct State {
+    listeners: HashMap<EndpointAddress, Listener>,
+    conns: HashMap<u64, Conn>,
+    /// Active endpoints by remote address: opened here (from the start) and
+    /// accepted (once established).
+    by_remote: HashMap<EndpointAddress, u64>,
+    lingering: HashMap<u64, Lingering>,
+    events: Vec<Ev>,
+    dispatch_posted: bool,
+    dirty: Vec<u64>,
+    flush_posted: bool,
+    /// Connections waiting for a receive-pool buffer.
+    pool_waiters: Vec<u64>,
+    next_id: u64,
+    timer_running: bool,
+}
+
+struct Inner {
+    lp: MioLoop,
+    config: BackendConfig,
+    tcp: TcpConfig,
+    handler: Mutex<Box<dyn Handler<TcpBackend>>>,
+    state: Mutex<State>,
+    shared_send: Option<BufferPool>,
+    shared_recv: Option<BufferPool>,
+    weak: Weak<Inner>,
+    timer: MioTimer,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let st = match self.state.get_mut() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        for (_, mut l) in st.listeners.drain() {
+            let _ = self.lp.deregister(&mut l.sock, l.source);
+        }
+        for (_, c) in st.conns.drain() {
+            deregister(&self.lp, &c.stream, c.source);
+        }
+        for (_, l) in st.lingering.drain() {
+            deregister(&self.lp, &l.stream, l.source);
+        }
+    }
+}
+
+fn deregister(lp: &MioLoop, stream: &mio::net::TcpStream, source: SourceId) {
+    let fd = stream.as_raw_fd();
+    let _ = lp.deregister(&mut SourceFd(&fd), source);
+}
+
+impl TcpBackend {
+    /// Creates a backend on `event_loop` with the default [`TcpConfig`].
+    pub fn new<H: Handler<TcpBackend> + 'static>(
+        event_loop: &MioLoop,
+        config: BackendConfig,
+        handler: H,
+    ) -> Result<Self, CreateError> {
+        Self::with_tcp_config(event_loop, config, TcpConfig::default(), handler)
+    }
+
+    /// Creates a backend on `event_loop` with TCP settings `tcp`.
+    pub fn with_tcp_config<H: Handler<TcpBackend> + 'static>(
+        event_loop: &MioLoop,
+        config: BackendConfig,
+        tcp: TcpConfig,
+        handler: H,
+    ) -> Result<Self, CreateError> {
+        if config.mode != NetworkMode::Tcp {
+            return Err(CreateError::NotSupported(
+                "the TCP provider runs in NetworkMode::Tcp only",
+            ));
+        }
+        if config.send_queue_depth == 0 {
+            return Err(CreateError::InvalidConfig(
+                "send_queue_depth of 0 leaves no room for any send".into(),
+            ));
+        }
+        for (name, pool) in [
+            ("shared_receive_pool", config.shared_receive_pool),
+            ("shared_send_pool", config.shared_send_pool),
+        ] {
+            if let Some(p) = pool {
+                if p.num_buf == 0 || p.buf_size == 0 {
+                    return Err(CreateError::InvalidConfig(format!("{name} is empty")));
+                }
+                if p.num_buf > u32::MAX as usize {
+                    return Err(CreateError::InvalidConfig(format!(
+                        "{name} has more than 2^32-1 buffers"
+                    )));
+                }
+            }
+        }
+        let shared_send = config
+            .shared_send_pool
+            .map(|p| BufferPool::new(p.buf_size, p.num_buf));
+        let shared_recv = config
+            .shared_receive_pool
+            .map(|p| BufferPool::new(p.buf_size, p.num_buf));
+        let lp = event_loop.clone();
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
+            let w = weak.clone();
+            let timer = lp.timer(move || {
+                if let Some(i) = w.upgrade() {
+                    i.on_tick();
+                }
+            });
+            Inner {
+                lp,
+                config,
+                tcp,
+                handler: Mutex::new(Box::new(handler)),
+                state: Mutex::new(State::default()),
+                shared_send,
+                shared_recv,
+                weak: weak.clone(),
+                timer,
+            }
+        });
+        Ok(Self { inner })
+    }
+
+    /// The loop this backend runs on.
+    pub fn event_loop(&self) -> &MioLoop {
+        &self.inner.lp
+    }
+
+    /// The TCP settings of this backend.
+    pub fn tcp_config(&self) -> &TcpConfig {
+        &self.inner.tcp
+    }
+
+    /// What this provider supports: everything.
+    pub const FEATURES: Features = Features::ALL;
+}
+
+impl Inner {
+    fn backend(self: &Arc<Self>) -> TcpBackend {
+        TcpBackend {
+            inner: Arc::clone(self),
+        }
+    }
+
+    fn thread_ok(&self) -> bool {
+        self.config.thread_safety == ThreadSafety::Safe || self.lp.on_loop_thread()
+    }
+
+    // -- posting work to the loop thread ------------------------------------
+
+    /// Makes sure queued events get dispatched soon, on the loop thread.
+    fn post_dispatch(&self, st: &mut State) {
+        if st.dispatch_posted || st.events.is_empty() {
+            return;
+        }
+        st.dispatch_posted = true;
+        let w = self.weak.clone();
+        self.lp.post(move || {
+            if let Some(i) = w.upgrade() {
+                lock(&i.state).dispatch_posted = false;
+                i.dispatch();
+            }
+        });
+    }
+
+    /// Marks a connection for flushing by the next posted flush task.
+    fn schedule_flush(&self, st: &mut State, id: u64) {
+        if let Some(c) = st.conns.get_mut(&id) {
+            if !c.dirty {
+                c.dirty = true;
+                st.dirty.push(id);
+            }
+        }
+        if !st.flush_posted {
+            st.flush_posted = true;
+            let w = self.weak.clone();
+            self.lp.post(move || {
+                if let Some(i) = w.upgrade() {
+                    i.flush_dirty();
+                }
+            });
+        }
+    }
+
+    /// Runs `f` on the loop thread soon, with the backend.
+    fn post_with(&self, f: impl FnOnce(&Arc<Inner>) + Send + 'static) {
+        let w = self.weak.clone();
+        self.lp.post(move || {
+            if let Some(i) = w.upgrade() {
+                f(&i);
+            }
+        });
+    }
+
+    fn ensure_timer(&self, st: &mut State) {
+        if !st.timer_running {
+            st.timer_running = true;
+            self.timer.start(DEADLINE_TICK);
+        }
+    }
+
+    /// Dispatches queued events to the handler. Loop thread only; no lock
+    /// is held while the handler runs.
+    fn dispatch(self: &Arc<Self>) {
+        let backend = self.backend();
+        let mut batch = Vec::new();
+        // Each round dispatches what earlier rounds' callbacks queued;
+        // bounded so a handler that queues forever cannot starve the loop.
+        for _ in 0..64 {
+            {
+                let mut st = lock(&self.state);
+                if st.events.is_empty() {
+                    if st.events.capacity() == 0 {
+                        std::mem::swap(&mut st.events, &mut batch);
+                    }
+                    return;
+                }
+                std::mem::swap(&mut st.events, &mut batch);
+            }
+            let mut h = lock(&self.handler);
+            for ev in batch.drain(..) {
+                match ev {
+                    Ev::Established(r, caps) => h.on_connection_established(&backend, r, caps),
+                    Ev::Refused(r, why) => h.on_connection_refused(&backend, r, &why),
+                    Ev::Closed(r, why, keys) => h.on_connection_closed(&backend, r, &why, &keys),
+                    Ev::Completed(r, key) => h.on_send_completed(&backend, r, key),
+                }
+            }
+        }
+        let mut st = lock(&self.state);
+        self.post_dispatch(&mut st);
+    }
+
+    // -- ending connections (under the state lock) ---------------------------
+
+    /// Ends a connection that is not established: the initiator reports
+    /// `reason`, an accepted one disappears without a word.
+    fn refuse_conn(&self, st: &mut State, id: u64, reason: RefuseReason) {
+        let Some(c) = st.conns.remove(&id) else {
+            return;
+        };
+        c.open.store(false, Ordering::Release);
+        if c.initiator {
+            st.by_remote.remove(&c.remote);
+            st.events.push(Ev::Refused(c.remote, reason));
+        }
+        deregister(&self.lp, &c.stream, c.source);
+    }
+
+    /// Ends an established connection, reporting `reason` with the keys of
+    /// every unfinished send. With `code`, this side closes in the orderly
+    /// way (finishes its last frame, sends a CLOSE frame, drains the peer);
+    /// without, the socket is closed at once (the peer closed or broke it).
+    fn close_conn(&self, st: &mut State, id: u64, code: Option<CloseCode>, reason: CloseReason) {
+        let Some(mut c) = st.conns.remove(&id) else {
+            return;
+        };
+        c.open.store(false, Ordering::Release);
+        st.by_remote.remove(&c.remote);
+        let (keys, mut rest) = c.cancel_sends();
+        let had_assembly = c
+            .reader
+            .as_mut()
+            .is_some_and(|r| r.assembling.take().is_some());
+        let text = reason.to_string();
+        st.events.push(Ev::Closed(c.remote, reason, keys));
+        match code {
+            Some(code) => {
+                rest.extend_from_slice(CloseFrame::new(code, &text).as_bytes());
+                let mut l = Lingering::new(
+                    Arc::clone(&c.stream),
+                    c.source,
+                    rest,
+                    Instant::now() + self.tcp.close_linger,
+                );
+                let status = l.progress();
+                if matches!(status, LingerStatus::Done) {
+                    deregister(&self.lp, &l.stream, l.source);
+                } else {
+                    if matches!(status, LingerStatus::More) {
+                        self.post_with(move |i| i.on_lingering(id));
+                    }
+                    st.lingering.insert(id, l);
+                    self.ensure_timer(st);
+                }
+            }
+            None => deregister(&self.lp, &c.stream, c.source),
+        }
+        if had_assembly {
+            self.wake_pool_waiters(st);
+        }
+    }
+
+    /// Lets connections that waited for a receive-pool buffer read again.
+    fn wake_pool_waiters(&self, st: &mut State) {
+        for id in std::mem::take(&mut st.pool_waiters) {
+            if let Some(c) = st.conns.get_mut(&id) {
+                c.recv_blocked = false;
+                self.post_with(move |i| i.on_readable(id));
+            }
+        }
+    }
+
+    // -- loop-thread I/O -------------------------------------------------------
+
+    /// A readiness event of connection `id` (or of its lingering socket).
+    fn on_conn_event(self: &Arc<Self>, id: u64, ev: &Event) {
+        let lingering = lock(&self.state).lingering.contains_key(&id);
+        if lingering {
+            self.on_lingering(id);
+            return;
+        }
+        if ev.is_writable() || ev.is_error() || ev.is_write_closed() {
+            self.on_writable(id);
+        }
+        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+            self.on_readable(id);
+        }
+        self.dispatch();
+    }
+
+    fn on_lingering(self: &Arc<Self>, id: u64) {
+        let mut st = lock(&self.state);
+        let Some(l) = st.lingering.get_mut(&id) else {
+            return;
+        };
+        match l.progress() {
+            LingerStatus::Waiting => {}
+            LingerStatus::More => self.post_with(move |i| i.on_lingering(id)),
+            LingerStatus::Done => {
+                if let Some(l) = st.lingering.remove(&id) {
+                    deregister(&self.lp, &l.stream, l.source);
+                }
+            }
+        }
+    }
+
+    fn on_writable(self: &Arc<Self>, id: u64) {
+        let mut st = lock(&self.state);
+        let Some(c) = st.conns.get_mut(&id) else {
+            return;
+        };
+        if c.phase == Phase::Connecting {
+            match c.stream.take_error() {
+                Ok(None) => {}
+                Ok(Some(e)) | Err(e) => {
+                    let reason = refuse_reason(&e);
+                    self.refuse_conn(&mut st, id, reason);
+                    return;
+                }
+            }
+            match c.stream.peer_addr() {
+                Ok(_) => c.phase = Phase::Handshaking,
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+                Err(e) => {
+                    let reason = refuse_reason(&e);
+                    self.refuse_conn(&mut st, id, reason);
+                    return;
+                }
+            }
+        }
+        self.flush_conn(&mut st, id);
+    }
+
+    /// Writes connection `id`'s queue; a write error ends it.
+    fn flush_conn(&self, st: &mut State, id: u64) {
+        let State { conns, events, .. } = &mut *st;
+        let Some(c) = conns.get_mut(&id) else {
+            return;
+        };
+        if c.phase == Phase::Connecting {
+            return;
+        }
+        let phase = c.phase;
+        let result = c.flush(events);
+        match result {
+            Ok(Flushed::Done | Flushed::Blocked) => {}
+            Ok(Flushed::More) => self.schedule_flush(st, id),
+            Err(e) => {
+                if phase == Phase::Established {
+                    self.close_conn(st, id, None, CloseReason::Reset);
+                } else {
+                    let reason =
+                        RefuseReason::Handshake(format!("sending the handshake failed: {e}"));
+                    self.refuse_conn(st, id, reason);
+                }
+            }
+        }
+    }
+
+    /// The posted flush task: writes every connection with new sends.
+    fn flush_dirty(self: &Arc<Self>) {
+        {
+            let mut st = lock(&self.state);
+            st.flush_posted = false;
+            let dirty = std::mem::take(&mut st.dirty);
+            for &id in &dirty {
+                if let Some(c) = st.conns.get_mut(&id) {
+                    c.dirty = false;
+                }
+                self.flush_conn(&mut st, id);
+            }
+            // Keep the allocation for the next batch.
+            if st.dirty.is_empty() {
+                let mut dirty = dirty;
+                dirty.clear();
+                st.dirty = dirty;
+            }
+        }
+        self.dispatch();
+    }
+
+    /// Reads connection `id` until the socket is empty (or the budget is
+    /// used up), handing out each message as it is parsed.
+    fn on_readable(self: &Arc<Self>, id: u64) {
+        let backend = self.backend();
+        for _ in 0..MAX_READS_PER_EVENT {
+            let taken = {
+                let mut st = lock(&self.state);
+                let Some(c) = st.conns.get_mut(&id) else {
+                    return;
+                };
+                if c.phase == Phase::Connecting || c.recv_blocked {
+                    return;
+                }
+                let Some(reader) = c.reader.take() else {
+                    return;
+                };
+                (
+                    reader,
+                    Arc::clone(&c.stream),
+                    Arc::clone(&c.open),
+                    c.remote,
+                    c.phase,
+                    c.recv_pool.clone(),
+                    c.recv_limit,
+                )
+            };
+            let (mut reader, stream, open, remote, phase, pool, limit) = taken;
+            let read = (&*stream).read(reader.dec.read_buf());
+            let mut end = match read {
+                Ok(0) => ReadEnd::Eof,
+                Ok(n) => {
+                    reader.dec.advance(n);
+                    ReadEnd::Continue
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadEnd::WouldBlock,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadEnd::Continue,
+                Err(e) => ReadEnd::Error(e),
+            };
+            let mut phase = phase;
+            let step = self.process(
+                &backend,
+                id,
+                &mut reader,
+                &mut phase,
+                remote,
+                &open,
+                pool.as_ref(),
+                limit,
+            );
+            if let Step::Stop = step {
+                self.drop_reader(reader);
+                return;
+            }
+            if let Step::Blocked = step {
+                end = ReadEnd::WouldBlock;
+            }
+            // Put the reader back, or end the connection.
+            let mut st = lock(&self.state);
+            if !open.load(Ordering::Acquire) || !st.conns.contains_key(&id) {
+                drop(st);
+                self.drop_reader(reader);
+                return;
+            }
+            match end {
+                ReadEnd::Continue => {}
+                ReadEnd::WouldBlock => {
+                    if let Some(c) = st.conns.get_mut(&id) {
+                        c.reader = Some(reader);
+                    }
+                    return;
+                }
+                ReadEnd::Eof | ReadEnd::Error(_) => {
+                    let had_assembly = reader.assembling.take().is_some();
+                    drop(reader);
+                    if phase == Phase::Established {
+                        self.close_conn(&mut st, id, None, CloseReason::Reset);
+                    } else {
+                        let why = match &end {
+                            ReadEnd::Error(e) => {
+                                format!("connection broke during the handshake: {e}")
+                            }
+                            _ => "the peer closed the connection during the handshake".into(),
+                        };
+                        self.refuse_conn(&mut st, id, RefuseReason::Handshake(why));
+                    }
+                    if had_assembly {
+                        self.wake_pool_waiters(&mut st);
+                    }
+                    return;
+                }
+            }
+            if let Some(c) = st.conns.get_mut(&id) {
+                c.reader = Some(reader);
+            }
+        }
+        // Budget used up with data left: continue after other sources.
+        self.post_with(move |i| {
+            i.on_readable(id);
+            i.dispatch();
+        });
+    }
+
+    fn drop_reader(&self, mut reader: Reader) {
+        if reader.assembling.take().is_some() {
+            let mut st = lock(&self.state);
+            self.wake_pool_waiters(&mut st);
+        }
+    }
+
+    /// Decodes what the reader holds: the peer's handshake first, then
+    /// frames, handing each message to the handler.
+    #[allow(clippy::too_many_arguments)]
+    fn process(
+        self: &Arc<Self>,
+        backend: &TcpBackend,
+        id: u64,
+        reader: &mut Reader,
+        phase: &mut Phase,
+        remote: EndpointAddress,
+        open: &std::sync::atomic::AtomicBool,
+        pool: Option<&BufferPool>,
+        limit: Option<u32>,
+    ) -> Step {
+        if *phase == Phase::Handshaking {
+            match reader.dec.decode_handshake() {
+                Ok(None) => return Step::Continue,
+                Err(e) => {
+                    let mut st = lock(&self.state);
+                    self.refuse_conn(&mut st, id, RefuseReason::Handshake(e.to_string()));
+                    return Step::Stop;
+                }
+                Ok(Some(peer)) => {
+                    // From the small handshake buffer to the full read
+                    // buffer, keeping what followed the handshake.
+                    if limit.is_some() {
+                        let mut dec = FrameDecoder::new(self.tcp.read_buffer_size, limit);
+                        dec.feed(reader.dec.pending());
+                        reader.dec = dec;
+                    }
+                    let mut st = lock(&self.state);
+                    if !self.establish(&mut st, id, peer) {
+                        return Step::Stop;
+                    }
+                    drop(st);
+                    *phase = Phase::Established;
+                    self.dispatch();
+                    if !open.load(Ordering::Acquire) {
+                        return Step::Stop;
+                    }
+                }
+            }
+        }
+        let mut h = None;
+        loop {
+            if reader.assembling.is_none() && reader.dec.starts_large_message() {
+                match pool.and_then(BufferPool::get) {
+                    Some(b) => reader.assembling = Some(b),
+                    None if pool.is_some() => {
+                        let mut st = lock(&self.state);
+                        if let Some(c) = st.conns.get_mut(&id) {
+                            c.recv_blocked = true;
+                            st.pool_waiters.push(id);
+                        }
+                        return Step::Blocked;
+                    }
+                    None => {}
+                }
+            }
+            let frame = match reader.dec.next_frame() {
+                Ok(None) => return Step::Continue,
+                Ok(Some(f)) => f,
+                Err(e) => {
+                    drop(h);
+                    let reason = close_reason_for(&e);
+                    let mut st = lock(&self.state);
+                    self.close_conn(&mut st, id, Some(e.close_code()), reason);
+                    return Step::Stop;
+                }
+            };
+            match frame {
+                Frame::Data(msg) => {
+                    let hd = h.get_or_insert_with(|| lock(&self.handler));
+                    hd.on_data(backend, remote, msg);
+                }
+                Frame::DataPart { bytes, .. } => {
+                    let complete = frame.completes_message();
+                    let Some(buf) = reader.assembling.as_mut() else {
+                        drop(h);
+                        let mut st = lock(&self.state);
+                        let reason =
+                            CloseReason::Protocol("no receive buffer for a message".into());
+                        self.close_conn(&mut st, id, Some(CloseCode::ProtocolError), reason);
+                        return Step::Stop;
+                    };
+                    if buf.write(bytes).is_err() {
+                        drop(h);
+                        let mut st = lock(&self.state);
+                        let reason =
+                            CloseReason::Protocol("message overflows its receive buffer".into());
+                        self.close_conn(&mut st, id, Some(CloseCode::ProtocolError), reason);
+                        return Step::Stop;
+                    }
+                    if complete {
+                        if let Some(buf) = reader.assembling.take() {
+                            let hd = h.get_or_insert_with(|| lock(&self.handler));
+                            hd.on_data(backend, remote, buf.as_slice());
+                            drop(buf);
+                            let mut st = lock(&self.state);
+                            if !st.pool_waiters.is_empty() {
+                                self.wake_pool_waiters(&mut st);
+                            }
+                        }
+                    }
+                }
+                Frame::Close { .. } => {
+                    drop(h);
+                    let mut st = lock(&self.state);
+                    self.close_conn(&mut st, id, None, CloseReason::PeerClosed);
+                    return Step::Stop;
+                }
+            }
+            if !open.load(Ordering::Acquire) {
+                return Step::Stop;
+            }
+        }
+    }
+
+    /// The peer's handshake arrived: the connection is established. Returns
+    /// `false` if it was dropped instead (a duplicate remote address).
+    fn establish(&self, st: &mut State, id: u64, _peer: Handshake) -> bool {
+        let Some(c) = st.conns.get(&id) else {
+            return false;
+        };
+        let remote = c.remote;
+        if !c.initiator {
+            if st.by_remote.contains_key(&remote) {
+                // Another endpoint already has this name.
+                self.refuse_conn(st, id, RefuseReason::Cancelled);
+                return false;
+            }
+            st.by_remote.insert(remote, id);
+        }
+        let shared_send = self.shared_send.clone();
+        let Some(c) = st.conns.get_mut(&id) else {
+            return false;
+        };
+        c.phase = Phase::Established;
+        c.deadline = None;
+        let sb = c.params.send_buffered;
+        c.send_pool = shared_send
+            .or_else(|| (sb.num_buf > 0).then(|| BufferPool::new(sb.buf_size, sb.num_buf)));
+        if c.recv_pool.is_none() && c.params.recv.num_buf > 0 && !c.params.recv.use_shared_pool {
+            c.recv_pool = Some(BufferPool::new(
+                c.params.recv.buf_size,
+                c.params.recv.num_buf,
+            ));
+        }
+        let caps = c.params.capabilities(&self.config, true);
+        st.events.push(Ev::Established(remote, caps));
+        true
+    }
+
+    /// A readiness event of listener `addr`: accepts every pending
+    /// connection.
+    fn on_accept(self: &Arc<Self>, addr: EndpointAddress) {
+        {
+            let mut st = lock(&self.state);
+            for _ in 0..256 {
+                let Some(l) = st.listeners.get(&addr) else {
+                    break;
+                };
+                let (stream, peer) = match l.sock.accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    // Out of descriptors or a connection aborted before it
+                    // was accepted: nothing to report, try the next.
+                    Err(_) => break,
+                };
+                let params = l.params.clone();
+                let pool = l.recv_pool.clone();
+                let _ = socket::tune_stream(&stream, &self.tcp);
+                let (limit, pool) = self.recv_setup(&params, pool);
+                // A failed registration drops the socket: the peer sees a
+                // closed connection, this side reports nothing.
+                let _ = self.add_conn(
+                    &mut st,
+                    stream,
+                    EndpointAddress::from(peer),
+                    Phase::Handshaking,
+                    false,
+                    Some(addr),
+                    params,
+                    limit,
+                    pool,
+                );
+            }
+        }
+        self.dispatch();
+    }
+
+    /// The receive limit and shared pool of a connection with `params`
+    /// (`listener_pool`: the pool of the listener that accepted it).
+    fn recv_setup(
+        &self,
+        params: &ConnectionParams,
+        listener_pool: Option<BufferPool>,
+    ) -> (Option<u32>, Option<BufferPool>) {
+        let clamp = |n: usize| Some(u32::try_from(n).unwrap_or(u32::MAX));
+        if params.recv.use_shared_pool {
+            match listener_pool.or_else(|| self.shared_recv.clone()) {
+                Some(p) => (clamp(p.buf_size()), Some(p)),
+                None => (None, None),
+            }
+        } else if params.recv.num_buf > 0 {
+            (clamp(params.recv.buf_size), None)
+        } else {
+            (None, None)
+        }
+    }
+
+    /// Registers a new connection and queues its handshake.
+    #[allow(clippy::too_many_arguments)]
+    fn add_conn(
+        &self,
+        st: &mut State,
+        mut stream: mio::net::TcpStream,
+        remote: EndpointAddress,
+        phase: Phase,
+        initiator: bool,
+        listener: Option<EndpointAddress>,
+        params: ConnectionParams,
+        limit: Option<u32>,
+        pool: Option<BufferPool>,
+    ) -> io::Result<u64> {
+        st.next_id += 1;
+        let id = st.next_id;
+        let w = self.weak.clone();
+        let source = self.lp.register(
+            &mut stream,
+            Interest::READABLE | Interest::WRITABLE,
+            move |ev| {
+                if let Some(i) = w.upgrade() {
+                    i.on_conn_event(id, ev);
+                }
+            },
+        )?;
+        let hs = Handshake::for_limit(limit.map(|l| l as usize)).encode();
+        let conn = Conn::new(
+            remote,
+            Arc::new(stream),
+            source,
+            phase,
+            initiator,
+            listener,
+            params,
+            limit,
+            pool,
+            Instant::now() + self.tcp.handshake_timeout,
+            hs,
+        );
+        st.conns.insert(id, conn);
+        if initiator {
+            st.by_remote.insert(remote, id);
+        }
+        self.ensure_timer(st);
+        if phase == Phase::Handshaking {
+            self.schedule_flush(st, id);
+        }
+        Ok(id)
+    }
+
+    /// The deadline timer: gives up connections that took too long to
+    /// establish, and lingering sockets that drained too long.
+    fn on_tick(self: &Arc<Self>) {
+        {
+            let mut st = lock(&self.state);
+            let now = Instant::now();
+            let late: Vec<(u64, Phase)> = st
+                .conns
+                .iter()
+                .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
+                .map(|(&id, c)| (id, c.phase))
+                .collect();
+            for (id, phase) in late {
+                let reason = if phase == Phase::Connecting {
+                    RefuseReason::Unreachable
+                } else {
+                    RefuseReason::Handshake(
+                        "the peer did not complete the handshake in time".into(),
+                    )
+                };
+                self.refuse_conn(&mut st, id, reason);
+            }
+            let done: Vec<u64> = st
+                .lingering
+                .iter()
+                .filter(|(_, l)| l.deadline <= now)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in done {
+                if let Some(l) = st.lingering.remove(&id) {
+                    deregister(&self.lp, &l.stream, l.source);
+                }
+            }
+            let pending =
+                st.conns.values().any(|c| c.deadline.is_some()) || !st.lingering.is_empty();
+            if !pending {
+                st.timer_running = false;
+                self.timer.stop();
+            }
+        }
+        self.dispatch();
+    }
+
+    // -- operations ----------------------------------------------------------------
+
+    fn established(&self, st: &State, remote: EndpointAddress) -> Option<u64> {
+        let id = *st.by_remote.get(&remote)?;
+        (st.conns.get(&id)?.phase == Phase::Established).then_some(id)
+    }
+
+    /// Queues a DATA frame on an established connection.
+    fn enqueue(&self, st: &mut State, id: u64, out: Out) {
+        if let Some(c) = st.conns.get_mut(&id) {
+            if let Out::Data {
+                unbuffered: true, ..
+            } = out
+            {
+                c.unbuffered += 1;
+            }
+            c.queue.push_back(out);
+        }
+        self.schedule_flush(st, id);
+    }
+}
+
+enum ReadEnd {
+    Continue,
+    WouldBlock,
+    Eof,
+    Error(io::Error),
+}
+
+enum Step {
+    /// Everything buffered was handled.
+    Continue,
+    /// Waiting for a receive-pool buffer.
+    Blocked,
+    /// The connection ended.
+    Stop,
+}
+
+fn refuse_reason(e: &io::Error) -> RefuseReason {
+    if socket::is_refused(e) {
+        RefuseReason::Refused
+    } else if socket::is_unreachable(e) {
+        RefuseReason::Unreachable
+    } else {
+        RefuseReason::Other(e.to_string())
+    }
+}
+
+fn close_reason_for(e: &WireError) -> CloseReason {
+    match e {
+        WireError::DataTooLarge { len, limit } => CloseReason::MessageTooLarge {
+            size: u64::from(*len),
+            limit: *limit as usize,
+        },
+        e => CloseReason::Protocol(e.to_string()),
+    }
+}
+
+fn header_check(header: &[u8]) -> Result<(), SendError> {
+    if header.len() > MAX_HEADER_LEN {
+        return Err(SendError::HeaderTooLong {
+            len: header.len(),
+            max: MAX_HEADER_LEN,
+        });
+    }
+    Ok(())
+}
+
+fn prefix_for(header: &[u8], payload_len: usize) -> Result<DataPrefix, SendError> {
+    DataPrefix::new(header, payload_len).map_err(|_| SendError::MessageTooLarge {
+        len: header.len().saturating_add(payload_len),
+        max: MAX_MESSAGE_LEN,
+    })
+}
+
+impl Backend for TcpBackend {
+    fn features(&self) -> Features {
+        Self::FEATURES
+    }
+
+    fn open_listen_endpoint(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<EndpointAddress, OpenListenError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(OpenListenError::WrongThread);
+        }
+        address
+            .validate_listen()
+            .map_err(|reason| OpenListenError::InvalidEndpointAddress { address, reason })?;
+        params
+            .validate(&inner.config)
+            .map_err(OpenListenError::InvalidConnectionParameters)?;
+        let own_pool =
+            params.recv.use_shared_pool && params.recv.num_buf > 0 && params.recv.buf_size > 0;
+        if params.recv.use_shared_pool && !own_pool && inner.shared_recv.is_none() {
+            return Err(OpenListenError::InvalidConnectionParameters(
+                "use_shared_pool on a listen endpoint needs recv.buf_size and recv.num_buf \
+                 (its own pool) or a BackendConfig::shared_receive_pool"
+                    .into(),
+            ));
+        }
+        let mut st = lock(&inner.state);
+        if address.port() != 0 && st.listeners.contains_key(&address) {
+            return Err(OpenListenError::ListenEndpointAlreadyExists(address));
+        }
+        let fail = |e: io::Error| {
+            if socket::is_resource_error(&e) {
+                OpenListenError::NoResources {
+                    address,
+                    source: Box::new(e),
+                }
+            } else {
+                OpenListenError::FailedOpenListenEndpoint {
+                    address,
+                    source: Box::new(e),
+                }
+            }
+        };
+        let mut sock = socket::listen(address.socket_addr(), &inner.tcp).map_err(fail)?;
+        let bound = sock
+            .local_addr()
+            .map(|a| address.with_port(a.port()))
+            .map_err(fail)?;
+        if st.listeners.contains_key(&bound) {
+            return Err(OpenListenError::ListenEndpointAlreadyExists(bound));
+        }
+        let w = inner.weak.clone();
+        let source = inner
+            .lp
+            .register(&mut sock, Interest::READABLE, move |_| {
+                if let Some(i) = w.upgrade() {
+                    i.on_accept(bound);
+                }
+            })
+            .map_err(fail)?;
+        let recv_pool =
+            own_pool.then(|| BufferPool::new(params.recv.buf_size, params.recv.num_buf));
+        st.listeners.insert(
+            bound,
+            Listener {
+                sock,
+                source,
+                params,
+                recv_pool,
+            },
+        );
+        Ok(bound)
+    }
+
+    fn open_active_endpoint(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<(), OpenActiveError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(OpenActiveError::WrongThread);
+        }
+        address
+            .validate_remote()
+            .map_err(|reason| OpenActiveError::InvalidEndpointAddress { address, reason })?;
+        params
+            .validate(&inner.config)
+            .map_err(OpenActiveError::InvalidConnectionParameters)?;
+        if params.recv.use_shared_pool && inner.shared_recv.is_none() {
+            return Err(OpenActiveError::InvalidConnectionParameters(
+                "recv.use_shared_pool on an active endpoint needs \
+                 BackendConfig::shared_receive_pool"
+                    .into(),
+            ));
+        }
+        let mut st = lock(&inner.state);
+        if st.by_remote.contains_key(&address) {
+            return Err(OpenActiveError::ActiveEndpointAlreadyExists(address));
+        }
+        let fail = |e: io::Error| {
+            if socket::is_connect_resource_error(&e) {
+                OpenActiveError::NoResources {
+                    address,
+                    source: Box::new(e),
+                }
+            } else {
+                OpenActiveError::FailedOpenActiveEndpoint {
+                    address,
+                    source: Box::new(e),
+                }
+            }
+        };
+        let stream = match socket::connect(address.socket_addr(), &inner.tcp).map_err(fail)? {
+            socket::Connect::Started(s) => s,
+            socket::Connect::Failed(e) => {
+                st.events.push(Ev::Refused(address, refuse_reason(&e)));
+                inner.post_dispatch(&mut st);
+                return Ok(());
+            }
+        };
+        let (limit, pool) = inner.recv_setup(&params, None);
+        inner
+            .add_conn(
+                &mut st,
+                stream,
+                address,
+                Phase::Connecting,
+                true,
+                None,
+                params,
+                limit,
+                pool,
+            )
+            .map_err(fail)?;
+        Ok(())
+    }
+
+    fn close_listen_endpoint(&self, address: EndpointAddress) -> Result<(), CloseError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(CloseError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        let Some(mut l) = st.listeners.remove(&address) else {
+            return Err(CloseError::UnknownListenEndpoint(address));
+        };
+        let _ = inner.lp.deregister(&mut l.sock, l.source);
+        drop(l);
+        let accepted: Vec<(u64, Phase)> = st
+            .conns
+            .iter()
+            .filter(|(_, c)| c.listener == Some(address))
+            .map(|(&id, c)| (id, c.phase))
+            .collect();
+        for (id, phase) in accepted {
+            if phase == Phase::Established {
+                inner.close_conn(
+                    &mut st,
+                    id,
+                    Some(CloseCode::GoingAway),
+                    CloseReason::ListenerClosed,
+                );
+            } else {
+                inner.refuse_conn(&mut st, id, RefuseReason::Cancelled);
+            }
+        }
+        inner.post_dispatch(&mut st);
+        Ok(())
+    }
+
+    fn close_active_endpoint(&self, remote: EndpointAddress) -> Result<(), CloseError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(CloseError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        let Some(&id) = st.by_remote.get(&remote) else {
+            return Err(CloseError::UnknownActiveEndpoint(remote));
+        };
+        let phase = st.conns.get(&id).map(|c| c.phase);
+        match phase {
+            Some(Phase::Established) => {
+                inner.close_conn(&mut st, id, Some(CloseCode::Normal), CloseReason::Local)
+            }
+            Some(_) => inner.refuse_conn(&mut st, id, RefuseReason::Cancelled),
+            None => return Err(CloseError::UnknownActiveEndpoint(remote)),
+        }
+        inner.post_dispatch(&mut st);
+        Ok(())
+    }
+
+    fn get_buffer(&self, remote: EndpointAddress) -> Result<Option<NetworkBuffer>, BufferError> {
+        Ok(self.send_pool(remote)?.get())
+    }
+
+    fn send_buffer(&self, remote: EndpointAddress, buffer: NetworkBuffer) -> Result<(), SendError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(SendError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        let id = inner
+            .established(&st, remote)
+            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        let owns = st.conns[&id]
+            .send_pool
+            .as_ref()
+            .is_some_and(|p| p.owns(&buffer));
+        if !owns {
+            return Err(SendError::ForeignBuffer);
+        }
+        let prefix = prefix_for(&[], buffer.len())?;
+        let key = buffer.index();
+        inner.enqueue(
+            &mut st,
+            id,
+            Out::data(prefix, Payload::Buffer(buffer), key, false),
+        );
+        Ok(())
+    }
+
+    fn send_data(
+        &self,
+        remote: EndpointAddress,
+        data: &[RegionSlice],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(SendError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        let id = inner
+            .established(&st, remote)
+            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        header_check(header)?;
+        let c = &st.conns[&id];
+        let region = c
+            .params
+            .send_zero_copy
+            .as_ref()
+            .ok_or(SendError::NotSupported(
+                "zero-copy sending needs a registered region (ConnectionParams::with_zero_copy)",
+            ))?;
+        if c.unbuffered >= inner.config.send_queue_depth {
+            return Err(SendError::NoResources);
+        }
+        let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
+        let prefix = prefix_for(header, payload_len)?;
+        let lent = region.lend(data).map_err(|_| SendError::OutsideRegion)?;
+        inner.enqueue(
+            &mut st,
+            id,
+            Out::data(prefix, Payload::Region(lent), key, true),
+        );
+        Ok(())
+    }
+
+    fn send_data_copy(
+        &self,
+        remote: EndpointAddress,
+        data: &[&[u8]],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(SendError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        let id = inner
+            .established(&st, remote)
+            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        header_check(header)?;
+        let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
+        let prefix = prefix_for(header, payload_len)?;
+        let Some(c) = st.conns.get_mut(&id) else {
+            return Err(SendError::UnknownActiveEndpoint(remote));
+        };
+        if c.unbuffered >= inner.config.send_queue_depth {
+            return Err(SendError::NoResources);
+        }
+        let mut v = c.take_vec(payload_len);
+        for d in data {
+            v.extend_from_slice(d);
+        }
+        inner.enqueue(&mut st, id, Out::data(prefix, Payload::Copy(v), key, true));
+        Ok(())
+    }
+
+    fn num_available_buffers(&self, remote: EndpointAddress) -> Result<usize, BufferError> {
+        Ok(self.send_pool(remote)?.take_low_water())
+    }
+
+    fn memory_usage(&self) -> MemoryUsage {
+        let inner = &self.inner;
+        let st = lock(&inner.state);
+        let mut counted: Vec<BufferPool> = Vec::new();
+        let mut usage = MemoryUsage::default();
+        let recv = inner
+            .shared_recv
+            .iter()
+            .chain(st.listeners.values().filter_map(|l| l.recv_pool.as_ref()))
+            .chain(st.conns.values().filter_map(|c| c.recv_pool.as_ref()));
+        for p in recv {
+            if !counted.iter().any(|q| q.same_pool(p)) {
+                usage.receive_bytes += p.bytes();
+                counted.push(p.clone());
+            }
+        }
+        let send = inner
+            .shared_send
+            .iter()
+            .chain(st.conns.values().filter_map(|c| c.send_pool.as_ref()));
+        for p in send {
+            if !counted.iter().any(|q| q.same_pool(p)) {
+                usage.send_bytes += p.bytes();
+                counted.push(p.clone());
+            }
+        }
+        usage
+    }
+}
+
+impl TcpBackend {
+    fn send_pool(&self, remote: EndpointAddress) -> Result<BufferPool, BufferError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(BufferError::WrongThread);
+        }
+        let st = lock(&inner.state);
+        let id = inner
+            .established(&st, remote)
+            .ok_or(BufferError::UnknownActiveEndpoint(remote))?;
+        st.conns[&id]
+            .send_pool
+            .clone()
+            .ok_or(BufferError::NoBuffersAllocated(remote))
+    }
+}

@@ -1,0 +1,468 @@
+//! One connection's state: its send queue and how it is written with
+//! vectored writes, its reader, and the lingering state after a close.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use mio::net::TcpStream;
+use netio_core::mio_loop::SourceId;
+use netio_core::{
+    BufferPool, Capabilities, CloseReason, ConnectionParams, EndpointAddress, Lent, NetworkBuffer,
+    RefuseReason,
+};
+
+use crate::wire::{DataPrefix, FrameDecoder, HANDSHAKE_LEN};
+
+/// Slices handed to one `writev`: many messages per system call.
+pub(crate) const MAX_IOV: usize = 256;
+/// `writev` calls per flush of one connection before others get a turn.
+const MAX_WRITES_PER_FLUSH: usize = 16;
+/// Copy-send vectors kept for reuse per connection.
+const MAX_SPARE_VECS: usize = 16;
+/// Largest copy-send vector kept for reuse.
+const MAX_SPARE_VEC_CAPACITY: usize = 64 * 1024;
+
+/// A handler event, collected under the state lock and dispatched after it
+/// is released, on the loop thread.
+#[derive(Debug)]
+pub(crate) enum Ev {
+    Established(EndpointAddress, Capabilities),
+    Refused(EndpointAddress, RefuseReason),
+    Closed(EndpointAddress, CloseReason, Vec<u64>),
+    Completed(EndpointAddress, u64),
+}
+
+/// The bytes of a message after its prefix.
+pub(crate) enum Payload {
+    /// `send_data_copy`: copied at once.
+    Copy(Vec<u8>),
+    /// `send_data`: straight from the registered region.
+    Region(Lent),
+    /// `send_buffer`: the pool buffer itself.
+    Buffer(NetworkBuffer),
+}
+
+impl Payload {
+    fn chunks<'a>(&'a self, f: &mut dyn FnMut(&'a [u8]) -> bool) {
+        match self {
+            Payload::Copy(v) => {
+                f(v);
+            }
+            Payload::Buffer(b) => {
+                f(b.as_slice());
+            }
+            Payload::Region(l) => {
+                for c in l.chunks() {
+                    if !f(c) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One item of a connection's send queue.
+pub(crate) enum Out {
+    /// This side's handshake.
+    Handshake([u8; HANDSHAKE_LEN]),
+    /// A DATA frame.
+    Data {
+        prefix: DataPrefix,
+        payload: Payload,
+        key: u64,
+        /// Counts against `send_queue_depth` (copy and zero-copy sends).
+        unbuffered: bool,
+        /// Whole frame length.
+        len: usize,
+    },
+}
+
+impl Out {
+    pub(crate) fn data(prefix: DataPrefix, payload: Payload, key: u64, unbuffered: bool) -> Self {
+        // The prefix holds a u32 length, so this fits a usize on every
+        // supported (32- and 64-bit) target.
+        let len = usize::try_from(prefix.frame_len()).unwrap_or(usize::MAX);
+        Out::Data {
+            prefix,
+            payload,
+            key,
+            unbuffered,
+            len,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Out::Handshake(h) => h.len(),
+            Out::Data { len, .. } => *len,
+        }
+    }
+
+    /// Calls `f` with each slice of the frame in order until it returns
+    /// `false`.
+    fn chunks<'a>(&'a self, f: &mut dyn FnMut(&'a [u8]) -> bool) {
+        match self {
+            Out::Handshake(h) => {
+                f(h);
+            }
+            Out::Data {
+                prefix, payload, ..
+            } => {
+                if f(prefix.as_bytes()) {
+                    payload.chunks(f);
+                }
+            }
+        }
+    }
+}
+
+/// Fills `iov` with the unwritten slices of `queue`, skipping the first
+/// `skip` bytes (already written). Returns the number of slices.
+fn fill_iov<'a>(queue: &'a VecDeque<Out>, mut skip: usize, iov: &mut [IoSlice<'a>]) -> usize {
+    let mut n = 0;
+    for out in queue {
+        let mut full = false;
+        out.chunks(&mut |c: &'a [u8]| {
+            let c = if skip >= c.len() {
+                skip -= c.len();
+                return true;
+            } else {
+                let rest = &c[skip..];
+                skip = 0;
+                rest
+            };
+            if n == iov.len() {
+                full = true;
+                return false;
+            }
+            iov[n] = IoSlice::new(c);
+            n += 1;
+            true
+        });
+        if full || n == iov.len() {
+            break;
+        }
+    }
+    n
+}
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// The initiator's TCP connect is in progress.
+    Connecting,
+    /// Handshakes are being exchanged.
+    Handshaking,
+    /// Established and reported.
+    Established,
+}
+
+/// What the loop thread reads with: taken out of the connection while it
+/// reads and dispatches, so no lock is held then.
+pub(crate) struct Reader {
+    pub(crate) dec: FrameDecoder,
+    /// The receive-pool buffer a message too large for the read buffer is
+    /// assembled in.
+    pub(crate) assembling: Option<NetworkBuffer>,
+}
+
+/// What a flush achieved.
+pub(crate) enum Flushed {
+    /// The queue is empty.
+    Done,
+    /// The socket is full; a writable event will resume.
+    Blocked,
+    /// The write budget is used up; flush again soon.
+    More,
+}
+
+/// One connection (opening or established).
+pub(crate) struct Conn {
+    pub(crate) remote: EndpointAddress,
+    pub(crate) stream: Arc<TcpStream>,
+    pub(crate) source: SourceId,
+    pub(crate) phase: Phase,
+    pub(crate) initiator: bool,
+    /// The listen endpoint that accepted it.
+    pub(crate) listener: Option<EndpointAddress>,
+    pub(crate) params: ConnectionParams,
+    /// Cleared when the connection ends, so the loop thread stops handing
+    /// out its messages at once.
+    pub(crate) open: Arc<AtomicBool>,
+    /// `None` while the loop thread is reading.
+    pub(crate) reader: Option<Reader>,
+    /// Largest message accepted; `None`: no receive capability.
+    pub(crate) recv_limit: Option<u32>,
+    pub(crate) recv_pool: Option<BufferPool>,
+    pub(crate) send_pool: Option<BufferPool>,
+    /// Stopped reading until a receive-pool buffer is free.
+    pub(crate) recv_blocked: bool,
+    pub(crate) queue: VecDeque<Out>,
+    /// Bytes of the front of `queue` already written.
+    pub(crate) offset: usize,
+    /// Copy and zero-copy sends in flight.
+    pub(crate) unbuffered: usize,
+    /// In the backend's list of connections to flush.
+    pub(crate) dirty: bool,
+    /// Give up if not established by then.
+    pub(crate) deadline: Option<Instant>,
+    spare: Vec<Vec<u8>>,
+}
+
+impl Conn {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        remote: EndpointAddress,
+        stream: Arc<TcpStream>,
+        source: SourceId,
+        phase: Phase,
+        initiator: bool,
+        listener: Option<EndpointAddress>,
+        params: ConnectionParams,
+        recv_limit: Option<u32>,
+        recv_pool: Option<BufferPool>,
+        deadline: Instant,
+        handshake: [u8; HANDSHAKE_LEN],
+    ) -> Self {
+        let mut queue = VecDeque::new();
+        queue.push_back(Out::Handshake(handshake));
+        Self {
+            remote,
+            stream,
+            source,
+            phase,
+            initiator,
+            listener,
+            params,
+            open: Arc::new(AtomicBool::new(true)),
+            reader: Some(Reader {
+                dec: FrameDecoder::new(0, recv_limit),
+                assembling: None,
+            }),
+            recv_limit,
+            recv_pool,
+            send_pool: None,
+            recv_blocked: false,
+            queue,
+            offset: 0,
+            unbuffered: 0,
+            dirty: false,
+            deadline: Some(deadline),
+            spare: Vec::new(),
+        }
+    }
+
+    /// A vector for a copy send, reused when one is spare.
+    pub(crate) fn take_vec(&mut self, capacity: usize) -> Vec<u8> {
+        match self.spare.pop() {
+            Some(mut v) => {
+                v.clear();
+                v.reserve(capacity);
+                v
+            }
+            None => Vec::with_capacity(capacity),
+        }
+    }
+
+    fn recycle(&mut self, payload: Payload) {
+        if let Payload::Copy(v) = payload {
+            if self.spare.len() < MAX_SPARE_VECS && v.capacity() <= MAX_SPARE_VEC_CAPACITY {
+                self.spare.push(v);
+            }
+        }
+    }
+
+    /// Writes as much of the queue as the socket takes, completing every
+    /// message fully written (its event goes to `events`).
+    pub(crate) fn flush(&mut self, events: &mut Vec<Ev>) -> io::Result<Flushed> {
+        for _ in 0..MAX_WRITES_PER_FLUSH {
+            if self.queue.is_empty() {
+                return Ok(Flushed::Done);
+            }
+            let written = {
+                let mut iov = [IoSlice::new(&[]); MAX_IOV];
+                let n = fill_iov(&self.queue, self.offset, &mut iov);
+                (&*self.stream).write_vectored(&iov[..n])
+            };
+            match written {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(w) => self.advance(w, events),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Flushed::Blocked),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(if self.queue.is_empty() {
+            Flushed::Done
+        } else {
+            Flushed::More
+        })
+    }
+
+    fn advance(&mut self, written: usize, events: &mut Vec<Ev>) {
+        let mut w = written + self.offset;
+        self.offset = 0;
+        while let Some(front) = self.queue.front() {
+            let len = front.len();
+            if w < len {
+                self.offset = w;
+                break;
+            }
+            w -= len;
+            if let Some(Out::Data {
+                payload,
+                key,
+                unbuffered,
+                ..
+            }) = self.queue.pop_front()
+            {
+                if unbuffered {
+                    self.unbuffered -= 1;
+                }
+                self.recycle(payload);
+                events.push(Ev::Completed(self.remote, key));
+            }
+        }
+    }
+
+    /// Ends sending: every queued message not fully written is cancelled
+    /// and its key returned. The unwritten rest of a partly written frame
+    /// (the stream must stay whole frames) and of this side's handshake are
+    /// returned as bytes still to write.
+    pub(crate) fn cancel_sends(&mut self) -> (Vec<u64>, Vec<u8>) {
+        let mut keys = Vec::new();
+        let mut rest = Vec::new();
+        let mut skip = self.offset;
+        let partial = self.offset > 0;
+        for (i, out) in self.queue.iter().enumerate() {
+            if let Out::Data { key, .. } = out {
+                keys.push(*key);
+            }
+            let keep = (i == 0 && partial) || matches!(out, Out::Handshake(_));
+            if keep {
+                out.chunks(&mut |c| {
+                    if skip >= c.len() {
+                        skip -= c.len();
+                    } else {
+                        rest.extend_from_slice(&c[skip..]);
+                        skip = 0;
+                    }
+                    true
+                });
+            }
+            skip = 0;
+        }
+        self.queue.clear();
+        self.offset = 0;
+        self.unbuffered = 0;
+        (keys, rest)
+    }
+}
+
+/// A connection closed by this side, finishing its last frame and its
+/// CLOSE frame, then draining the peer until end of stream.
+pub(crate) struct Lingering {
+    pub(crate) stream: Arc<TcpStream>,
+    pub(crate) source: SourceId,
+    pending: Vec<u8>,
+    written: usize,
+    shut: bool,
+    pub(crate) deadline: Instant,
+}
+
+/// Reads per event while draining a lingering connection.
+const MAX_DRAIN_READS: usize = 64;
+
+/// What a lingering connection needs next.
+pub(crate) enum LingerStatus {
+    /// Waiting for the socket.
+    Waiting,
+    /// The read budget is used up; drain again soon.
+    More,
+    /// Finished: deregister and close it.
+    Done,
+}
+
+impl Lingering {
+    pub(crate) fn new(
+        stream: Arc<TcpStream>,
+        source: SourceId,
+        pending: Vec<u8>,
+        deadline: Instant,
+    ) -> Self {
+        Self {
+            stream,
+            source,
+            pending,
+            written: 0,
+            shut: false,
+            deadline,
+        }
+    }
+
+    /// Writes what is pending, shuts down the sending direction, then reads
+    /// and discards until end of stream.
+    pub(crate) fn progress(&mut self) -> LingerStatus {
+        while self.written < self.pending.len() {
+            match (&*self.stream).write(&self.pending[self.written..]) {
+                Ok(0) => return LingerStatus::Done,
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return LingerStatus::Waiting,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return LingerStatus::Done,
+            }
+        }
+        if !self.shut {
+            self.shut = true;
+            self.pending = Vec::new();
+            if self.stream.shutdown(std::net::Shutdown::Write).is_err() {
+                return LingerStatus::Done;
+            }
+        }
+        let mut sink = [0u8; 4096];
+        for _ in 0..MAX_DRAIN_READS {
+            match (&*self.stream).read(&mut sink) {
+                Ok(0) => return LingerStatus::Done,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return LingerStatus::Waiting,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return LingerStatus::Done,
+            }
+        }
+        LingerStatus::More
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(bytes: &[u8], key: u64) -> Out {
+        Out::data(
+            DataPrefix::new(&[], bytes.len()).unwrap(),
+            Payload::Copy(bytes.to_vec()),
+            key,
+            true,
+        )
+    }
+
+    #[test]
+    fn fill_iov_skips_written_bytes_and_stops_when_full() {
+        let mut q = VecDeque::new();
+        q.push_back(data(b"abc", 1));
+        q.push_back(data(b"de", 2));
+        let mut iov = [IoSlice::new(&[]); 8];
+        let n = fill_iov(&q, 9, &mut iov);
+        let got: Vec<&[u8]> = iov[..n].iter().map(|s| &**s).collect();
+        assert_eq!(got[0], b"bc");
+        assert_eq!(got[1].len(), 8);
+        assert_eq!(got[2], b"de");
+        assert_eq!(n, 3);
+        let mut small = [IoSlice::new(&[]); 2];
+        assert_eq!(fill_iov(&q, 0, &mut small), 2);
+    }
+}
