@@ -60,7 +60,7 @@
 //! - **Time.** Every operation returns at once; every outcome is an event on
 //!   the virtual clock, dispatched later by whoever drives the world
 //!   ([`Sim::step`], [`Sim::run_for`], [`Sim::run_until`],
-//!   [`Sim::run_until_idle`], or [`SimLoop::run`]). Handlers are never
+//!   [`Sim::run_until_idle`], or [`SimLoop`]'s `run`). Handlers are never
 //!   called from inside a backend call nor with the world locked, so they
 //!   may call back into any backend, close, fire signals.
 //! - **Links.** Each direction between two hosts has a latency, a
@@ -254,7 +254,7 @@ impl Default for Sim {
 
 impl Sim {
     /// The seed [`Sim::new`] uses when `NETIO_SIM_SEED` is not set.
-    pub const DEFAULT_SEED: u64 = 0x5EED_0F_5EED;
+    pub const DEFAULT_SEED: u64 = 0x5EED_5EED_5EED;
 
     /// A world seeded with `NETIO_SIM_SEED` if set, else
     /// [`Sim::DEFAULT_SEED`].
@@ -432,7 +432,7 @@ impl Sim {
             if cond() {
                 return true;
             }
-            if !self.world().next_at().is_some_and(|t| t <= deadline) {
+            if self.world().next_at().is_none_or(|t| t > deadline) {
                 let mut w = self.world();
                 w.sched.now = w.sched.now.max(deadline);
                 drop(w);
@@ -458,8 +458,10 @@ impl Sim {
         w.has_work()
     }
 
-    /// Records one line per event from now on ("<virtual ns> <host> <event>"),
-    /// or stops recording. Recording is off at first.
+    /// Records one line per event from now on, or stops recording.
+    /// Recording is off at first. A line reads `<virtual ns> <host> <event>`,
+    /// for example `21213 127.0.0.2 b1 established 127.0.0.1:61301 caps=rb-c`
+    /// (`b1` is the host's backend number in the world).
     pub fn enable_trace(&self, on: bool) {
         let mut w = self.world();
         match (on, w.sched.trace.is_some()) {

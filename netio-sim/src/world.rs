@@ -818,6 +818,15 @@ impl World {
         s.state = SideState::Gone;
         s.unbuffered = 0;
         let (b, host, local, remote) = (s.backend, s.host, s.local, s.remote);
+        // Nothing more arrives here: stop waiting for this side's buffers.
+        if let Some(pool) = s.recv.as_ref().map(|p| p.id) {
+            if let Some(w) = self.blocked.get_mut(&pool) {
+                w.remove(&(conn, 1 - side));
+                if w.is_empty() {
+                    self.blocked.remove(&pool);
+                }
+            }
+        }
         let keys: Vec<u64> = c.pipes[side].queue.drain(..).map(|m| m.key).collect();
         let all_gone = c.sides.iter().all(|s| {
             s.as_ref()
@@ -897,6 +906,7 @@ impl World {
         if !matches!(tx.state, SideState::Open) || !matches!(rx.state, SideState::Open) || cut {
             return; // resumed by establishment or heal, or purged by close
         }
+        c.pipes[dir].blocked = false;
         let (tx_b, tx_remote, rx_b, rx_remote) = (tx.backend, tx.remote, rx.backend, rx.remote);
         let Some(pool) = rx.recv.clone() else {
             if !c.pipes[dir].queue.is_empty() {
@@ -912,10 +922,7 @@ impl World {
             return;
         };
         let mut done = Vec::new();
-        loop {
-            let Some(head) = c.pipes[dir].queue.front() else {
-                break;
-            };
+        while let Some(head) = c.pipes[dir].queue.front() {
             if head.arrival > now {
                 let at = head.arrival;
                 Self::kick(&mut self.sched, conn, c, dir, at);
@@ -1388,15 +1395,15 @@ impl World {
         let start = now.max(link.free_at);
         link.free_at = start.saturating_add(tx);
         let c = self.conns.get_mut(&conn).expect("exists");
+        let s = c.sides[side].as_mut().expect("open side");
+        if !matches!(body, Body::Buffer(_)) {
+            s.unbuffered += 1;
+        }
+        let (host, remote, b) = (s.host, s.remote, s.backend);
         let p = &mut c.pipes[side];
         let arrival = (start.saturating_add(tx).saturating_add(lat)).max(p.last_arrival);
         p.last_arrival = arrival;
         p.queue.push_back(Msg { key, arrival, body });
-        let s = c.sides[side].as_mut().expect("open side");
-        if !matches!(p.queue.back().map(|m| &m.body), Some(Body::Buffer(_))) {
-            s.unbuffered += 1;
-        }
-        let (host, remote, b) = (s.host, s.remote, s.backend);
         if !p.blocked {
             Self::kick(&mut self.sched, conn, c, side, arrival);
         }
@@ -1504,10 +1511,15 @@ impl World {
                 }
             }
         }
-        let held = std::mem::take(&mut self.held);
-        let (release, keep): (Vec<Held>, Vec<Held>) = held
-            .into_iter()
-            .partition(|h| self.conns.get(&h.conn).is_some_and(|c| c.between(a, b)));
+        let mut release = Vec::new();
+        let mut keep = Vec::new();
+        for h in std::mem::take(&mut self.held) {
+            match self.conns.get(&h.conn) {
+                Some(c) if c.between(a, b) => release.push(h),
+                Some(_) => keep.push(h),
+                None => {} // the connection is gone: nobody to tell
+            }
+        }
         self.held = keep;
         for h in release {
             self.send_ctrl(h.conn, h.to, h.pkt);

@@ -85,8 +85,8 @@ impl Arbitrary for Op {
     fn arbitrary(g: &mut Gen) -> Self {
         let client = usize::from(u8::arbitrary(g)) % CLIENTS;
         let host = usize::from(u8::arbitrary(g)) % (CLIENTS + 1);
-        match u8::arbitrary(g) % 50 {
-            0..=24 => Op::Send {
+        match u8::arbitrary(g) % 100 {
+            0..=49 => Op::Send {
                 client,
                 to_server: bool::arbitrary(g),
                 mode: *g
@@ -97,18 +97,18 @@ impl Arbitrary for Op {
                 len: usize::from(u8::arbitrary(g)) % 60,
                 echo: bool::arbitrary(g),
             },
-            25..=26 => Op::Close {
+            50..=53 => Op::Close {
                 client,
                 by_server: bool::arbitrary(g),
             },
-            27..=30 => Op::Reconnect { client },
-            31..=39 => Op::Run {
+            54..=60 => Op::Reconnect { client },
+            61..=79 => Op::Run {
                 micros: u64::from(u16::arbitrary(g)) % 3_000,
             },
-            40..=41 => Op::Reset { client },
-            42..=43 => Op::Partition { client },
-            44..=45 => Op::Heal { client },
-            46 => Op::Crash { host },
+            80..=83 => Op::Reset { client },
+            84..=87 => Op::Partition { client },
+            88..=91 => Op::Heal { client },
+            92 => Op::Crash { host },
             _ => Op::Slow {
                 host,
                 micros: u64::from(u16::arbitrary(g)) % 400,
@@ -341,6 +341,8 @@ impl Handler<SimBackend> for Probe {
     }
 }
 
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+static OPS: AtomicUsize = AtomicUsize::new(0);
 static DELIVERED: AtomicUsize = AtomicUsize::new(0);
 static CANCELLED: AtomicUsize = AtomicUsize::new(0);
 static COMPLETED: AtomicUsize = AtomicUsize::new(0);
@@ -352,6 +354,8 @@ fn params(region: &MemoryRegion) -> ConnectionParams {
 }
 
 fn conserves(s: Scenario) -> TestResult {
+    RUNS.fetch_add(1, Ordering::Relaxed);
+    OPS.fetch_add(s.ops.len(), Ordering::Relaxed);
     let sim = Sim::with_seed(s.seed);
     let model: Shared = Arc::default();
     let mut backends = Vec::new();
@@ -490,6 +494,7 @@ fn conserves(s: Scenario) -> TestResult {
 #[test]
 fn random_operations_and_faults_conserve_messages() {
     QuickCheck::new()
+        .rng(Gen::new(300))
         .tests(200)
         .max_tests(200)
         .quickcheck(conserves as fn(Scenario) -> TestResult);
@@ -498,7 +503,11 @@ fn random_operations_and_faults_conserve_messages() {
         COMPLETED.load(Ordering::Relaxed),
         CANCELLED.load(Ordering::Relaxed),
     );
-    println!("over 200 scenarios: {d} delivered, {c} completed, {k} cancelled");
+    println!(
+        "{} scenarios, {} operations: {d} delivered, {c} completed, {k} cancelled",
+        RUNS.load(Ordering::Relaxed),
+        OPS.load(Ordering::Relaxed)
+    );
     assert!(d > 1000 && k > 100, "the scenarios exercise too little");
 }
 
