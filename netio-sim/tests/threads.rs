@@ -1,0 +1,145 @@
+//! The loop drives the world from any thread, thread-unsafe backends keep
+//! to the driver thread, and misuse fails with advice.
+
+mod common;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{connect, listen, node};
+use netio_conformance::{full_params, Event};
+use netio_core::{Backend, BackendConfig, EventLoop, SendError, Signal, ThreadSafety};
+use netio_sim::{Sim, SimBackend};
+
+#[test]
+fn loop_run_drives_every_host_and_waits_for_other_threads_when_idle() {
+    let sim = Sim::with_seed(31);
+    // The server stops its loop when "bye" arrives.
+    let server = node(
+        &sim,
+        BackendConfig::default(),
+        Some(Box::new(|b: &SimBackend, e: &Event| {
+            if let Event::Data { data, .. } = e {
+                if data == b"bye" {
+                    b.event_loop().stop();
+                }
+            }
+        })),
+    );
+    let client = node(&sim, BackendConfig::default(), None);
+    let addr = listen(&server, full_params(64, 4));
+    let lp = server.host.event_loop().clone();
+    let (ready, wait_ready) = mpsc::channel();
+    let runner = std::thread::spawn(move || {
+        lp.run(|| {
+            assert!(lp.on_loop_thread(), "init runs on the loop thread");
+            ready.send(()).unwrap();
+        });
+    });
+    wait_ready.recv_timeout(Duration::from_secs(10)).unwrap();
+    // The world is idle and the runner blocked; calls from here wake it.
+    client
+        .b
+        .open_active_endpoint(addr, full_params(64, 4))
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while client.log.established().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "never established");
+        std::thread::yield_now();
+    }
+    client.b.send_data_copy(addr, &[b"bye"], &[], 1).unwrap();
+    runner.join().expect("run returned after stop");
+    assert_eq!(server.log.data().len(), 1);
+    assert!(!server.host.event_loop().on_loop_thread());
+}
+
+#[test]
+fn thread_unsafe_backends_accept_calls_from_the_driver_thread_only() {
+    let sim = Sim::with_seed(32);
+    let unsafe_cfg = BackendConfig::with_thread_safety(ThreadSafety::Unsafe);
+    let server = node(&sim, unsafe_cfg.clone(), None);
+    let client = node(&sim, unsafe_cfg, None);
+    let addr = listen(&server, full_params(64, 4));
+    // This thread created the world and drives it: calls work.
+    connect(&sim, &server, &client, addr, full_params(64, 4));
+    client.b.send_data_copy(addr, &[b"ok"], &[], 1).unwrap();
+    let b = client.b.clone();
+    let off = std::thread::spawn(move || b.send_data_copy(addr, &[b"no"], &[], 2))
+        .join()
+        .unwrap();
+    assert!(matches!(off, Err(SendError::WrongThread)), "{off:?}");
+    // Another thread that steps the world becomes the driver.
+    let (s2, b2) = (sim.clone(), client.b.clone());
+    let there = std::thread::spawn(move || {
+        s2.step();
+        b2.send_data_copy(addr, &[b"there"], &[], 3)
+    })
+    .join()
+    .unwrap();
+    assert!(there.is_ok(), "{there:?}");
+    let here = client.b.send_data_copy(addr, &[b"here"], &[], 4);
+    assert!(matches!(here, Err(SendError::WrongThread)), "{here:?}");
+}
+
+#[test]
+fn stepping_from_inside_a_callback_panics_with_advice() {
+    let sim = Sim::with_seed(33);
+    let lp = sim.next_host().event_loop().clone();
+    let s2 = sim.clone();
+    let sig = lp.signal(move || {
+        s2.step();
+    });
+    sig.fire();
+    let err = std::panic::catch_unwind(AssertUnwindSafe(|| sim.step())).unwrap_err();
+    let msg = err
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(
+        msg.contains("drive the simulation from outside callbacks"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn signals_and_timers_run_on_virtual_time() {
+    use netio_core::Timer;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let sim = Sim::with_seed(34);
+    let lp = sim.next_host().event_loop().clone();
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let t2 = ticks.clone();
+    let timer = lp.timer(move || {
+        t2.fetch_add(1, Ordering::SeqCst);
+    });
+    timer.start(Duration::from_secs(1));
+    sim.run_for(Duration::from_secs(3600));
+    assert_eq!(
+        ticks.load(Ordering::SeqCst),
+        3600,
+        "an hour of one-second ticks"
+    );
+    timer.stop();
+    sim.run_for(Duration::from_secs(10));
+    assert_eq!(ticks.load(Ordering::SeqCst), 3600);
+    let fired = Arc::new(AtomicUsize::new(0));
+    let f2 = fired.clone();
+    let sig = lp.signal(move || {
+        f2.fetch_add(1, Ordering::SeqCst);
+    });
+    let (a, b) = (sig.clone(), sig.clone());
+    std::thread::spawn(move || (0..5).for_each(|_| a.fire()))
+        .join()
+        .unwrap();
+    b.fire();
+    assert_eq!(sim.run_until_idle(100), 6, "one event per fire");
+    assert_eq!(fired.load(Ordering::SeqCst), 6);
+    // Fires not yet run when the last handle drops are discarded.
+    sig.fire();
+    drop((sig, b));
+    sim.run_until_idle(100);
+    assert_eq!(fired.load(Ordering::SeqCst), 6);
+}
