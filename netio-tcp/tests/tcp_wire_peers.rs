@@ -1,0 +1,285 @@
+//! The backend against hand-written peers on plain std sockets: a peer that
+//! follows docs/wire-format.md byte by byte interoperates; foreign,
+//! mismatched, silent and hostile peers are turned away without a panic and
+//! without unbounded memory.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener as StdListener, TcpStream as StdStream};
+use std::time::Duration;
+
+use common::{wait_until, Ev, Recorder, Running, Side};
+use netio_core::{
+    Backend, BackendConfig, CloseReason, ConnectionParams, EndpointAddress, RefuseReason,
+};
+use netio_tcp::wire::{CloseCode, CloseFrame, DataPrefix, Handshake};
+use netio_tcp::TcpConfig;
+
+fn raw_connect(addr: EndpointAddress) -> StdStream {
+    let s = StdStream::connect(addr.socket_addr()).expect("raw connect");
+    s.set_read_timeout(Some(common::DEADLINE)).unwrap();
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+fn read_n(s: &mut StdStream, n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b).expect("read");
+    b
+}
+
+/// Reads until end of stream (or a reset); returns what arrived.
+fn read_to_end(s: &mut StdStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    for _ in 0..100_000 {
+        match s.read(&mut buf) {
+            Ok(0) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return out,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    panic!("no end of stream");
+}
+
+fn listening_side(
+    rt: &Running,
+    tcp: TcpConfig,
+    params: ConnectionParams,
+) -> (Side, EndpointAddress) {
+    let side = Side::with(&rt.lp, BackendConfig::default(), tcp, Recorder::default());
+    let addr = side
+        .b
+        .open_listen_endpoint(EndpointAddress::localhost(0), params)
+        .unwrap();
+    (side, addr)
+}
+
+#[test]
+fn a_peer_written_from_the_document_interoperates() {
+    let rt = Running::start();
+    let (server, addr) = listening_side(
+        &rt,
+        TcpConfig::default(),
+        ConnectionParams::receive(1024, 4),
+    );
+    let mut raw = raw_connect(addr);
+    // The backend's handshake: version 1, max_message 1024.
+    assert_eq!(
+        read_n(&mut raw, 16),
+        [0x4e, 0x54, 0x49, 0x4f, 1, 0, 16, 0, 0, 0, 0, 0, 0, 4, 0, 0]
+    );
+    // Ours, then one message with header "hdr" and payload "hello".
+    raw.write_all(&[0x4e, 0x54, 0x49, 0x4f, 1, 0, 16, 0, 0, 0, 0, 0, 0, 0, 1, 0])
+        .unwrap();
+    raw.write_all(&[
+        1, 0, 0, 0, 8, 0, 0, 0, b'h', b'd', b'r', b'h', b'e', b'l', b'l', b'o',
+    ])
+    .unwrap();
+    assert!(wait_until(|| server.data() == vec![b"hdrhello".to_vec()]));
+    let peer = server.first_remote().unwrap();
+    assert_eq!(peer.socket_addr(), raw.local_addr().unwrap());
+
+    server
+        .b
+        .send_data_copy(peer, &[b"hello"], b"hdr", 1)
+        .unwrap();
+    assert_eq!(
+        read_n(&mut raw, 16),
+        [1, 0, 0, 0, 8, 0, 0, 0, b'h', b'd', b'r', b'h', b'e', b'l', b'l', b'o']
+    );
+    // An orderly close: a CLOSE frame (code 0), then end of stream.
+    server.b.close_active_endpoint(peer).unwrap();
+    let rest = read_to_end(&mut raw);
+    assert!(rest.len() >= 10, "{rest:?}");
+    assert_eq!(&rest[..4], &[2, 0, 0, 0]);
+    let body_len = u32::from_le_bytes(rest[4..8].try_into().unwrap()) as usize;
+    assert_eq!(rest.len(), 8 + body_len);
+    assert_eq!(u16::from_le_bytes([rest[8], rest[9]]), 0);
+    assert!(wait_until(
+        || server.has(|e| matches!(e, Ev::Closed(_, CloseReason::Local, _)))
+    ));
+}
+
+#[test]
+fn a_close_frame_from_the_peer_is_peer_closed() {
+    let rt = Running::start();
+    let (server, addr) =
+        listening_side(&rt, TcpConfig::default(), ConnectionParams::receive(64, 1));
+    let mut raw = raw_connect(addr);
+    let mut out = Handshake::new(0).encode().to_vec();
+    out.extend_from_slice(CloseFrame::new(CloseCode::Normal, "bye").as_bytes());
+    raw.write_all(&out).unwrap();
+    assert!(wait_until(|| server.has(|e| matches!(
+        e,
+        Ev::Closed(_, CloseReason::PeerClosed, _)
+    ))));
+    assert!(server.has(|e| matches!(e, Ev::Established(..))));
+}
+
+#[test]
+fn a_foreign_client_is_turned_away_silently() {
+    let rt = Running::start();
+    let (server, addr) =
+        listening_side(&rt, TcpConfig::default(), ConnectionParams::receive(64, 1));
+    let mut raw = raw_connect(addr);
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let got = read_to_end(&mut raw);
+    // At most the backend's own handshake, then the connection is gone.
+    assert!(got.len() <= 16);
+    assert!(server.events().is_empty(), "{:?}", server.events());
+}
+
+#[test]
+fn a_server_of_another_version_is_refused_with_the_reason() {
+    let rt = Running::start();
+    let client = Side::new(&rt.lp, BackendConfig::default());
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = EndpointAddress::from(listener.local_addr().unwrap());
+    client
+        .b
+        .open_active_endpoint(addr, ConnectionParams::receive(64, 1))
+        .unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    s.write_all(&[0x4e, 0x54, 0x49, 0x4f, 2, 0, 16, 0]).unwrap();
+    assert!(wait_until(|| client.has(|e| matches!(
+        e,
+        Ev::Refused(r, RefuseReason::Handshake(why)) if *r == addr && why.contains("version 2")
+    ))));
+    assert!(!client.has(|e| matches!(e, Ev::Established(..))));
+}
+
+#[test]
+fn an_oversized_length_closes_before_any_body_is_read() {
+    let rt = Running::start();
+    let (server, addr) = listening_side(
+        &rt,
+        TcpConfig::default(),
+        ConnectionParams::receive(4096, 2),
+    );
+    let mut raw = raw_connect(addr);
+    let mut out = Handshake::new(0).encode().to_vec();
+    out.extend_from_slice(&[1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+    raw.write_all(&out).unwrap();
+    let too_large = CloseReason::MessageTooLarge {
+        size: u64::from(u32::MAX),
+        limit: 4096,
+    };
+    assert!(wait_until(|| server.has(
+        |e| matches!(e, Ev::Closed(_, why, _) if *why == too_large)
+    )));
+    let got = read_to_end(&mut raw);
+    // The backend's handshake, then a CLOSE frame with code 1.
+    assert_eq!(&got[16..20], &[2, 0, 0, 0]);
+    assert_eq!(u16::from_le_bytes([got[24], got[25]]), 1);
+}
+
+#[test]
+fn an_unknown_frame_type_is_a_protocol_error() {
+    let rt = Running::start();
+    let (server, addr) =
+        listening_side(&rt, TcpConfig::default(), ConnectionParams::receive(64, 1));
+    let mut raw = raw_connect(addr);
+    let mut out = Handshake::new(0).encode().to_vec();
+    out.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
+    raw.write_all(&out).unwrap();
+    assert!(wait_until(|| server.has(
+        |e| matches!(e, Ev::Closed(_, CloseReason::Protocol(why), _) if why.contains("frame type"))
+    )));
+    let got = read_to_end(&mut raw);
+    assert_eq!(u16::from_le_bytes([got[24], got[25]]), 2);
+}
+
+#[test]
+fn a_peer_that_vanishes_is_a_reset() {
+    let rt = Running::start();
+    let (server, addr) =
+        listening_side(&rt, TcpConfig::default(), ConnectionParams::receive(64, 1));
+    let mut raw = raw_connect(addr);
+    let mut out = Handshake::new(0).encode().to_vec();
+    // A frame cut short, then end of stream.
+    out.extend_from_slice(&[1, 0, 0, 0, 10, 0, 0, 0, 1, 2]);
+    raw.write_all(&out).unwrap();
+    assert!(wait_until(
+        || server.has(|e| matches!(e, Ev::Established(..)))
+    ));
+    drop(raw);
+    assert!(wait_until(
+        || server.has(|e| matches!(e, Ev::Closed(_, CloseReason::Reset, _)))
+    ));
+    assert!(server.data().is_empty());
+}
+
+#[test]
+fn silent_peers_are_given_up_after_the_handshake_timeout() {
+    let rt = Running::start();
+    let tcp = TcpConfig {
+        handshake_timeout: Duration::from_millis(200),
+        ..TcpConfig::default()
+    };
+    // A client that never sends its handshake.
+    let (server, addr) = listening_side(&rt, tcp.clone(), ConnectionParams::receive(64, 1));
+    let mut raw = raw_connect(addr);
+    let got = read_to_end(&mut raw);
+    assert_eq!(got.len(), 16);
+    assert!(server.events().is_empty());
+
+    // A server that accepts but never answers.
+    let client = Side::with(&rt.lp, BackendConfig::default(), tcp, Recorder::default());
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let target = EndpointAddress::from(listener.local_addr().unwrap());
+    client
+        .b
+        .open_active_endpoint(target, ConnectionParams::receive(64, 1))
+        .unwrap();
+    let (_held, _) = listener.accept().unwrap();
+    assert!(wait_until(|| client.has(
+        |e| matches!(e, Ev::Refused(r, RefuseReason::Handshake(_)) if *r == target)
+    )));
+}
+
+#[test]
+fn random_bytes_after_the_handshake_never_break_the_backend() {
+    let rt = Running::start();
+    let (server, addr) = listening_side(
+        &rt,
+        TcpConfig {
+            read_buffer_size: 1024,
+            ..TcpConfig::default()
+        },
+        ConnectionParams::receive(4096, 2),
+    );
+    // A small deterministic generator (xorshift).
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..20 {
+        let mut raw = raw_connect(addr);
+        let mut out = Handshake::new(0).encode().to_vec();
+        // Some valid messages first, then noise.
+        for i in 0..(next() % 5) {
+            let len = (next() % 5000) as usize;
+            out.extend_from_slice(DataPrefix::new(&[], len).unwrap().as_bytes());
+            out.extend((0..len).map(|j| (i as usize + j) as u8));
+        }
+        for _ in 0..(next() % 3000) {
+            out.push(next() as u8);
+        }
+        // The backend may close while we write: ignore write errors.
+        let _ = raw.write_all(&out);
+        drop(raw);
+        assert!(
+            wait_until(|| server.count(|e| matches!(e, Ev::Closed(..))) == round + 1),
+            "round {round}: {:?}",
+            server.events()
+        );
+    }
+    assert!(server.data().iter().all(|d| d.len() < 5000));
+}
