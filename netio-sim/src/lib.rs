@@ -63,6 +63,12 @@
 //!   [`Sim::run_until_idle`], or [`SimLoop`]'s `run`). Handlers are never
 //!   called from inside a backend call nor with the world locked, so they
 //!   may call back into any backend, close, fire signals.
+//! - **Connections** open with TCP's three-way handshake: the initiator is
+//!   established one round trip after `open_active_endpoint`, the acceptor
+//!   one latency later. Nothing listening, or a refusing host, answers with
+//!   a refusal (`Refused`); a missing, crashed or partitioned host does not
+//!   answer, and the attempt gives up after [`CONNECT_TIMEOUT`]
+//!   (`Unreachable`).
 //! - **Links.** Each direction between two hosts has a latency, a
 //!   bandwidth (messages are serialised one after another) and a small
 //!   random jitter ([`LinkConfig`], [`Sim::set_link`]). Messages of one
@@ -73,16 +79,27 @@
 //!   receive buffer; until then the sender's buffer or queue slot stays in
 //!   flight. A busy receiver therefore pushes back: senders see
 //!   `get_buffer` = `None` and `SendError::NoResources`.
+//! - **Closing.** The closing side reports `Local` at once (as an event),
+//!   the peer `PeerClosed` one latency later; each side's unfinished sends
+//!   are cancelled and never delivered. A message larger than the
+//!   receiver's buffer closes the connection (`MessageTooLarge` at the
+//!   receiver, `PeerClosed` at the sender), as does a message to a side
+//!   without receive buffers (`Protocol`).
 //! - **Faults**, first-class and reported through the normal callbacks:
 //!   [`Sim::refuse_connections`], [`Sim::reset_connections`],
 //!   [`Sim::partition`] / [`Sim::heal`], [`Sim::crash`],
 //!   [`Sim::slow_receiver`].
-//! - **Threads.** The world sits behind one mutex. The *driver thread* is
-//!   the thread currently (or last) driving it, initially the one that
+//! - **Threads.** The world sits behind one mutex, and one event with its
+//!   callbacks runs at a time, whoever drives. The *driver thread* is the
+//!   thread currently (or last) driving the world, initially the one that
 //!   created the [`Sim`]; a backend created with
 //!   [`ThreadSafety::Unsafe`](netio_core::ThreadSafety::Unsafe) refuses
-//!   calls from any other thread with `WrongThread`. Thread-safe backends
-//!   accept calls from every thread; such a call only queues work.
+//!   calls from any other thread with `WrongThread`, so a test thread that
+//!   steps the world may call it between steps.
+//!   [`EventLoop::on_loop_thread`](netio_core::EventLoop::on_loop_thread) is
+//!   stricter: it holds only while the thread is inside `run` or a
+//!   callback. Thread-safe backends accept calls from every thread; such a
+//!   call only queues work.
 //!
 //! # Seeds
 //!

@@ -513,12 +513,9 @@ impl World {
         self.hosts.get_mut(&ip).expect("just ensured")
     }
 
-    fn host_up(&self, ip: IpAddr) -> bool {
-        self.hosts.get(&ip).is_some_and(|h| !h.crashed)
-    }
-
+    /// The host exists and has not crashed.
     pub(crate) fn host_alive(&self, ip: IpAddr) -> bool {
-        self.host_up(ip)
+        self.hosts.get(&ip).is_some_and(|h| !h.crashed)
     }
 
     fn pick_port(&mut self, ip: IpAddr) -> Option<u16> {
@@ -996,7 +993,7 @@ impl World {
     /// host's slow-receiver delay.
     pub(crate) fn recv_done(&mut self, host: IpAddr, buf: NetworkBuffer, pool: PoolId) {
         let slow = self.hosts.get(&host).map_or(0, |h| h.slow);
-        if slow > 0 && self.host_up(host) {
+        if slow > 0 && self.host_alive(host) {
             let at = self.sched.now + slow;
             self.sched.schedule(at, Ev::Release { buf, pool });
         } else {
@@ -1038,7 +1035,7 @@ impl World {
             address: addr,
             source: failed(kind, msg),
         };
-        if !self.host_up(ip) {
+        if !self.host_alive(ip) {
             return Err(fail(
                 io::ErrorKind::NotConnected,
                 format!("simulated host {ip} has crashed"),
@@ -1125,7 +1122,7 @@ impl World {
         if be.endpoints.contains_key(&addr) {
             return Err(OpenActiveError::ActiveEndpointAlreadyExists(addr));
         }
-        if !self.host_up(ip) {
+        if !self.host_alive(ip) {
             return Err(OpenActiveError::FailedOpenActiveEndpoint {
                 address: addr,
                 source: failed(
