@@ -144,11 +144,13 @@ impl<H: Harness> Ctx<H> {
         params: ConnectionParams,
     ) -> EndpointAddress {
         let before = server.log.established().len();
+        let count_to = |log: &Log| log.established().iter().filter(|e| e.0 == listen).count();
+        let client_before = count_to(&client.log);
         self.call(client, move |b| b.open_active_endpoint(listen, params))
             .unwrap_or_else(|e| panic!("connecting to {listen} failed: {e}"));
         let (slog, clog) = (server.log.clone(), client.log.clone());
         self.wait("the connection is established on both sides", || {
-            clog.established_with(listen).is_some() && slog.established().len() > before
+            count_to(&clog) > client_before && slog.established().len() > before
         });
         server.log.established()[before].0
     }
