@@ -109,10 +109,11 @@
 //!
 //! The part of signals that threads share (pending-fire counts, the ready
 //! queue, the wake-up flag) uses the crate's `sync` shims and is
-//! model-checked with loom:
+//! model-checked with loom (the models bound preemptions to 3 per execution
+//! unless `LOOM_MAX_PREEMPTIONS` says otherwise, and finish in seconds):
 //!
 //! ```text
-//! LOOM_MAX_PREEMPTIONS=2 RUSTFLAGS="--cfg loom" cargo test -p netio-core --release --lib loom
+//! RUSTFLAGS="--cfg loom" cargo test -p netio-core --release --lib loom
 //! ```
 //!
 //! Under `--cfg loom` only that part is compiled; the mio loop is not.

@@ -15,8 +15,11 @@
 //! The model checks live at the bottom of this file; run them with
 //!
 //! ```text
-//! LOOM_MAX_PREEMPTIONS=2 RUSTFLAGS="--cfg loom" cargo test -p netio-core --release --lib loom
+//! RUSTFLAGS="--cfg loom" cargo test -p netio-core --release --lib loom
 //! ```
+//!
+//! (preemptions are bounded to 3 per execution unless `LOOM_MAX_PREEMPTIONS`
+//! is set).
 #![cfg_attr(loom, allow(dead_code))]
 
 use std::collections::VecDeque;
@@ -212,21 +215,32 @@ mod tests {
 
 #[cfg(all(test, loom))]
 mod loom_tests {
-    //! Models of the loop thread sleeping on a waker while other threads
-    //! fire. The waker is an eventfd stand-in: a counter under a mutex with
-    //! a condition variable; reading it resets it. A lost wake-up leaves the
-    //! loop asleep forever, which loom reports as a deadlock.
+    //! Models of the loop thread sleeping on its waker while other threads
+    //! fire. The waker is an eventfd stand-in, loom's `Notify` (one stored
+    //! permit, consumed by `wait`). A lost wake-up leaves the loop asleep
+    //! forever, which loom reports as a deadlock.
 
     use super::*;
-    use loom::sync::Condvar;
+    use loom::sync::Notify;
+
+    /// Runs `f` under loom, by default with at most three preemptions per
+    /// execution (`LOOM_MAX_PREEMPTIONS` overrides it) so a model takes
+    /// seconds.
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut builder = loom::model::Builder::new();
+        if builder.preemption_bound.is_none() {
+            builder.preemption_bound = Some(3);
+        }
+        builder.check(f);
+    }
+
+    type Core = Arc<SignalCore<AtomicUsize>>;
 
     /// What the firing threads and the loop share.
     struct World {
         queue: SignalQueue<AtomicUsize>,
         flag: WakeFlag,
-        /// The eventfd stand-in: wake-ups written and not yet read.
-        waker: Mutex<usize>,
-        waker_cv: Condvar,
+        waker: Notify,
         /// Wake-ups ever written.
         wakes: AtomicUsize,
     }
@@ -236,44 +250,38 @@ mod loom_tests {
             Self {
                 queue: SignalQueue::new(),
                 flag: WakeFlag::new(),
-                waker: Mutex::new(0),
-                waker_cv: Condvar::new(),
+                waker: Notify::new(),
                 wakes: AtomicUsize::new(0),
             }
         }
 
-        /// `Signal::fire` as the real loop does it.
-        fn fire(&self, core: &Arc<SignalCore<AtomicUsize>>) {
+        /// `Signal::fire` as the real loop does it, from another thread.
+        fn fire(&self, core: &Core) {
             if core.mark_fired() {
                 self.queue.push(Arc::clone(core));
                 if self.flag.raise() {
                     self.wakes.fetch_add(1, Ordering::Relaxed);
-                    *lock(&self.waker) += 1;
-                    self.waker_cv.notify_one();
+                    self.waker.notify();
                 }
             }
         }
 
-        /// Blocks until a wake-up was written, then consumes all of them.
-        fn sleep(&self) {
-            let mut w = lock(&self.waker);
-            while *w == 0 {
-                w = self.waker_cv.wait(w).unwrap();
+        /// `Signal::fire` on the loop thread: the flag, no waker write (the
+        /// loop checks the flag before it sleeps).
+        fn fire_on_loop(&self, core: &Core) {
+            if core.mark_fired() {
+                self.queue.push(Arc::clone(core));
+                self.flag.raise();
             }
-            *w = 0;
         }
 
-        /// The loop thread: look, dispatch, sleep unless there is work, until
-        /// `total` callbacks ran. Returns the number of looks that found the
-        /// flag raised.
-        fn run_loop(
-            &self,
-            total: usize,
-            fire_inside: Option<&Arc<SignalCore<AtomicUsize>>>,
-        ) -> usize {
+        /// The loop thread: look, dispatch one pass, sleep unless there is
+        /// work, until `total` callbacks ran. `inside` is fired once from
+        /// inside the first callback. Returns the looks that found the flag
+        /// raised.
+        fn run_loop(&self, total: usize, mut inside: Option<&Core>) -> usize {
             let mut calls = 0;
             let mut raised_looks = 0;
-            let mut fired_inside = false;
             loop {
                 if self.flag.clear() {
                     raised_looks += 1;
@@ -284,64 +292,62 @@ mod loom_tests {
                     };
                     core.data().fetch_add(1, Ordering::Relaxed);
                     calls += 1;
-                    if let (Some(s), false) = (fire_inside, fired_inside) {
-                        fired_inside = true;
-                        self.fire(s);
+                    if let Some(s) = inside.take() {
+                        self.fire_on_loop(s);
                     }
                 }
+                assert!(calls <= total, "more callbacks than fires");
                 if calls == total {
                     return raised_looks;
                 }
-                assert!(calls < total, "more callbacks than fires");
                 if self.queue.is_empty() && !self.flag.is_raised() {
-                    self.sleep();
+                    self.waker.wait();
                 }
             }
         }
     }
 
-    /// Two threads fire one signal twice and once while the loop drains:
-    /// three callbacks, nothing lost, nothing doubled, at most one wake-up
-    /// written per look that consumed one.
+    fn signal() -> Core {
+        Arc::new(SignalCore::new(AtomicUsize::new(0)))
+    }
+
+    fn calls(core: &Core) -> usize {
+        core.data().load(Ordering::Relaxed)
+    }
+
+    /// Two threads fire one signal, twice and once, while the loop drains:
+    /// three callbacks, none lost, none doubled, and no more wake-ups written
+    /// than the loop consumed plus one.
     #[test]
     fn fires_from_two_threads_each_run_once() {
-        loom::model(|| {
+        model(|| {
             let world = Arc::new(World::new());
-            let sig = Arc::new(SignalCore::new(AtomicUsize::new(0)));
+            let sig = signal();
             let threads: Vec<_> = [2usize, 1]
                 .into_iter()
                 .map(|n| {
-                    let world = Arc::clone(&world);
-                    let sig = Arc::clone(&sig);
-                    loom::thread::spawn(move || {
-                        for _ in 0..n {
-                            world.fire(&sig);
-                        }
-                    })
+                    let (world, sig) = (Arc::clone(&world), Arc::clone(&sig));
+                    loom::thread::spawn(move || (0..n).for_each(|_| world.fire(&sig)))
                 })
                 .collect();
             let raised_looks = world.run_loop(3, None);
             for t in threads {
                 t.join().unwrap();
             }
-            assert_eq!(sig.data().load(Ordering::Relaxed), 3);
+            assert_eq!(calls(&sig), 3);
             assert_eq!(sig.pending(), 0);
             assert!(world.queue.is_empty());
-            // Each written wake-up needed the flag lowered: the initial state
-            // or a look that found it raised.
             assert!(world.wakes.load(Ordering::Relaxed) <= raised_looks + 1);
         });
     }
 
-    /// Two signals fired from two threads, one of them re-fired by the loop
-    /// thread from inside its callback: every fire runs exactly once per
-    /// signal.
+    /// Two signals fired from two threads, one of them fired again by the
+    /// loop thread from inside a callback: each fire runs exactly once.
     #[test]
     fn two_signals_and_a_fire_from_inside_a_callback() {
-        loom::model(|| {
+        model(|| {
             let world = Arc::new(World::new());
-            let a = Arc::new(SignalCore::new(AtomicUsize::new(0)));
-            let b = Arc::new(SignalCore::new(AtomicUsize::new(0)));
+            let (a, b) = (signal(), signal());
             let threads: Vec<_> = [Arc::clone(&a), Arc::clone(&b)]
                 .into_iter()
                 .map(|sig| {
@@ -353,9 +359,45 @@ mod loom_tests {
             for t in threads {
                 t.join().unwrap();
             }
-            assert_eq!(a.data().load(Ordering::Relaxed), 2);
-            assert_eq!(b.data().load(Ordering::Relaxed), 1);
+            assert_eq!((calls(&a), calls(&b)), (2, 1));
             assert_eq!(a.pending() + b.pending(), 0);
+        });
+    }
+
+    /// A signal removed by another thread while fires are pending: the loop
+    /// never runs more callbacks than fires, drops the signal from its
+    /// queue, and other signals keep working.
+    #[test]
+    fn removal_discards_pending_fires() {
+        model(|| {
+            let world = Arc::new(World::new());
+            let (a, b) = (signal(), signal());
+            world.fire(&a);
+            world.fire(&a);
+            let remover = {
+                let (world, a, b) = (Arc::clone(&world), Arc::clone(&a), Arc::clone(&b));
+                loom::thread::spawn(move || {
+                    a.remove();
+                    world.fire(&b);
+                })
+            };
+            // `b`'s callback is the last one: `a` runs 0 to 2 times before it.
+            let mut seen = 0;
+            while calls(&b) == 0 {
+                if world.flag.clear() || !world.queue.is_empty() {
+                    while let Some(core) = world.queue.take_one() {
+                        core.data().fetch_add(1, Ordering::Relaxed);
+                    }
+                } else {
+                    world.waker.wait();
+                }
+                seen += 1;
+                assert!(seen < 10);
+            }
+            remover.join().unwrap();
+            assert!(calls(&a) <= 2);
+            assert_eq!(calls(&b), 1);
+            assert!(world.queue.take_one().is_none());
         });
     }
 }
