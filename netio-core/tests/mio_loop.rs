@@ -693,10 +693,12 @@ fn no_fd_leak_after_drop() {
             })
         };
         let sig = {
-            let hits = Arc::clone(&hits);
+            let (hits, weak) = (Arc::clone(&hits), el.downgrade());
             el.signal(move || {
                 hits.fetch_add(1, Ordering::SeqCst);
                 timer.stop();
+                // A weak handle reaches the loop without keeping it alive.
+                assert!(weak.upgrade().unwrap().on_loop_thread());
             })
         };
         let _ = sig_cell.set(sig.clone());
@@ -707,6 +709,7 @@ fn no_fd_leak_after_drop() {
             })
             .unwrap();
         }
+        let weak = el.downgrade();
         let running = Running::start(&el);
         a.write_all(b"x").unwrap();
         sig.fire();
@@ -717,6 +720,7 @@ fn no_fd_leak_after_drop() {
         el.post(|| {});
         sig.fire();
         drop(el);
+        assert!(weak.upgrade().is_none(), "the loop is gone");
         sig.fire();
         drop(sig);
         drop((a, b));

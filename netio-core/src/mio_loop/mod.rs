@@ -105,7 +105,9 @@
 //!
 //! Signals and timers hold a weak reference to their loop; the loop's
 //! handles are the [`MioLoop`] clones. Dropping the last handle drops every
-//! callback the loop holds and closes its file descriptors.
+//! callback the loop holds and closes its file descriptors. A callback that
+//! needs the loop can capture a [`WeakMioLoop`] ([`MioLoop::downgrade`]) so
+//! the loop does not keep itself alive through it.
 //!
 //! The part of signals that threads share (pending-fire counts, the ready
 //! queue, the wake-up flag) uses the crate's `sync` shims and is
@@ -126,4 +128,4 @@ mod reactor;
 mod timers;
 
 #[cfg(not(loom))]
-pub use reactor::{LoopConfig, MioLoop, MioSignal, MioTimer, SourceId};
+pub use reactor::{LoopConfig, MioLoop, MioSignal, MioTimer, SourceId, WeakMioLoop};

@@ -52,10 +52,32 @@ pub struct SourceId(usize);
 /// closes its file descriptors; signals and timers that outlive it do
 /// nothing. A callback that captures a `MioLoop` handle keeps the loop
 /// alive until that callback is dropped (deregister the source, drop the
-/// signal or timer).
+/// signal or timer); capture a [`WeakMioLoop`] instead to avoid the cycle.
 #[derive(Clone)]
 pub struct MioLoop {
     handle: Arc<Handle>,
+}
+
+/// A handle to a [`MioLoop`] that does not keep it alive
+/// ([`MioLoop::downgrade`]); for callbacks stored in the loop itself.
+#[derive(Clone)]
+pub struct WeakMioLoop {
+    handle: Weak<Handle>,
+}
+
+impl WeakMioLoop {
+    /// The loop, unless its last [`MioLoop`] handle was dropped.
+    pub fn upgrade(&self) -> Option<MioLoop> {
+        self.handle.upgrade().map(|handle| MioLoop { handle })
+    }
+}
+
+impl fmt::Debug for WeakMioLoop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakMioLoop")
+            .field("alive", &(self.handle.strong_count() > 0))
+            .finish()
+    }
 }
 
 /// Owned by the `MioLoop` handles only: dropping the last one shuts the loop
@@ -212,6 +234,15 @@ impl MioLoop {
     pub fn is_running(&self) -> bool {
         self.inner().running_on.load(Ordering::Acquire) != 0
     }
+
+    /// A handle that does not keep the loop alive: what a callback stored
+    /// in this loop should capture to reach the loop without a reference
+    /// cycle.
+    pub fn downgrade(&self) -> WeakMioLoop {
+        WeakMioLoop {
+            handle: Arc::downgrade(&self.handle),
+        }
+    }
 }
 
 fn unknown_source(id: SourceId) -> io::Error {
@@ -231,7 +262,9 @@ impl EventLoop for MioLoop {
     ///
     /// When the loop is already running (on another thread, or `run` called
     /// from one of its callbacks), and when epoll fails (not for `EINTR`).
-    /// A panic in a callback propagates; the loop can be run again after.
+    /// A panic in a callback propagates out of `run`; that callback is
+    /// dropped (its source, signal or timer stays registered but silent) and
+    /// the loop can be run again.
     fn run<F: FnOnce()>(&self, init: F) {
         let inner = self.inner();
         let state = {
