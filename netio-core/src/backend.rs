@@ -143,8 +143,16 @@ forward_backend!(&T, Box<T>, std::sync::Arc<T>);
 /// Generic application code names a provider to get both its backend and
 /// its loop (for signals and timers):
 ///
-/// ```ignore
-/// fn app<P: Provider>(lp: &P::Loop) { let b = P::create(lp, cfg, MyHandler)?; … }
+/// ```
+/// use netio_core::{Backend, BackendConfig, CreateError, EventLoop, NoopHandler, Provider, Signal};
+///
+/// fn app<P: Provider>(lp: &P::Loop) -> Result<P::Backend, CreateError> {
+///     let backend = P::create(lp, BackendConfig::default(), NoopHandler)?;
+///     // Signals and timers come from the same loop the backend runs on.
+///     let tick = lp.signal(|| println!("tick"));
+///     tick.fire();
+///     Ok(backend)
+/// }
 /// ```
 pub trait Provider {
     /// The event loop backends of this provider run on.
