@@ -336,13 +336,18 @@ impl Inner {
         };
         c.open.store(false, Ordering::Release);
         st.by_remote.remove(&c.remote);
-        let (keys, mut rest) = c.cancel_sends();
+        let ended = c.cancel_sends();
+        let mut rest = ended.rest;
         let had_assembly = c
             .reader
             .as_mut()
             .is_some_and(|r| r.assembling.take().is_some());
         let text = reason.to_string();
-        st.events.push(Ev::Closed(c.remote, reason, keys));
+        if let Some(key) = ended.completed {
+            st.events.push(Ev::Completed(c.remote, key));
+        }
+        st.events
+            .push(Ev::Closed(c.remote, reason, ended.cancelled));
         match code {
             Some(code) => {
                 rest.extend_from_slice(CloseFrame::new(code, &text).as_bytes());
@@ -516,7 +521,14 @@ impl Inner {
                 )
             };
             let (mut reader, stream, open, remote, phase, pool, limit) = taken;
-            let read = (&*stream).read(reader.dec.read_buf());
+            let room = reader.dec.read_buf();
+            // No room: whole frames wait in the buffer (a connection that
+            // waited for a pool buffer); hand them out before reading.
+            let read = if room.is_empty() {
+                Err(io::ErrorKind::Interrupted.into())
+            } else {
+                (&*stream).read(room)
+            };
             let mut end = match read {
                 Ok(0) => ReadEnd::Eof,
                 Ok(n) => {

@@ -329,38 +329,52 @@ impl Conn {
         }
     }
 
-    /// Ends sending: every queued message not fully written is cancelled
-    /// and its key returned. The unwritten rest of a partly written frame
-    /// (the stream must stay whole frames) and of this side's handshake are
-    /// returned as bytes still to write.
-    pub(crate) fn cancel_sends(&mut self) -> (Vec<u64>, Vec<u8>) {
-        let mut keys = Vec::new();
-        let mut rest = Vec::new();
-        let mut skip = self.offset;
-        let partial = self.offset > 0;
+    /// Ends sending. Every queued message not yet started is cancelled and
+    /// its key returned. A partly written frame must still be finished (the
+    /// stream must stay whole frames): its unwritten rest is copied out and
+    /// returned with this side's unsent handshake as bytes still to write,
+    /// and its key is returned as completed, since its bytes leave this
+    /// side's buffers and reach the peer.
+    pub(crate) fn cancel_sends(&mut self) -> Ended {
+        let mut ended = Ended::default();
         for (i, out) in self.queue.iter().enumerate() {
+            let partial = i == 0 && self.offset > 0;
             if let Out::Data { key, .. } = out {
-                keys.push(*key);
+                if partial {
+                    ended.completed = Some(*key);
+                } else {
+                    ended.cancelled.push(*key);
+                }
             }
-            let keep = (i == 0 && partial) || matches!(out, Out::Handshake(_));
-            if keep {
+            if partial || matches!(out, Out::Handshake(_)) {
+                let mut skip = if partial { self.offset } else { 0 };
                 out.chunks(&mut |c| {
                     if skip >= c.len() {
                         skip -= c.len();
                     } else {
-                        rest.extend_from_slice(&c[skip..]);
+                        ended.rest.extend_from_slice(&c[skip..]);
                         skip = 0;
                     }
                     true
                 });
             }
-            skip = 0;
         }
         self.queue.clear();
         self.offset = 0;
         self.unbuffered = 0;
-        (keys, rest)
+        ended
     }
+}
+
+/// What [`Conn::cancel_sends`] leaves.
+#[derive(Default)]
+pub(crate) struct Ended {
+    /// Keys of sends that never started.
+    pub(crate) cancelled: Vec<u64>,
+    /// Key of the partly written send, finished from `rest`.
+    pub(crate) completed: Option<u64>,
+    /// Bytes still to write before a CLOSE frame.
+    pub(crate) rest: Vec<u8>,
 }
 
 /// A connection closed by this side, finishing its last frame and its
@@ -464,5 +478,63 @@ mod tests {
         assert_eq!(n, 3);
         let mut small = [IoSlice::new(&[]); 2];
         assert_eq!(fill_iov(&q, 0, &mut small), 2);
+    }
+
+    #[test]
+    fn advance_completes_whole_frames_and_keeps_the_offset() {
+        let mut q = VecDeque::new();
+        q.push_back(data(b"abc", 1));
+        q.push_back(data(b"de", 2));
+        q.push_back(data(b"f", 3));
+        let mut events = Vec::new();
+        let (keys, rest) = split_after(q, 11 + 4, &mut events);
+        // Frame 1 (11 bytes) complete, 4 bytes of frame 2 written.
+        assert_eq!(keys, vec![1]);
+        assert_eq!(rest.completed, Some(2));
+        assert_eq!(rest.cancelled, vec![3]);
+        // The unwritten rest of frame 2: 6 of its 10 bytes.
+        assert_eq!(rest.rest.len(), 6);
+        assert_eq!(&rest.rest[4..], b"de");
+    }
+
+    /// Writes `written` bytes of `q` (as a socket would take them), then
+    /// ends sending; returns the completed keys and what ending left.
+    fn split_after(q: VecDeque<Out>, written: usize, events: &mut Vec<Ev>) -> (Vec<u64>, Ended) {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let lp = netio_core::mio_loop::MioLoop::new().unwrap();
+        let fd = s.as_raw_fd();
+        let source = lp
+            .register(
+                &mut mio::unix::SourceFd(&fd),
+                mio::Interest::READABLE,
+                |_| {},
+            )
+            .unwrap();
+        let mut c = Conn::new(
+            EndpointAddress::localhost(1),
+            Arc::new(TcpStream::from_std(s)),
+            source,
+            Phase::Established,
+            true,
+            None,
+            ConnectionParams::default(),
+            None,
+            None,
+            Instant::now(),
+            [0; HANDSHAKE_LEN],
+        );
+        c.queue = q;
+        c.unbuffered = 3;
+        c.advance(written, events);
+        let keys = events
+            .iter()
+            .filter_map(|e| match e {
+                Ev::Completed(_, k) => Some(*k),
+                _ => None,
+            })
+            .collect();
+        (keys, c.cancel_sends())
     }
 }

@@ -792,3 +792,68 @@ fn a_backend_dropped_closes_its_sockets() {
     )));
     let _ = Mutex::new(events);
 }
+
+#[test]
+fn large_messages_share_a_small_receive_pool_without_loss() {
+    let rt = Running::start();
+    // One shared buffer of 100 kB: two connections assembling large messages
+    // at once take turns (the second stops reading until the buffer is
+    // free).
+    let server = Side::with(
+        &rt.lp,
+        BackendConfig::default(),
+        TcpConfig {
+            read_buffer_size: 4096,
+            ..TcpConfig::default()
+        },
+        Recorder::default(),
+    );
+    let addr = server
+        .b
+        .open_listen_endpoint(
+            EndpointAddress::localhost(0),
+            ConnectionParams::receive(100_000, 1).with_shared_receive(),
+        )
+        .unwrap();
+    let clients: Vec<Side> = (0..3)
+        .map(|_| Side::new(&rt.lp, BackendConfig::default()))
+        .collect();
+    for c in &clients {
+        c.b.open_active_endpoint(addr, ConnectionParams::default())
+            .unwrap();
+    }
+    assert!(wait_until(|| clients
+        .iter()
+        .all(|c| c.has(|e| matches!(e, Ev::Established(..))))));
+    let msg = |i: u8| vec![i; 100_000];
+    for round in 0..3u8 {
+        for (i, c) in clients.iter().enumerate() {
+            let m = msg(round * 3 + i as u8);
+            c.b.send_data_copy(addr, &[&m], &[], u64::from(round))
+                .unwrap();
+        }
+    }
+    let ok = wait_until(|| server.data_count.load(Ordering::SeqCst) == 9);
+    assert!(
+        ok,
+        "{} {:?}",
+        server.data_count.load(Ordering::SeqCst),
+        server
+            .events()
+            .iter()
+            .filter(|e| !matches!(e, Ev::Data(..)))
+            .collect::<Vec<_>>()
+    );
+    let mut got: Vec<u8> = server
+        .data()
+        .iter()
+        .map(|d| {
+            assert_eq!(d.len(), 100_000);
+            assert!(d.iter().all(|&b| b == d[0]));
+            d[0]
+        })
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, (0..9).collect::<Vec<u8>>());
+    assert!(!server.has(|e| matches!(e, Ev::Closed(..))));
+}
