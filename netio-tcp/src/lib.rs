@@ -1,7 +1,7 @@
 //! TCP provider of netio-rs, on mio.
 //!
 //! [`TcpProvider`] creates [`TcpBackend`]s on the real event loop,
-//! [`MioLoop`](netio_core::mio_loop::MioLoop). A backend speaks the
+//! [`MioLoop`]. A backend speaks the
 //! versioned wire format of `docs/wire-format.md` ([`wire`] is its sans-IO
 //! codec): a handshake that refuses foreign or mismatched peers, then
 //! length-prefixed frames.
