@@ -7,6 +7,7 @@
 //! | feature | provider | loop |
 //! |---|---|---|
 //! | `sim` (default) | [`sim`]: deterministic in-memory fabric | [`sim::SimLoop`] |
+//! | `tcp` (default) | [`tcp`]: TCP on mio, wire format of `docs/wire-format.md` | [`mio_loop::MioLoop`] |
 //!
 //! Applications are written generically (`fn app<B: Backend>`) for static
 //! dispatch, or pick a provider by name at run time with [`create_backend`]
@@ -27,6 +28,27 @@
 //! assert!(netio::create_backend("nope", &lp, BackendConfig::default(), NoopHandler).is_err());
 //! # }
 //! ```
+//!
+//! The same over TCP on 127.0.0.1, with the real event loop running on its
+//! own thread:
+//!
+//! ```
+//! # #[cfg(feature = "tcp")] {
+//! use netio::{AnyLoop, Backend, BackendConfig, ConnectionParams, EndpointAddress, NoopHandler};
+//!
+//! let lp = AnyLoop::for_provider("tcp").unwrap();
+//! let backend: Box<dyn Backend> =
+//!     netio::create_backend("tcp", &lp, BackendConfig::default(), NoopHandler).unwrap();
+//! let addr = backend
+//!     .open_listen_endpoint(EndpointAddress::new(lp.local_ip(), 0), ConnectionParams::receive(64, 4))
+//!     .unwrap();
+//! assert_ne!(addr.port(), 0);
+//! let runner = lp.clone();
+//! let t = std::thread::spawn(move || runner.run(|| {}));
+//! lp.stop();
+//! t.join().unwrap();
+//! # }
+//! ```
 #![warn(missing_docs)]
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -35,12 +57,16 @@ pub use netio_core::*;
 
 #[cfg(feature = "sim")]
 pub use netio_sim as sim;
+#[cfg(feature = "tcp")]
+pub use netio_tcp as tcp;
 
 /// Names of the providers compiled in, for [`create_backend`].
 pub fn providers() -> &'static [&'static str] {
     &[
         #[cfg(feature = "sim")]
         "sim",
+        #[cfg(feature = "tcp")]
+        "tcp",
     ]
 }
 
@@ -51,18 +77,24 @@ pub enum AnyLoop {
     /// The simulator's loop (one virtual host of a fresh world).
     #[cfg(feature = "sim")]
     Sim(netio_sim::SimLoop),
-    /// The real event loop on mio, used by the socket providers.
+    /// The real event loop on mio, used by the socket providers (`"tcp"`).
     Mio(mio_loop::MioLoop),
 }
 
 impl AnyLoop {
     /// A new loop of the kind the named provider runs on: for `"sim"`, the
-    /// loop of the first host (127.0.0.1) of a new simulated world.
+    /// loop of the first host (127.0.0.1) of a new simulated world; for
+    /// `"tcp"`, a new [`MioLoop`](mio_loop::MioLoop) (failing with
+    /// [`CreateError::Failed`] if the system refuses its epoll instance).
     pub fn for_provider(name: &str) -> Result<Self, CreateError> {
         match name {
             #[cfg(feature = "sim")]
             "sim" => Ok(Self::Sim(
                 netio_sim::Sim::new().next_host().event_loop().clone(),
+            )),
+            #[cfg(feature = "tcp")]
+            "tcp" => Ok(Self::Mio(
+                mio_loop::MioLoop::new().map_err(|e| CreateError::Failed(Box::new(e)))?,
             )),
             _ => Err(CreateError::UnknownProvider(name.to_owned())),
         }
@@ -104,6 +136,7 @@ impl AnyLoop {
 /// Fails with [`CreateError::UnknownProvider`] for a name not in
 /// [`providers`], and with [`CreateError::InvalidConfig`] when the loop is
 /// not of the kind the provider runs on.
+#[cfg_attr(not(any(feature = "sim", feature = "tcp")), allow(unused_variables))]
 pub fn create_backend<H>(
     name: &str,
     event_loop: &AnyLoop,
@@ -116,6 +149,12 @@ where
     match (name, event_loop) {
         #[cfg(feature = "sim")]
         ("sim", AnyLoop::Sim(l)) => Ok(Box::new(<netio_sim::SimProvider as Provider>::create(
+            l,
+            config,
+            DynHandler(handler),
+        )?)),
+        #[cfg(feature = "tcp")]
+        ("tcp", AnyLoop::Mio(l)) => Ok(Box::new(<netio_tcp::TcpProvider as Provider>::create(
             l,
             config,
             DynHandler(handler),
