@@ -1,9 +1,29 @@
 //! Application logic shared by the example programs, written once against
 //! the `netio-core` traits so it runs on every provider.
+//!
+//! - [`EchoServer`] echoes every message back; [`EchoClient`] sends
+//!   numbered messages one at a time and checks each echo; [`PingClient`]
+//!   does the same with messages of a chosen size and records each round
+//!   trip's latency ([`LatencySummary`]).
+//! - These handlers are generic over the backend: the `echo` program and
+//!   `tests/echo_under_faults.rs` run them on the simulator, [`tcp`] runs
+//!   them over TCP (the `echo_tcp` and `pingpong` programs, with the
+//!   command line of [`cli`]).
 
-use std::sync::{Arc, Mutex};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use netio_core::{Backend, Capabilities, CloseReason, EndpointAddress, Handler, SendError};
+
+pub mod cli;
+pub mod tcp;
+
+/// Locks `m`, also after a panic on another thread poisoned it (the reports
+/// stay readable).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Sends `data` to `remote` by copy when the connection can, otherwise
 /// through a pool buffer.
@@ -27,18 +47,96 @@ pub fn send<B: Backend + ?Sized>(
     b.send_buffer(remote, buf)
 }
 
+/// What an [`EchoServer`] did, shared with the program that runs it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections established.
+    pub connections: u64,
+    /// Connections closed since.
+    pub closed: u64,
+    /// Messages echoed.
+    pub echoed: u64,
+    /// Messages that could not be echoed (the send failed).
+    pub failed: u64,
+}
+
+type ClosedCallback = Box<dyn FnMut(&ServerStats) + Send>;
+
 /// Echoes every message back to its sender.
-#[derive(Debug, Default)]
+///
+/// `EchoServer::default()` keeps its count in [`echoed`](Self::echoed);
+/// [`EchoServer::with_stats`] also shares [`ServerStats`] and reports each
+/// closed connection, so a program can tell when its clients are done.
+#[derive(Default)]
 pub struct EchoServer {
     /// Messages echoed so far.
     pub echoed: u64,
+    stats: Arc<Mutex<ServerStats>>,
+    on_closed: Option<ClosedCallback>,
+}
+
+impl EchoServer {
+    /// A server that counts into `stats` and calls `on_closed` with them
+    /// after each connection closes.
+    pub fn with_stats(
+        stats: Arc<Mutex<ServerStats>>,
+        on_closed: impl FnMut(&ServerStats) + Send + 'static,
+    ) -> Self {
+        Self {
+            echoed: 0,
+            stats,
+            on_closed: Some(Box::new(on_closed)),
+        }
+    }
+}
+
+impl fmt::Debug for EchoServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EchoServer")
+            .field("echoed", &self.echoed)
+            .field("stats", &*lock(&self.stats))
+            .finish_non_exhaustive()
+    }
 }
 
 impl<B: Backend + ?Sized> Handler<B> for EchoServer {
+    fn on_connection_established(&mut self, _: &B, _: EndpointAddress, _: Capabilities) {
+        lock(&self.stats).connections += 1;
+    }
+
     fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
         match send(b, remote, data, self.echoed) {
-            Ok(()) => self.echoed += 1,
-            Err(e) => eprintln!("echo server: cannot echo to {remote}: {e}"),
+            Ok(()) => {
+                self.echoed += 1;
+                lock(&self.stats).echoed += 1;
+            }
+            Err(e) => {
+                lock(&self.stats).failed += 1;
+                eprintln!("echo server: cannot echo to {remote}: {e}");
+            }
+        }
+    }
+
+    fn on_connection_closed(
+        &mut self,
+        _: &B,
+        remote: EndpointAddress,
+        why: &CloseReason,
+        _: &[u64],
+    ) {
+        if !matches!(
+            why,
+            CloseReason::PeerClosed | CloseReason::Local | CloseReason::ListenerClosed
+        ) {
+            eprintln!("echo server: connection from {remote} closed: {why}");
+        }
+        let stats = {
+            let mut s = lock(&self.stats);
+            s.closed += 1;
+            s.clone()
+        };
+        if let Some(f) = self.on_closed.as_mut() {
+            f(&stats);
         }
     }
 }
@@ -133,6 +231,216 @@ impl<B: Backend + ?Sized> Handler<B> for EchoClient {
 
     fn on_connection_closed(&mut self, _: &B, _: EndpointAddress, why: &CloseReason, _: &[u64]) {
         self.report.lock().unwrap().closed = Some(why.to_string());
+        (self.done)();
+    }
+}
+
+/// What a [`PingClient`] measured, shared with the program that runs it.
+#[derive(Debug, Default, Clone)]
+pub struct PingReport {
+    /// Messages sent.
+    pub sent: u64,
+    /// Echoes received that matched what was sent.
+    pub matched: u64,
+    /// Echoes that did not match.
+    pub mismatched: u64,
+    /// Round-trip time of every echo received, in order: from just before
+    /// the send call to the start of `on_data` for its echo.
+    pub round_trips: Vec<Duration>,
+    /// From just before the first send to the last echo received.
+    pub elapsed: Duration,
+    /// Why the connection closed, once it did.
+    pub closed: Option<String>,
+    /// Why connecting failed, if it did.
+    pub refused: Option<String>,
+}
+
+impl PingReport {
+    /// Round trips per second over [`elapsed`](Self::elapsed) (`None`
+    /// before any echo arrived).
+    pub fn round_trips_per_sec(&self) -> Option<f64> {
+        let secs = self.elapsed.as_secs_f64();
+        (secs > 0.0 && !self.round_trips.is_empty()).then(|| self.round_trips.len() as f64 / secs)
+    }
+
+    /// Latency statistics of the round trips.
+    pub fn latency(&self) -> Option<LatencySummary> {
+        LatencySummary::from_samples(&self.round_trips)
+    }
+}
+
+/// Minimum, median, 99th percentile and maximum of a set of durations.
+/// Percentiles are nearest-rank: the smallest sample with at least that
+/// share of samples at or below it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencySummary {
+    /// Number of samples.
+    pub samples: usize,
+    /// Smallest sample.
+    pub min: Duration,
+    /// 50th percentile.
+    pub median: Duration,
+    /// 99th percentile.
+    pub p99: Duration,
+    /// Largest sample.
+    pub max: Duration,
+}
+
+impl LatencySummary {
+    /// The summary of `samples`, or `None` if there are none.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use netio_examples::LatencySummary;
+    /// let us: Vec<Duration> = (1..=100).rev().map(Duration::from_micros).collect();
+    /// let s = LatencySummary::from_samples(&us).unwrap();
+    /// assert_eq!(s.min, Duration::from_micros(1));
+    /// assert_eq!(s.median, Duration::from_micros(50));
+    /// assert_eq!(s.p99, Duration::from_micros(99));
+    /// assert_eq!(s.max, Duration::from_micros(100));
+    /// ```
+    pub fn from_samples(samples: &[Duration]) -> Option<Self> {
+        if samples.is_empty() {
+            return None;
+        }
+        let mut sorted = samples.to_vec();
+        sorted.sort_unstable();
+        let n = sorted.len();
+        let rank = |pct: usize| sorted[(n * pct).div_ceil(100).clamp(1, n) - 1];
+        Some(Self {
+            samples: n,
+            min: sorted[0],
+            median: rank(50),
+            p99: rank(99),
+            max: sorted[n - 1],
+        })
+    }
+}
+
+impl fmt::Display for LatencySummary {
+    /// `min 12.3 µs, median …, p99 …, max …`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        write!(
+            f,
+            "min {:.1} µs, median {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+            us(self.min),
+            us(self.median),
+            us(self.p99),
+            us(self.max)
+        )
+    }
+}
+
+/// Fills `buf` with message `i` of `size` bytes: the number `i`
+/// (little-endian, as much of it as fits) followed by a pattern that
+/// depends on `i`, so a misplaced or corrupted echo does not match.
+pub fn ping_message(buf: &mut Vec<u8>, i: u64, size: usize) {
+    buf.clear();
+    let seed = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    buf.extend((0..size).map(|j| (seed >> ((j % 8) * 8)) as u8 ^ j as u8));
+    let n = size.min(8);
+    buf[..n].copy_from_slice(&i.to_le_bytes()[..n]);
+}
+
+/// Ping-pong: sends `count` messages of `size` bytes one at a time, each
+/// after the echo of the previous one, times every round trip, checks every
+/// echo, then closes the connection and calls `done`. Run it against an
+/// [`EchoServer`].
+pub struct PingClient {
+    count: u64,
+    size: usize,
+    report: Arc<Mutex<PingReport>>,
+    done: Box<dyn FnMut() + Send>,
+    message: Vec<u8>,
+    started: Option<Instant>,
+    sent_at: Option<Instant>,
+}
+
+impl PingClient {
+    /// A client that sends `count` messages of `size` bytes and calls
+    /// `done` at the end.
+    pub fn new(
+        count: u64,
+        size: usize,
+        report: Arc<Mutex<PingReport>>,
+        done: impl FnMut() + Send + 'static,
+    ) -> Self {
+        // Reserve up front (bounded) so recording a sample does not
+        // reallocate while measuring.
+        lock(&report)
+            .round_trips
+            .reserve(count.min(1 << 20) as usize);
+        Self {
+            count,
+            size,
+            report,
+            done: Box::new(done),
+            message: Vec::with_capacity(size),
+            started: None,
+            sent_at: None,
+        }
+    }
+
+    fn next<B: Backend + ?Sized>(&mut self, b: &B, remote: EndpointAddress) {
+        let i = lock(&self.report).sent;
+        if i == self.count {
+            if let Err(e) = b.close_active_endpoint(remote) {
+                eprintln!("ping client: close failed: {e}");
+            }
+            return;
+        }
+        ping_message(&mut self.message, i, self.size);
+        let now = Instant::now();
+        self.started.get_or_insert(now);
+        self.sent_at = Some(now);
+        match send(b, remote, &self.message, i) {
+            Ok(()) => lock(&self.report).sent += 1,
+            Err(e) => {
+                eprintln!("ping client: send failed: {e}");
+                self.sent_at = None;
+                let _ = b.close_active_endpoint(remote);
+            }
+        }
+    }
+}
+
+impl<B: Backend + ?Sized> Handler<B> for PingClient {
+    fn on_connection_established(&mut self, b: &B, remote: EndpointAddress, _: Capabilities) {
+        self.next(b, remote);
+    }
+
+    fn on_connection_refused(
+        &mut self,
+        _: &B,
+        _: EndpointAddress,
+        reason: &netio_core::RefuseReason,
+    ) {
+        lock(&self.report).refused = Some(reason.to_string());
+        (self.done)();
+    }
+
+    fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
+        let now = Instant::now();
+        {
+            let mut r = lock(&self.report);
+            if let Some(t) = self.sent_at.take() {
+                r.round_trips.push(now - t);
+            }
+            if let Some(t) = self.started {
+                r.elapsed = now - t;
+            }
+            if data == self.message.as_slice() {
+                r.matched += 1;
+            } else {
+                r.mismatched += 1;
+            }
+        }
+        self.next(b, remote);
+    }
+
+    fn on_connection_closed(&mut self, _: &B, _: EndpointAddress, why: &CloseReason, _: &[u64]) {
+        lock(&self.report).closed = Some(why.to_string());
         (self.done)();
     }
 }

@@ -1,0 +1,266 @@
+//! The example handlers over TCP: the `netio-tcp` provider on the real
+//! event loop ([`MioLoop`]), one loop per process, run on the calling
+//! thread.
+//!
+//! - [`serve`]: an [`EchoServer`] listening on an address.
+//! - [`echo`] and [`pingpong`]: an [`EchoClient`] or a [`PingClient`],
+//!   either against a server elsewhere ([`Target::Connect`]) or against an
+//!   [`EchoServer`] started on the same loop over 127.0.0.1
+//!   ([`Target::Loopback`]).
+//!
+//! Every run is bounded by an optional time limit; a run that hits it
+//! returns with `timed_out` set and whatever was measured so far.
+//!
+//! ```
+//! use std::time::Duration;
+//! use netio_examples::tcp::{self, Target};
+//!
+//! let run = tcp::echo(Target::Loopback, 20, Some(Duration::from_secs(30))).unwrap();
+//! assert!(!run.timed_out);
+//! assert_eq!((run.report.matched, run.report.mismatched), (20, 0));
+//! assert_eq!(run.server.unwrap().echoed, 20);
+//! ```
+
+use std::error::Error;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use netio_core::mio_loop::{MioLoop, WeakMioLoop};
+use netio_core::{
+    Backend, BackendConfig, ConnectionParams, EndpointAddress, EventLoop, Handler, Provider, Timer,
+};
+use netio_tcp::{TcpBackend, TcpProvider};
+
+use crate::{lock, EchoClient, EchoReport, EchoServer, PingClient, PingReport, ServerStats};
+
+/// Smallest receive limit of the connections these programs open: messages
+/// up to this size are always accepted.
+pub const MIN_MESSAGE_LIMIT: usize = 64 * 1024;
+
+/// Receive buffers per connection.
+const RECV_BUFFERS: usize = 4;
+
+/// The connection parameters for messages of up to `max_message` bytes
+/// (at least [`MIN_MESSAGE_LIMIT`]): receiving only; replies are sent by
+/// copy, which the TCP provider always offers.
+pub fn params(max_message: usize) -> ConnectionParams {
+    ConnectionParams::receive(max_message.max(MIN_MESSAGE_LIMIT), RECV_BUFFERS)
+}
+
+/// Where a client connects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// To an [`EchoServer`] started on the same loop, on 127.0.0.1 and a
+    /// port the system picks.
+    Loopback,
+    /// To a server at this address.
+    Connect(EndpointAddress),
+}
+
+/// The outcome of a client run.
+#[derive(Debug, Clone)]
+pub struct ClientRun<R> {
+    /// What the client saw.
+    pub report: R,
+    /// The address the client connected to.
+    pub server_address: EndpointAddress,
+    /// What the server did, for [`Target::Loopback`] (where it runs on the
+    /// same loop).
+    pub server: Option<ServerStats>,
+    /// The time limit ran out before the client finished.
+    pub timed_out: bool,
+    /// Wall-clock time the loop ran, connection setup and teardown
+    /// included.
+    pub wall: Duration,
+}
+
+/// The outcome of [`serve`].
+#[derive(Debug, Clone)]
+pub struct ServerRun {
+    /// The address the server listened on.
+    pub address: EndpointAddress,
+    /// What it did.
+    pub stats: ServerStats,
+    /// The time limit ran out before the expected clients had come and
+    /// gone.
+    pub timed_out: bool,
+}
+
+/// Runs `lp` on this thread until it is stopped or `timeout` passes;
+/// returns `true` if the time ran out.
+fn run_bounded(lp: &MioLoop, timeout: Option<Duration>) -> bool {
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let timer = timeout.map(|t| {
+        let (flag, weak) = (timed_out.clone(), lp.downgrade());
+        let timer = lp.timer(move || {
+            flag.store(true, Ordering::SeqCst);
+            if let Some(lp) = weak.upgrade() {
+                lp.stop();
+            }
+        });
+        timer.start(t);
+        timer
+    });
+    lp.run(|| {});
+    if let Some(t) = timer {
+        t.stop();
+    }
+    timed_out.load(Ordering::SeqCst)
+}
+
+/// Stops the loop once the client is done and, when the server runs on the
+/// same loop, once the server has seen each of its connections close.
+struct Finish {
+    lp: WeakMioLoop,
+    client_done: AtomicBool,
+    server: Option<Arc<Mutex<ServerStats>>>,
+    stopped: AtomicBool,
+}
+
+impl Finish {
+    fn check(&self) {
+        if !self.client_done.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Some(s) = &self.server {
+            let s = lock(s);
+            if s.closed < s.connections {
+                return;
+            }
+        }
+        if !self.stopped.swap(true, Ordering::SeqCst) {
+            if let Some(lp) = self.lp.upgrade() {
+                lp.stop();
+            }
+        }
+    }
+}
+
+/// Creates the client made by `make` (given the callback it calls when it
+/// is done), connects it to `target` and runs the loop until it is done.
+fn run_client<R, H>(
+    target: Target,
+    max_message: usize,
+    timeout: Option<Duration>,
+    report: &Arc<Mutex<R>>,
+    make: impl FnOnce(Box<dyn FnMut() + Send>) -> H,
+) -> Result<ClientRun<R>, Box<dyn Error>>
+where
+    R: Clone,
+    H: Handler<TcpBackend> + 'static,
+{
+    let lp = MioLoop::new()?;
+    let params = params(max_message);
+    let stats = Arc::new(Mutex::new(ServerStats::default()));
+    let finish = Arc::new(Finish {
+        lp: lp.downgrade(),
+        client_done: AtomicBool::new(false),
+        server: (target == Target::Loopback).then(|| stats.clone()),
+        stopped: AtomicBool::new(false),
+    });
+    let (server, server_address) = match target {
+        Target::Loopback => {
+            let f = finish.clone();
+            let server = TcpProvider::create(
+                &lp,
+                BackendConfig::default(),
+                EchoServer::with_stats(stats.clone(), move |_| f.check()),
+            )?;
+            let addr =
+                server.open_listen_endpoint(EndpointAddress::localhost(0), params.clone())?;
+            (Some(server), addr)
+        }
+        Target::Connect(addr) => (None, addr),
+    };
+    let f = finish.clone();
+    let client = TcpProvider::create(
+        &lp,
+        BackendConfig::default(),
+        make(Box::new(move || {
+            f.client_done.store(true, Ordering::SeqCst);
+            f.check();
+        })),
+    )?;
+    client.open_active_endpoint(server_address, params)?;
+    let started = Instant::now();
+    let timed_out = run_bounded(&lp, timeout) && !finish.stopped.load(Ordering::SeqCst);
+    let wall = started.elapsed();
+    drop(client);
+    drop(server);
+    let report = lock(report).clone();
+    let server = finish.server.as_ref().map(|s| lock(s).clone());
+    Ok(ClientRun {
+        report,
+        server_address,
+        server,
+        timed_out,
+        wall,
+    })
+}
+
+/// Runs an [`EchoClient`] sending `count` messages to `target`.
+pub fn echo(
+    target: Target,
+    count: u64,
+    timeout: Option<Duration>,
+) -> Result<ClientRun<EchoReport>, Box<dyn Error>> {
+    let report = Arc::new(Mutex::new(EchoReport::default()));
+    let r = report.clone();
+    run_client(target, 0, timeout, &report, move |done| {
+        EchoClient::new(count, r, done)
+    })
+}
+
+/// Runs a [`PingClient`] doing `count` round trips of `size`-byte messages
+/// with `target`.
+pub fn pingpong(
+    target: Target,
+    count: u64,
+    size: usize,
+    timeout: Option<Duration>,
+) -> Result<ClientRun<PingReport>, Box<dyn Error>> {
+    let report = Arc::new(Mutex::new(PingReport::default()));
+    let r = report.clone();
+    run_client(target, size, timeout, &report, move |done| {
+        PingClient::new(count, size, r, done)
+    })
+}
+
+/// Runs an [`EchoServer`] on `address` accepting messages of up to
+/// `max_message` bytes (at least [`MIN_MESSAGE_LIMIT`]). Calls
+/// `on_listening` with the bound address once listening, then serves until
+/// `clients` connections have closed (0: until the time runs out) or
+/// `timeout` passes.
+pub fn serve(
+    address: EndpointAddress,
+    max_message: usize,
+    clients: u64,
+    timeout: Option<Duration>,
+    on_listening: impl FnOnce(EndpointAddress),
+) -> Result<ServerRun, Box<dyn Error>> {
+    let lp = MioLoop::new()?;
+    let stats = Arc::new(Mutex::new(ServerStats::default()));
+    let weak = lp.downgrade();
+    let server = TcpProvider::create(
+        &lp,
+        BackendConfig::default(),
+        EchoServer::with_stats(stats.clone(), move |s| {
+            if clients != 0 && s.closed >= clients {
+                if let Some(lp) = weak.upgrade() {
+                    lp.stop();
+                }
+            }
+        }),
+    )?;
+    let bound = server.open_listen_endpoint(address, params(max_message))?;
+    on_listening(bound);
+    let timed_out = run_bounded(&lp, timeout);
+    let stats = lock(&stats).clone();
+    drop(server);
+    Ok(ServerRun {
+        address: bound,
+        timed_out: timed_out && clients != 0 && stats.closed < clients,
+        stats,
+    })
+}
