@@ -31,6 +31,7 @@ fn run(input: &[u8], chunks: &[usize], buffer: usize, limit: Option<u32>, hs: bo
     let mut events = Vec::new();
     let mut partial: Vec<u8> = Vec::new();
     let mut handshake_done = !hs;
+    let mut armed = false;
     let mut rest = input;
     let mut i = 0;
     'outer: while !rest.is_empty() {
@@ -56,7 +57,23 @@ fn run(input: &[u8], chunks: &[usize], buffer: usize, limit: Option<u32>, hs: bo
                 }
             }
             loop {
-                match dec.next_frame() {
+                // The prediction the backend relies on to get its assembly
+                // buffer before the first part comes out.
+                // Once predicted, the first part may come out in a later
+                // call (when no body byte is buffered yet).
+                let starts = dec.starts_large_message();
+                armed |= starts;
+                let result = dec.next_frame();
+                match &result {
+                    Ok(Some(Frame::DataPart { offset: 0, .. })) => {
+                        assert!(armed);
+                        armed = false;
+                    }
+                    Ok(Some(Frame::Data(_) | Frame::Close { .. })) => assert!(!starts),
+                    Err(_) => assert!(!starts),
+                    Ok(_) => {}
+                }
+                match result {
                     Ok(None) => break,
                     Ok(Some(f)) => {
                         let completes = f.completes_message();
