@@ -20,7 +20,7 @@
 //! as passes; `declared_features_match_the_unsupported_list` checks the list
 //! against [`Harness::features`].
 //!
-//! ```ignore
+//! ```text
 //! // in the provider's tests/conformance.rs
 //! struct MyHarness { /* … */ }
 //! impl netio_conformance::Harness for MyHarness { /* … */ }
