@@ -1278,7 +1278,8 @@ impl Backend for TcpBackend {
         if c.unbuffered >= inner.config.send_queue_depth {
             return Err(SendError::NoResources);
         }
-        let mut v = c.take_vec(payload_len);
+        let mut v = c.take_vec(prefix.as_bytes().len() + payload_len);
+        v.extend_from_slice(prefix.as_bytes());
         for d in data {
             v.extend_from_slice(d);
         }

@@ -17,7 +17,7 @@ use netio_core::{
 use crate::wire::{DataPrefix, FrameDecoder, HANDSHAKE_LEN};
 
 /// Slices handed to one `writev`: many messages per system call.
-pub(crate) const MAX_IOV: usize = 256;
+pub(crate) const MAX_IOV: usize = 512;
 /// `writev` calls per flush of one connection before others get a turn.
 const MAX_WRITES_PER_FLUSH: usize = 16;
 /// Copy-send vectors kept for reuse per connection.
@@ -37,7 +37,8 @@ pub(crate) enum Ev {
 
 /// The bytes of a message after its prefix.
 pub(crate) enum Payload {
-    /// `send_data_copy`: copied at once.
+    /// `send_data_copy`: the whole frame, prefix included, copied at once
+    /// (one slice per message in the gather write).
     Copy(Vec<u8>),
     /// `send_data`: straight from the registered region.
     Region(Lent),
@@ -109,6 +110,10 @@ impl Out {
             Out::Handshake(h) => {
                 f(h);
             }
+            Out::Data {
+                payload: payload @ Payload::Copy(_),
+                ..
+            } => payload.chunks(f),
             Out::Data {
                 prefix, payload, ..
             } => {
@@ -456,19 +461,27 @@ mod tests {
     use super::*;
 
     fn data(bytes: &[u8], key: u64) -> Out {
-        Out::data(
-            DataPrefix::new(&[], bytes.len()).unwrap(),
-            Payload::Copy(bytes.to_vec()),
-            key,
-            true,
-        )
+        let prefix = DataPrefix::new(&[], bytes.len()).unwrap();
+        let frame = [prefix.as_bytes(), bytes].concat();
+        Out::data(prefix, Payload::Copy(frame), key, true)
     }
 
     #[test]
     fn fill_iov_skips_written_bytes_and_stops_when_full() {
+        let pool = BufferPool::new(8, 2);
+        let buffered = |bytes: &[u8], key| {
+            let mut b = pool.get().unwrap();
+            b.write(bytes).unwrap();
+            Out::data(
+                DataPrefix::new(&[], bytes.len()).unwrap(),
+                Payload::Buffer(b),
+                key,
+                false,
+            )
+        };
         let mut q = VecDeque::new();
-        q.push_back(data(b"abc", 1));
-        q.push_back(data(b"de", 2));
+        q.push_back(buffered(b"abc", 1));
+        q.push_back(buffered(b"de", 2));
         let mut iov = [IoSlice::new(&[]); 8];
         let n = fill_iov(&q, 9, &mut iov);
         let got: Vec<&[u8]> = iov[..n].iter().map(|s| &**s).collect();
@@ -478,6 +491,20 @@ mod tests {
         assert_eq!(n, 3);
         let mut small = [IoSlice::new(&[]); 2];
         assert_eq!(fill_iov(&q, 0, &mut small), 2);
+    }
+
+    #[test]
+    fn a_copied_message_is_one_slice() {
+        let mut q = VecDeque::new();
+        q.push_back(data(b"abc", 1));
+        q.push_back(data(b"de", 2));
+        let mut iov = [IoSlice::new(&[]); 8];
+        let n = fill_iov(&q, 9, &mut iov);
+        let got: Vec<&[u8]> = iov[..n].iter().map(|s| &**s).collect();
+        assert_eq!(
+            got,
+            vec![&b"bc"[..], &[1, 0, 0, 0, 2, 0, 0, 0, b'd', b'e'][..]]
+        );
     }
 
     #[test]
