@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -115,7 +115,18 @@ impl Drop for Inner {
         for (_, mut l) in st.listeners.drain() {
             let _ = self.lp.deregister(&mut l.sock, l.source);
         }
-        for (_, c) in st.conns.drain() {
+        for (_, mut c) in st.conns.drain() {
+            if c.phase == Phase::Established {
+                // Best effort, without waiting: finish a partly written
+                // frame and say goodbye, so the peer sees an orderly close
+                // when the socket has room.
+                let mut bytes = c.cancel_sends().rest;
+                bytes.extend_from_slice(
+                    CloseFrame::new(CloseCode::GoingAway, "the backend was dropped").as_bytes(),
+                );
+                let _ = (&*c.stream).write(&bytes);
+                let _ = c.stream.shutdown(std::net::Shutdown::Write);
+            }
             deregister(&self.lp, &c.stream, c.source);
         }
         for (_, l) in st.lingering.drain() {
