@@ -658,14 +658,16 @@ impl Inner {
                     drop(st);
                     *phase = Phase::Established;
                     self.dispatch();
-                    if !open.load(Ordering::Acquire) {
-                        return Step::Stop;
-                    }
                 }
             }
         }
         let mut h = None;
         loop {
+            // Closed meanwhile (by a handler, or by another thread): no
+            // message of it is handed out any more.
+            if !open.load(Ordering::Acquire) {
+                return Step::Stop;
+            }
             if reader.assembling.is_none() && reader.dec.starts_large_message() {
                 match pool.and_then(BufferPool::get) {
                     Some(b) => reader.assembling = Some(b),
@@ -732,9 +734,6 @@ impl Inner {
                     self.close_conn(&mut st, id, None, CloseReason::PeerClosed);
                     return Step::Stop;
                 }
-            }
-            if !open.load(Ordering::Acquire) {
-                return Step::Stop;
             }
         }
     }
