@@ -856,3 +856,37 @@ fn large_messages_share_a_small_receive_pool_without_loss() {
     assert_eq!(got, (0..9).collect::<Vec<u8>>());
     assert!(!server.has(|e| matches!(e, Ev::Closed(..))));
 }
+
+#[test]
+fn a_zero_copy_message_of_more_slices_than_one_write_takes_arrives_whole() {
+    let rt = Running::start();
+    let server = Side::new(&rt.lp, BackendConfig::default());
+    let client = Side::new(&rt.lp, BackendConfig::default());
+    let region = MemoryRegion::from_vec((0..10_000u32).map(|i| (i % 251) as u8).collect());
+    let (addr, _) = connect(
+        &server,
+        &client,
+        EndpointAddress::localhost(0),
+        ConnectionParams::receive(20_000, 4),
+        ConnectionParams::default().with_zero_copy(region.clone()),
+    );
+    // 1200 slices of 7 bytes, backwards through the region.
+    let slices: Vec<_> = (0..1200)
+        .rev()
+        .map(|i| region.slice(i * 8, 7).unwrap())
+        .collect();
+    let mut want = b"head".to_vec();
+    let mut chunk = [0u8; 7];
+    for s in &slices {
+        region.read(s.offset(), &mut chunk).unwrap();
+        want.extend_from_slice(&chunk);
+    }
+    for k in 0..3 {
+        client.b.send_data(addr, &slices, b"head", k).unwrap();
+    }
+    assert!(wait_until(|| server.data().len() == 3));
+    assert!(server.data().iter().all(|d| *d == want));
+    assert!(wait_until(|| client
+        .count(|e| matches!(e, Ev::Completed(..)))
+        == 3));
+}
