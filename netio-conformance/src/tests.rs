@@ -1015,7 +1015,8 @@ pub fn closing_with_sends_in_flight_reports_each_key_once<H: Harness>(mode: Thre
         ConnectionParams::buffered(64, 16),
     );
     let listen = p.listen;
-    let sent = c.call(&p.client, move |b| {
+    // On the loop thread, so that no completion returns a buffer meanwhile.
+    let sent = c.on_loop(&p.client, move |b| {
         let mut keys = Vec::new();
         while let Some(mut buf) = b.get_buffer(listen).unwrap() {
             buf.write_int(buf.index()).unwrap();
