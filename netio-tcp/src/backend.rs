@@ -635,6 +635,7 @@ impl Inner {
         pool: Option<&BufferPool>,
         limit: Option<u32>,
     ) -> Step {
+        let mut own_pool = None;
         if *phase == Phase::Handshaking {
             match reader.dec.decode_handshake() {
                 Ok(None) => return Step::Continue,
@@ -655,12 +656,17 @@ impl Inner {
                     if !self.establish(&mut st, id, peer) {
                         return Step::Stop;
                     }
+                    // An accepted connection's own pool is made when it is
+                    // established: the frames that came with the handshake
+                    // may already need it.
+                    own_pool = st.conns.get(&id).and_then(|c| c.recv_pool.clone());
                     drop(st);
                     *phase = Phase::Established;
                     self.dispatch();
                 }
             }
         }
+        let pool = own_pool.as_ref().or(pool);
         let mut h = None;
         loop {
             // Closed meanwhile (by a handler, or by another thread): no

@@ -2,6 +2,8 @@
 //! handler that records events, and waiting with a deadline.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
