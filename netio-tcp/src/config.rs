@@ -1,17 +1,21 @@
 //! TCP-specific settings of a backend.
 
+use std::fmt;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 /// Socket and protocol settings of a [`TcpBackend`](crate::TcpBackend),
 /// beside the provider-agnostic [`BackendConfig`](netio_core::BackendConfig).
 ///
 /// ```
-/// use netio_tcp::TcpConfig;
+/// use netio_tcp::{PortRange, TcpConfig};
 /// let cfg = TcpConfig {
 ///     send_buffer_size: Some(64 * 1024),
+///     listen_ports: Some(PortRange::new(40000, 40010)?),
 ///     ..TcpConfig::default()
 /// };
 /// assert!(cfg.nodelay);
+/// # Ok::<(), netio_tcp::PortRangeError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpConfig {
@@ -39,6 +43,43 @@ pub struct TcpConfig {
     pub close_linger: Duration,
     /// Backlog of listening sockets. Default 1024.
     pub listen_backlog: u32,
+    /// The ports listeners may use, or `None` (default) for any port.
+    ///
+    /// - A listen endpoint opened with port 0 takes a free port of the
+    ///   range: ports are tried one after the other, from a start that
+    ///   rotates between calls (and is seeded per process), until one
+    ///   binds. A port that is in use (or, below 1024, not allowed) is
+    ///   skipped.
+    /// - When every port of the range is taken, opening fails with
+    ///   [`OpenListenError::NoResources`](netio_core::OpenListenError::NoResources),
+    ///   whose source says "no free port in 40000..=40010" (retrying after
+    ///   a listener closed may work).
+    /// - A listen endpoint opened with a non-zero port outside the range
+    ///   is refused before any socket is made, with
+    ///   [`OpenListenError::FailedOpenListenEndpoint`](netio_core::OpenListenError::FailedOpenListenEndpoint)
+    ///   whose source (kind [`InvalidInput`](std::io::ErrorKind::InvalidInput))
+    ///   names the port and the range. The address itself is valid (it is
+    ///   not `InvalidEndpointAddress`, which the contract keeps for
+    ///   addresses no listener could use); this backend's policy refuses
+    ///   it, as the system refuses a privileged port.
+    pub listen_ports: Option<PortRange>,
+    /// The local ports outgoing connections use, or `None` (default) for
+    /// the system's ephemeral ports.
+    ///
+    /// With a range, each connecting socket is bound to a port of the range
+    /// before it connects (on the unspecified address of the remote's
+    /// family, so the system still picks the source IP), trying ports from
+    /// a rotating start. `SO_REUSEADDR` is set on it, so a port that an
+    /// earlier connection of this range left in `TIME_WAIT` can be used
+    /// again at once; the system still refuses a port whose connection to
+    /// the same remote address and port exists (or lingers), and the next
+    /// port is tried. Two connections to different remotes may share a
+    /// local port. A port on which a socket listens is never taken.
+    ///
+    /// When no port of the range can be used, opening fails with
+    /// [`OpenActiveError::NoResources`](netio_core::OpenActiveError::NoResources),
+    /// whose source says "no free local port in …".
+    pub connect_ports: Option<PortRange>,
 }
 
 impl Default for TcpConfig {
@@ -51,6 +92,136 @@ impl Default for TcpConfig {
             handshake_timeout: Duration::from_secs(10),
             close_linger: Duration::from_secs(2),
             listen_backlog: 1024,
+            listen_ports: None,
+            connect_ports: None,
         }
+    }
+}
+
+/// A non-empty inclusive range of TCP ports, without port 0 (which means
+/// "any port" and cannot be bound as such). Displayed as `first..=last`.
+///
+/// ```
+/// use netio_tcp::PortRange;
+/// let r = PortRange::new(40000, 40010)?;
+/// assert_eq!(r.len(), 11);
+/// assert!(r.contains(40010) && !r.contains(40011));
+/// assert_eq!(r.to_string(), "40000..=40010");
+/// assert_eq!(PortRange::try_from(40000..=40010)?, r);
+/// assert!(PortRange::new(0, 10).is_err());
+/// assert!(PortRange::new(10, 9).is_err());
+/// # Ok::<(), netio_tcp::PortRangeError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PortRange {
+    first: u16,
+    last: u16,
+}
+
+impl PortRange {
+    /// The ports `first..=last`. Fails if `first` is 0 or greater than
+    /// `last`.
+    pub const fn new(first: u16, last: u16) -> Result<Self, PortRangeError> {
+        if first == 0 || first > last {
+            return Err(PortRangeError { first, last });
+        }
+        Ok(Self { first, last })
+    }
+
+    /// The single port `port` (not 0).
+    pub const fn single(port: u16) -> Result<Self, PortRangeError> {
+        Self::new(port, port)
+    }
+
+    /// The lowest port of the range.
+    pub const fn first(&self) -> u16 {
+        self.first
+    }
+
+    /// The highest port of the range.
+    pub const fn last(&self) -> u16 {
+        self.last
+    }
+
+    /// How many ports the range holds (at least 1).
+    #[allow(clippy::len_without_is_empty)] // never empty
+    pub const fn len(&self) -> u32 {
+        self.last as u32 - self.first as u32 + 1
+    }
+
+    /// `true` if `port` lies in the range.
+    pub const fn contains(&self, port: u16) -> bool {
+        self.first <= port && port <= self.last
+    }
+
+    /// Every port of the range once, starting at the `start`-th (taken
+    /// modulo the length) and wrapping around.
+    pub(crate) fn ports_from(self, start: u32) -> impl Iterator<Item = u16> {
+        let len = self.len();
+        let first = u32::from(self.first);
+        (0..len).map(move |i| {
+            let offset = (start % len + i) % len;
+            // Lies in first..=last, so it fits.
+            u16::try_from(first + offset).unwrap_or(self.last)
+        })
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..={}", self.first, self.last)
+    }
+}
+
+impl TryFrom<RangeInclusive<u16>> for PortRange {
+    type Error = PortRangeError;
+
+    fn try_from(r: RangeInclusive<u16>) -> Result<Self, PortRangeError> {
+        Self::new(*r.start(), *r.end())
+    }
+}
+
+impl From<PortRange> for RangeInclusive<u16> {
+    fn from(r: PortRange) -> Self {
+        r.first..=r.last
+    }
+}
+
+/// A [`PortRange`] that would be empty or contain port 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("invalid port range {first}..={last}: it must be non-empty and must not contain port 0")]
+pub struct PortRangeError {
+    /// The first port given.
+    pub first: u16,
+    /// The last port given.
+    pub last: u16,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PortRange;
+
+    #[test]
+    fn ports_from_visits_every_port_once_from_the_start() {
+        let r = PortRange::new(10, 13).unwrap();
+        assert_eq!(r.ports_from(0).collect::<Vec<_>>(), [10, 11, 12, 13]);
+        assert_eq!(r.ports_from(2).collect::<Vec<_>>(), [12, 13, 10, 11]);
+        assert_eq!(r.ports_from(7).collect::<Vec<_>>(), [13, 10, 11, 12]);
+        assert_eq!(r.ports_from(u32::MAX).count(), 4);
+        let all = PortRange::new(1, u16::MAX).unwrap();
+        assert_eq!(all.len(), 65535);
+        let mut seen = all.ports_from(12345).collect::<Vec<_>>();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 65535);
+        assert_eq!((seen[0], seen[65534]), (1, u16::MAX));
+    }
+
+    #[test]
+    fn single_port_range() {
+        let r = PortRange::single(80).unwrap();
+        assert_eq!((r.first(), r.last(), r.len()), (80, 80, 1));
+        assert_eq!(r.ports_from(5).collect::<Vec<_>>(), [80]);
+        assert!(PortRange::single(0).is_err());
     }
 }

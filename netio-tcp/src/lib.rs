@@ -59,14 +59,16 @@
 
 #![warn(missing_docs)]
 
+mod addrs;
 mod backend;
 mod config;
 mod conn;
 mod socket;
 pub mod wire;
 
+pub use addrs::{local_addresses, LocalAddress};
 pub use backend::TcpBackend;
-pub use config::TcpConfig;
+pub use config::{PortRange, PortRangeError, TcpConfig};
 
 use netio_core::mio_loop::MioLoop;
 use netio_core::{BackendConfig, CreateError, Handler, Provider};
