@@ -18,6 +18,12 @@
 //!   region; copy sends copy once; buffered sends write the pool buffer.
 //! - Thread-safe and thread-unsafe modes; handlers run on the loop thread,
 //!   never under a backend lock and never from inside an operation.
+//! - Port ranges: [`TcpConfig::listen_ports`] confines listeners to a
+//!   [`PortRange`] (port 0 takes a free port of it),
+//!   [`TcpConfig::connect_ports`] binds outgoing connections to a local
+//!   port of one, for firewalls that open only some ports.
+//! - [`local_addresses`] lists this host's interface addresses, to tell
+//!   peers where to connect.
 //!
 //! ```
 //! use std::sync::mpsc;
@@ -56,6 +62,55 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Busy polling
+//!
+//! By default the loop thread sleeps in `epoll_wait` until something
+//! happens. A loop made with [`LoopConfig::busy_poll`](netio_core::mio_loop::LoopConfig::busy_poll)
+//! never sleeps: it polls with a zero timeout in a tight loop, so readiness,
+//! posted work, signals and calls from other threads are seen without a
+//! scheduler wake-up (and waking it costs no system call), and timers tick
+//! with sub-millisecond precision. The price is one core kept at 100% for
+//! as long as the loop runs, whether traffic flows or not. Backends need
+//! nothing else: create them on that loop as usual.
+//!
+//! ```
+//! use std::thread;
+//!
+//! use netio_core::mio_loop::{LoopConfig, MioLoop};
+//! use netio_core::{BackendConfig, EventLoop, Handler, Provider};
+//! use netio_tcp::{TcpBackend, TcpProvider};
+//!
+//! struct App;
+//! impl Handler<TcpBackend> for App {}
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let lp = MioLoop::with_config(LoopConfig {
+//!     busy_poll: true,
+//!     ..LoopConfig::default()
+//! })?;
+//! let backend = TcpProvider::create(&lp, BackendConfig::default(), App)?;
+//! // One thread per busy-polling loop, on a core of its own.
+//! let runner = lp.clone();
+//! let t = thread::spawn(move || runner.run(|| {}));
+//! // ... open endpoints and send from any thread (thread-safe mode) ...
+//! # let _ = backend;
+//! lp.stop();
+//! t.join().unwrap();
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Use it when latency matters more than CPU time and the machine has a
+//! core to spare for each busy loop: a busy loop sharing its core with
+//! another busy thread only takes time slices away from it. Keep to one busy loop per process unless there are
+//! cores for more, and pin its thread if the system allows (for example
+//! `taskset`). The loop polls without a bound and never yields the thread;
+//! where the core must be shared, keep the default. This is the event
+//! loop's polling, not the kernel's `SO_BUSY_POLL` socket option, which
+//! this provider does not set: the kernel's TCP processing is the same in
+//! both modes. The conformance suite runs on busy-polling loops too
+//! (`tests/conformance_busy_poll.rs`).
 
 #![warn(missing_docs)]
 
