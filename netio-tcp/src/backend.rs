@@ -29,7 +29,9 @@ use netio_core::{
 };
 
 use crate::config::TcpConfig;
-use crate::conn::{Conn, Ev, Flushed, LingerStatus, Lingering, Out, Payload, Phase, Reader};
+use crate::conn::{
+    Conn, Ev, Flushed, LingerStatus, Lingering, Out, Payload, Phase, Reader, Release,
+};
 use crate::socket;
 use crate::wire::{
     CloseCode, CloseFrame, DataPrefix, Frame, FrameDecoder, Handshake, WireError, MAX_MESSAGE_LEN,
@@ -37,6 +39,8 @@ use crate::wire::{
 
 /// Reads per readable event before other sources get a turn.
 const MAX_READS_PER_EVENT: usize = 32;
+/// Connections accepted per listener event before other sources get a turn.
+const MAX_ACCEPTS_PER_EVENT: usize = 256;
 /// Period of the timer that enforces handshake and linger deadlines.
 const DEADLINE_TICK: Duration = Duration::from_millis(50);
 
@@ -74,6 +78,10 @@ struct Listener {
     /// The pool of a listener opened with `recv.use_shared_pool` and its
     /// own sizes, shared by the connections it accepts.
     recv_pool: Option<BufferPool>,
+    /// Accepting failed for want of a resource (descriptors, memory): the
+    /// deadline timer tries again, since no new readiness event may come
+    /// for the connections waiting in the backlog.
+    retry_accept: bool,
 }
 
 #[derive(Default)]
@@ -223,6 +231,18 @@ impl TcpBackend {
 
     /// What this provider supports: everything.
     pub const FEATURES: Features = Features::ALL;
+
+    /// Bytes of messages accepted for sending and not yet handed to a
+    /// socket, over every connection, closing ones included. Per
+    /// connection it is bounded by `send_queue_depth` copy or zero-copy
+    /// messages plus its send pool's buffers, however slowly the peer
+    /// reads.
+    pub fn queued_send_bytes(&self) -> usize {
+        let st = lock(&self.inner.state);
+        let open: usize = st.conns.values().map(Conn::queued_bytes).sum();
+        let closing: usize = st.lingering.values().map(Lingering::pending_bytes).sum();
+        open + closing
+    }
 }
 
 impl Inner {
@@ -312,8 +332,14 @@ impl Inner {
                 match ev {
                     Ev::Established(r, caps) => h.on_connection_established(&backend, r, caps),
                     Ev::Refused(r, why) => h.on_connection_refused(&backend, r, &why),
-                    Ev::Closed(r, why, keys) => h.on_connection_closed(&backend, r, &why, &keys),
-                    Ev::Completed(r, key) => h.on_send_completed(&backend, r, key),
+                    Ev::Closed(r, why, keys, buffers) => {
+                        drop(buffers);
+                        h.on_connection_closed(&backend, r, &why, &keys)
+                    }
+                    Ev::Completed(r, key, release) => {
+                        release.release();
+                        h.on_send_completed(&backend, r, key)
+                    }
                 }
             }
         }
@@ -355,10 +381,11 @@ impl Inner {
             .is_some_and(|r| r.assembling.take().is_some());
         let text = reason.to_string();
         if let Some(key) = ended.completed {
-            st.events.push(Ev::Completed(c.remote, key));
+            st.events
+                .push(Ev::Completed(c.remote, key, Release::Nothing));
         }
         st.events
-            .push(Ev::Closed(c.remote, reason, ended.cancelled));
+            .push(Ev::Closed(c.remote, reason, ended.cancelled, ended.buffers));
         match code {
             Some(code) => {
                 rest.extend_from_slice(CloseFrame::new(code, &text).as_bytes());
@@ -779,23 +806,39 @@ impl Inner {
         true
     }
 
-    /// A readiness event of listener `addr`: accepts every pending
-    /// connection.
+    /// A readiness event of listener `addr` (or a retry): accepts every
+    /// pending connection.
+    ///
+    /// mio is edge-triggered, so the backlog must be emptied: when the
+    /// budget is used up, accepting continues in a posted task. When the
+    /// process is out of descriptors (or memory) the connections wait in
+    /// the backlog and the deadline timer retries, instead of spinning on
+    /// the error or waiting for a readiness event that may never come.
     fn on_accept(self: &Arc<Self>, addr: EndpointAddress) {
+        let mut more = false;
         {
             let mut st = lock(&self.state);
-            for _ in 0..256 {
-                let Some(l) = st.listeners.get(&addr) else {
+            let mut budget = MAX_ACCEPTS_PER_EVENT;
+            while let Some(l) = st.listeners.get_mut(&addr) {
+                if budget == 0 {
+                    more = true;
                     break;
-                };
+                }
+                budget -= 1;
                 let (stream, peer) = match l.sock.accept() {
                     Ok(x) => x,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    // Out of descriptors or a connection aborted before it
-                    // was accepted: nothing to report, try the next.
-                    Err(_) => break,
+                    Err(e) if accept_error_is_transient(&e) => continue,
+                    Err(_) => {
+                        // Out of descriptors or memory, or a failure this
+                        // side cannot tell apart from it: try again on the
+                        // next tick.
+                        l.retry_accept = true;
+                        self.ensure_timer(&mut st);
+                        break;
+                    }
                 };
+                l.retry_accept = false;
                 let params = l.params.clone();
                 let pool = l.recv_pool.clone();
                 let _ = socket::tune_stream(&stream, &self.tcp);
@@ -814,6 +857,9 @@ impl Inner {
                     pool,
                 );
             }
+        }
+        if more {
+            self.post_with(move |i| i.on_accept(addr));
         }
         self.dispatch();
     }
@@ -892,6 +938,7 @@ impl Inner {
     /// The deadline timer: gives up connections that took too long to
     /// establish, and lingering sockets that drained too long.
     fn on_tick(self: &Arc<Self>) {
+        let mut retry = Vec::new();
         {
             let mut st = lock(&self.state);
             let now = Instant::now();
@@ -922,12 +969,21 @@ impl Inner {
                     deregister(&self.lp, &l.stream, l.source);
                 }
             }
-            let pending =
-                st.conns.values().any(|c| c.deadline.is_some()) || !st.lingering.is_empty();
+            for (&addr, l) in st.listeners.iter_mut() {
+                if std::mem::take(&mut l.retry_accept) {
+                    retry.push(addr);
+                }
+            }
+            let pending = st.conns.values().any(|c| c.deadline.is_some())
+                || !st.lingering.is_empty()
+                || !retry.is_empty();
             if !pending {
                 st.timer_running = false;
                 self.timer.stop();
             }
+        }
+        for addr in retry {
+            self.on_accept(addr);
         }
         self.dispatch();
     }
@@ -946,7 +1002,7 @@ impl Inner {
                 unbuffered: true, ..
             } = out
             {
-                c.unbuffered += 1;
+                c.in_flight.fetch_add(1, Ordering::AcqRel);
             }
             c.queue.push_back(out);
         }
@@ -978,6 +1034,17 @@ fn refuse_reason(e: &io::Error) -> RefuseReason {
     } else {
         RefuseReason::Other(e.to_string())
     }
+}
+
+/// `true` for accept errors that concern one pending connection only (it
+/// was aborted, or refused by a filter): accepting the next one may work.
+fn accept_error_is_transient(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::Interrupted
+        || e.kind() == io::ErrorKind::ConnectionAborted
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM | libc::EINTR)
+        )
 }
 
 fn close_reason_for(e: &WireError) -> CloseReason {
@@ -1079,6 +1146,7 @@ impl Backend for TcpBackend {
                 source,
                 params,
                 recv_pool,
+                retry_accept: false,
             },
         );
         Ok(bound)
@@ -1256,7 +1324,7 @@ impl Backend for TcpBackend {
             .ok_or(SendError::NotSupported(
                 "zero-copy sending needs a registered region (ConnectionParams::with_zero_copy)",
             ))?;
-        if c.unbuffered >= inner.config.send_queue_depth {
+        if c.in_flight.load(Ordering::Acquire) >= inner.config.send_queue_depth {
             return Err(SendError::NoResources);
         }
         let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
@@ -1291,7 +1359,7 @@ impl Backend for TcpBackend {
         let Some(c) = st.conns.get_mut(&id) else {
             return Err(SendError::UnknownActiveEndpoint(remote));
         };
-        if c.unbuffered >= inner.config.send_queue_depth {
+        if c.in_flight.load(Ordering::Acquire) >= inner.config.send_queue_depth {
             return Err(SendError::NoResources);
         }
         let mut v = c.take_vec(prefix.as_bytes().len() + payload_len);

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,8 +31,38 @@ const MAX_SPARE_VEC_CAPACITY: usize = 64 * 1024;
 pub(crate) enum Ev {
     Established(EndpointAddress, Capabilities),
     Refused(EndpointAddress, RefuseReason),
-    Closed(EndpointAddress, CloseReason, Vec<u64>),
-    Completed(EndpointAddress, u64),
+    /// With the pool buffers of the cancelled sends, given back when the
+    /// close is reported.
+    Closed(EndpointAddress, CloseReason, Vec<u64>, Vec<NetworkBuffer>),
+    Completed(EndpointAddress, u64, Release),
+}
+
+/// What a send holds until its completion is reported to the handler: a
+/// slot of the connection's send queue depth, or its pool buffer. So a
+/// handler never sees more sends in flight than the depth or the pool
+/// allows, however long reporting takes.
+#[derive(Debug)]
+pub(crate) enum Release {
+    /// Nothing (the connection is gone).
+    Nothing,
+    /// A copy or zero-copy send's slot: the connection's in-flight count.
+    Slot(Arc<AtomicUsize>),
+    /// A buffered send's buffer.
+    Buffer(NetworkBuffer),
+}
+
+impl Release {
+    /// Gives the slot or buffer back; called right before the completion
+    /// is reported, so the handler may send again from its callback.
+    pub(crate) fn release(self) {
+        match self {
+            Release::Nothing => {}
+            Release::Slot(n) => {
+                n.fetch_sub(1, Ordering::AcqRel);
+            }
+            Release::Buffer(b) => drop(b),
+        }
+    }
 }
 
 /// The bytes of a message after its prefix.
@@ -209,8 +239,9 @@ pub(crate) struct Conn {
     pub(crate) queue: VecDeque<Out>,
     /// Bytes of the front of `queue` already written.
     pub(crate) offset: usize,
-    /// Copy and zero-copy sends in flight.
-    pub(crate) unbuffered: usize,
+    /// Copy and zero-copy sends queued or completed but not yet reported
+    /// (see [`Release`]).
+    pub(crate) in_flight: Arc<AtomicUsize>,
     /// In the backend's list of connections to flush.
     pub(crate) dirty: bool,
     /// Give up if not established by then.
@@ -254,11 +285,17 @@ impl Conn {
             recv_blocked: false,
             queue,
             offset: 0,
-            unbuffered: 0,
+            in_flight: Arc::new(AtomicUsize::new(0)),
             dirty: false,
             deadline: Some(deadline),
             spare: Vec::new(),
         }
+    }
+
+    /// Bytes queued and not yet written.
+    pub(crate) fn queued_bytes(&self) -> usize {
+        let total: usize = self.queue.iter().map(Out::len).sum();
+        total - self.offset
     }
 
     /// A vector for a copy send, reused when one is spare.
@@ -291,7 +328,11 @@ impl Conn {
             let written = {
                 let mut iov = [IoSlice::new(&[]); MAX_IOV];
                 let n = fill_iov(&self.queue, self.offset, &mut iov);
-                (&*self.stream).write_vectored(&iov[..n])
+                // `sendmsg` with MSG_NOSIGNAL rather than `writev`: a peer
+                // that resets the connection must not kill a process that
+                // has not ignored SIGPIPE.
+                socket2::SockRef::from(&*self.stream)
+                    .send_vectored_with_flags(&iov[..n], libc::MSG_NOSIGNAL)
             };
             match written {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -325,11 +366,18 @@ impl Conn {
                 ..
             }) = self.queue.pop_front()
             {
-                if unbuffered {
-                    self.unbuffered -= 1;
-                }
-                self.recycle(payload);
-                events.push(Ev::Completed(self.remote, key));
+                let release = match payload {
+                    Payload::Buffer(b) => Release::Buffer(b),
+                    other => {
+                        self.recycle(other);
+                        if unbuffered {
+                            Release::Slot(Arc::clone(&self.in_flight))
+                        } else {
+                            Release::Nothing
+                        }
+                    }
+                };
+                events.push(Ev::Completed(self.remote, key, release));
             }
         }
     }
@@ -364,9 +412,16 @@ impl Conn {
                 });
             }
         }
-        self.queue.clear();
+        for out in self.queue.drain(..) {
+            if let Out::Data {
+                payload: Payload::Buffer(b),
+                ..
+            } = out
+            {
+                ended.buffers.push(b);
+            }
+        }
         self.offset = 0;
-        self.unbuffered = 0;
         ended
     }
 }
@@ -380,6 +435,9 @@ pub(crate) struct Ended {
     pub(crate) completed: Option<u64>,
     /// Bytes still to write before a CLOSE frame.
     pub(crate) rest: Vec<u8>,
+    /// Pool buffers of the ended sends, to give back when the end is
+    /// reported.
+    pub(crate) buffers: Vec<NetworkBuffer>,
 }
 
 /// A connection closed by this side, finishing its last frame and its
@@ -423,6 +481,11 @@ impl Lingering {
         }
     }
 
+    /// Bytes still to write before the sending direction is shut down.
+    pub(crate) fn pending_bytes(&self) -> usize {
+        self.pending.len() - self.written
+    }
+
     /// Writes what is pending, shuts down the sending direction, then reads
     /// and discards until end of stream.
     pub(crate) fn progress(&mut self) -> LingerStatus {
@@ -438,6 +501,7 @@ impl Lingering {
         if !self.shut {
             self.shut = true;
             self.pending = Vec::new();
+            self.written = 0;
             if self.stream.shutdown(std::net::Shutdown::Write).is_err() {
                 return LingerStatus::Done;
             }
@@ -553,12 +617,12 @@ mod tests {
             [0; HANDSHAKE_LEN],
         );
         c.queue = q;
-        c.unbuffered = 3;
+        c.in_flight.store(3, Ordering::Relaxed);
         c.advance(written, events);
         let keys = events
             .iter()
             .filter_map(|e| match e {
-                Ev::Completed(_, k) => Some(*k),
+                Ev::Completed(_, k, _) => Some(*k),
                 _ => None,
             })
             .collect();

@@ -85,6 +85,7 @@ pub enum Ev {
 
 type DataHook = Box<dyn FnMut(&TcpBackend, EndpointAddress, &[u8]) + Send>;
 type EstablishedHook = Box<dyn FnMut(&TcpBackend, EndpointAddress) + Send>;
+type CompletedHook = Box<dyn FnMut(&TcpBackend, EndpointAddress, u64) + Send>;
 
 /// Records every event; optional hooks act on some.
 #[derive(Default)]
@@ -92,6 +93,8 @@ pub struct Recorder {
     pub events: Arc<Mutex<Vec<Ev>>>,
     pub on_data: Option<DataHook>,
     pub on_established: Option<EstablishedHook>,
+    /// Runs after a completion is recorded.
+    pub on_completed: Option<CompletedHook>,
     /// Record data events (off for bulk tests that only count).
     pub skip_data: bool,
     pub data_count: Arc<std::sync::atomic::AtomicUsize>,
@@ -132,8 +135,11 @@ impl Handler<TcpBackend> for Recorder {
             h(b, r, d);
         }
     }
-    fn on_send_completed(&mut self, _: &TcpBackend, r: EndpointAddress, k: u64) {
+    fn on_send_completed(&mut self, b: &TcpBackend, r: EndpointAddress, k: u64) {
         self.events.lock().unwrap().push(Ev::Completed(r, k));
+        if let Some(h) = &mut self.on_completed {
+            h(b, r, k);
+        }
     }
 }
 
