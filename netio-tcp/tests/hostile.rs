@@ -870,3 +870,33 @@ fn a_send_holds_its_slot_and_buffer_until_its_completion_is_reported() {
         .all(|&k| client.has(|e| *e == Ev::Completed(addr, k)))));
     assert!(wait_until(|| server.data().len() == 5));
 }
+
+#[test]
+fn a_backlog_longer_than_one_accept_batch_is_accepted_whole() {
+    const PEERS: usize = 300;
+    let mut bench = Bench::new(TcpConfig::default(), ConnectionParams::receive(64, 1));
+    // Hold the loop while the peers connect, so they all wait in the
+    // listener's backlog behind a single readiness event.
+    let (release, gate) = mpsc::channel::<()>();
+    let (held_tx, held) = mpsc::channel::<()>();
+    bench.rt.lp.post(move || {
+        held_tx.send(()).unwrap();
+        let _ = gate.recv_timeout(DEADLINE);
+    });
+    held.recv_timeout(DEADLINE).unwrap();
+    let mut peers: Vec<StdStream> = (0..PEERS)
+        .map(|_| raw::connect_with_handshake(bench.listen, 0))
+        .collect();
+    release.send(()).unwrap();
+    // Every one of them is accepted and answered.
+    for p in &mut peers {
+        assert_eq!(raw::read_n(p, HANDSHAKE_LEN), Handshake::new(64).encode());
+    }
+    assert!(wait_until(|| bench
+        .hostile_events()
+        .iter()
+        .filter(|e| matches!(e, Ev::Established(..)))
+        .count()
+        == PEERS));
+    bench.good_connection_still_works();
+}
