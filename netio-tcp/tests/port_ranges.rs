@@ -363,3 +363,35 @@ fn port_outside_range_is_refused() {
         inside
     );
 }
+
+/// Both ranges over ::1, where this host has it (the build script's probe;
+/// `conformance_v6` reports when it does not).
+#[cfg(netio_tcp_ipv6_loopback)]
+#[test]
+fn port_ranges_apply_over_ipv6_too() {
+    // Held on 127.0.0.1 so no other test of this binary picks them, then
+    // freed: the backend uses them on ::1.
+    let mut listen_block = Reserved::block(3);
+    let mut connect_block = Reserved::block(3);
+    listen_block.free_all();
+    connect_block.free_all();
+    let rt = Running::start();
+    let server = side(&rt, listen_ports(listen_block.range));
+    let client = side(&rt, connect_ports(connect_block.range));
+    let l = server
+        .b
+        .open_listen_endpoint(EndpointAddress::localhost_v6(0), params())
+        .expect("a port of the range on ::1");
+    assert_eq!(l.ip(), EndpointAddress::localhost_v6(0).ip());
+    assert!(listen_block.range.contains(l.port()), "{l}");
+    client.b.open_active_endpoint(l, params()).unwrap();
+    assert!(
+        wait_until(|| established(&server).len() == 1 && established(&client) == [l]),
+        "server {:?}, client {:?}",
+        server.events(),
+        client.events()
+    );
+    let peer = established(&server)[0];
+    assert_eq!(peer.ip(), l.ip());
+    assert!(connect_block.range.contains(peer.port()), "{peer}");
+}
