@@ -54,6 +54,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// [`TcpBackend::new`] on a [`MioLoop`], which must be run (on any thread)
 /// for anything to happen. See the [crate documentation](crate) for an
 /// example.
+///
+/// # Faulty and hostile peers
+///
+/// No input from a peer makes the backend panic, allocate beyond its pools
+/// or stop serving its other connections:
+///
+/// - A peer that is not a netio peer, speaks another version, or closes or
+///   stays silent during the handshake
+///   ([`TcpConfig::handshake_timeout`]) is turned away: the initiator
+///   reports `RefuseReason::Handshake`, the accepting side nothing.
+/// - A DATA frame above the receive limit (up to `u32::MAX`) closes the
+///   connection with `CloseReason::MessageTooLarge` before any of its body
+///   is read; other violations with `CloseReason::Protocol`; a frame cut
+///   short, a reset or a broken pipe with `CloseReason::Reset`. Writes never
+///   raise SIGPIPE.
+/// - A peer that never reads holds at most `send_queue_depth` copy or
+///   zero-copy sends and its send pool's buffers
+///   ([`queued_send_bytes`](Self::queued_send_bytes)); further sends answer
+///   `NoResources` or `get_buffer` gives `None`. A send keeps its slot or
+///   buffer until its completion has been reported to the handler.
+/// - When the process runs out of file descriptors, opening endpoints
+///   answers `NoResources`, and connections waiting to be accepted stay in
+///   the listener's backlog and are accepted once descriptors are free
+///   again (retried every 50 ms, without spinning).
+///
+/// A listener's or the backend's *shared* receive pool is shared with
+/// every peer using it: a peer that starts a message larger than the read
+/// buffer and then stalls holds one of its buffers until it completes,
+/// closes or is closed.
 #[derive(Clone)]
 pub struct TcpBackend {
     inner: Arc<Inner>,
