@@ -100,6 +100,8 @@ impl Bench {
             .server
             .has(|e| matches!(e, Ev::Closed(r, ..) if *r == good)));
         assert!(!self.client.has(|e| matches!(e, Ev::Closed(..))));
+        // No callback panicked out of the loop.
+        assert!(self.rt.lp.is_running(), "the loop thread is still running");
     }
 
     /// The server's events about connections other than the good one.

@@ -187,4 +187,5 @@ fn running_out_of_file_descriptors_gives_a_clear_error() {
         .expect("listening again");
     assert!(!server.has(|e| matches!(e, Ev::Closed(..) | Ev::Refused(..))));
     assert!(!client.has(|e| matches!(e, Ev::Closed(..) | Ev::Refused(..))));
+    assert!(rt.lp.is_running(), "no callback panicked out of the loop");
 }

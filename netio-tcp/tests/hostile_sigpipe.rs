@@ -74,4 +74,5 @@ fn a_peer_that_shuts_down_then_resets_raises_no_sigpipe() {
     assert!(wait_until(
         || server.has(|e| *e == Ev::Data(good, b"ping".to_vec()))
     ));
+    assert!(rt.lp.is_running(), "no callback panicked out of the loop");
 }
