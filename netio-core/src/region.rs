@@ -93,7 +93,50 @@ impl RegionSlice {
 /// (on completion or cancellation) gives them back.
 pub struct Lent {
     region: Arc<RegionInner>,
-    ranges: Vec<(usize, usize)>,
+    ranges: Ranges,
+}
+
+/// How many lent ranges a [`Lent`] keeps inline before it allocates: a
+/// zero-copy send of up to this many slices allocates nothing.
+const INLINE_RANGES: usize = 4;
+
+/// The `(offset, len)` ranges of a [`Lent`]: inline for the common case of
+/// a few slices, on the heap beyond.
+enum Ranges {
+    Inline([(usize, usize); INLINE_RANGES], usize),
+    Heap(Vec<(usize, usize)>),
+}
+
+impl Ranges {
+    fn with_capacity(n: usize) -> Self {
+        if n <= INLINE_RANGES {
+            Ranges::Inline([(0, 0); INLINE_RANGES], 0)
+        } else {
+            Ranges::Heap(Vec::with_capacity(n))
+        }
+    }
+
+    fn push(&mut self, r: (usize, usize)) {
+        match self {
+            Ranges::Inline(a, n) if *n < INLINE_RANGES => {
+                a[*n] = r;
+                *n += 1;
+            }
+            Ranges::Inline(a, n) => {
+                let mut v = a[..*n].to_vec();
+                v.push(r);
+                *self = Ranges::Heap(v);
+            }
+            Ranges::Heap(v) => v.push(r),
+        }
+    }
+
+    fn as_slice(&self) -> &[(usize, usize)] {
+        match self {
+            Ranges::Inline(a, n) => &a[..*n],
+            Ranges::Heap(v) => v,
+        }
+    }
 }
 
 impl MemoryRegion {
@@ -180,7 +223,7 @@ impl MemoryRegion {
     /// guard is dropped. Providers call this when they accept a zero-copy
     /// send.
     pub fn lend(&self, slices: &[RegionSlice]) -> Result<Lent, RegionError> {
-        let mut ranges = Vec::with_capacity(slices.len());
+        let mut ranges = Ranges::with_capacity(slices.len());
         for s in slices {
             if s.region != self.inner.id {
                 return Err(RegionError::ForeignSlice);
@@ -188,7 +231,7 @@ impl MemoryRegion {
             self.inner.check_bounds(s.offset, s.len)?;
             ranges.push((s.offset, s.len));
         }
-        crate::sync_std_lock(&self.inner.lent).extend_from_slice(&ranges);
+        crate::sync_std_lock(&self.inner.lent).extend_from_slice(ranges.as_slice());
         Ok(Lent {
             region: Arc::clone(&self.inner),
             ranges,
@@ -226,7 +269,7 @@ impl fmt::Debug for MemoryRegion {
 impl Lent {
     /// The lent bytes, one chunk per slice, in the order given.
     pub fn chunks(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        self.ranges.iter().map(move |&(off, len)| {
+        self.ranges.as_slice().iter().map(move |&(off, len)| {
             // SAFETY: the range was bounds-checked in `lend` and is recorded
             // as lent until `self` drops, so the safe API cannot write it;
             // the region memory lives as long as `self.region`.
@@ -241,7 +284,7 @@ impl Lent {
 
     /// Total number of lent bytes.
     pub fn len(&self) -> usize {
-        self.ranges.iter().map(|r| r.1).sum()
+        self.ranges.as_slice().iter().map(|r| r.1).sum()
     }
 
     /// `true` if no bytes are lent.
@@ -254,7 +297,7 @@ impl fmt::Debug for Lent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lent")
             .field("region", &self.region.id)
-            .field("ranges", &self.ranges)
+            .field("ranges", &self.ranges.as_slice())
             .finish()
     }
 }
@@ -262,7 +305,7 @@ impl fmt::Debug for Lent {
 impl Drop for Lent {
     fn drop(&mut self) {
         let mut lent = crate::sync_std_lock(&self.region.lent);
-        for r in &self.ranges {
+        for r in self.ranges.as_slice() {
             if let Some(pos) = lent.iter().position(|x| x == r) {
                 lent.swap_remove(pos);
             }
@@ -338,6 +381,20 @@ mod tests {
         let b = MemoryRegion::new(10);
         let s = b.slice(0, 4).unwrap();
         assert_eq!(a.lend(&[s]).unwrap_err(), RegionError::ForeignSlice);
+    }
+
+    #[test]
+    fn many_slices_are_lent_in_order_beyond_the_inline_capacity() {
+        let r = MemoryRegion::from_vec((0u8..20).collect());
+        let slices: Vec<_> = (0..10).rev().map(|i| r.slice(i * 2, 2).unwrap()).collect();
+        let lent = r.lend(&slices).unwrap();
+        let got: Vec<u8> = lent.chunks().flatten().copied().collect();
+        let want: Vec<u8> = (0..10).rev().flat_map(|i| [i * 2, i * 2 + 1]).collect();
+        assert_eq!(got, want);
+        assert_eq!(lent.len(), 20);
+        assert!(r.write(19, b"x").is_err());
+        drop(lent);
+        r.write(0, &[9; 20]).unwrap();
     }
 
     #[test]
