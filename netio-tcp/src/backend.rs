@@ -41,7 +41,8 @@ use crate::wire::{
 const MAX_READS_PER_EVENT: usize = 32;
 /// Connections accepted per listener event before other sources get a turn.
 const MAX_ACCEPTS_PER_EVENT: usize = 256;
-/// Period of the timer that enforces handshake and linger deadlines.
+/// Period of the timer that enforces handshake, partial-message and linger
+/// deadlines.
 const DEADLINE_TICK: Duration = Duration::from_millis(50);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -78,11 +79,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   answers `NoResources`, and connections waiting to be accepted stay in
 ///   the listener's backlog and are accepted once descriptors are free
 ///   again (retried every 50 ms, without spinning).
-///
-/// A listener's or the backend's *shared* receive pool is shared with
-/// every peer using it: a peer that starts a message larger than the read
-/// buffer and then stalls holds one of its buffers until it completes,
-/// closes or is closed.
+/// - A message larger than the read buffer holds a buffer of the
+///   connection's receive pool until its last byte arrives. On a *shared*
+///   pool (a listener's, or the backend's) a peer that starts such a
+///   message and then stalls would starve every other connection using the
+///   pool: they stop reading once all its buffers are taken. So such a
+///   message must be complete within
+///   [`TcpConfig::partial_message_timeout`] (5 s by default) of taking its
+///   buffer; otherwise the connection is closed in the orderly way (CLOSE
+///   code 2) with `CloseReason::Protocol("message incomplete for 5s: …")`,
+///   the buffer returns to the pool and the waiting connections resume.
+///   The check costs nothing per message: the deadline timer runs while
+///   such a message is under way. A connection with its own receive pool
+///   is not limited, since its stalled message starves nobody else.
 #[derive(Clone)]
 pub struct TcpBackend {
     inner: Arc<Inner>,
@@ -634,9 +643,7 @@ impl Inner {
             match end {
                 ReadEnd::Continue => {}
                 ReadEnd::WouldBlock => {
-                    if let Some(c) = st.conns.get_mut(&id) {
-                        c.reader = Some(reader);
-                    }
+                    self.put_reader(&mut st, id, reader);
                     return;
                 }
                 ReadEnd::Eof | ReadEnd::Error(_) => {
@@ -659,15 +666,25 @@ impl Inner {
                     return;
                 }
             }
-            if let Some(c) = st.conns.get_mut(&id) {
-                c.reader = Some(reader);
-            }
+            self.put_reader(&mut st, id, reader);
         }
         // Budget used up with data left: continue after other sources.
         self.post_with(move |i| {
             i.on_readable(id);
             i.dispatch();
         });
+    }
+
+    /// Gives connection `id` its reader back. A message left incomplete in
+    /// a shared pool's buffer has a deadline, which the timer enforces.
+    fn put_reader(&self, st: &mut State, id: u64, reader: Reader) {
+        let partial = reader.partial_deadline().is_some();
+        if let Some(c) = st.conns.get_mut(&id) {
+            c.reader = Some(reader);
+        }
+        if partial {
+            self.ensure_timer(st);
+        }
     }
 
     fn drop_reader(&self, mut reader: Reader) {
@@ -732,7 +749,13 @@ impl Inner {
             }
             if reader.assembling.is_none() && reader.dec.starts_large_message() {
                 match pool.and_then(BufferPool::get) {
-                    Some(b) => reader.assembling = Some(b),
+                    Some(b) => {
+                        reader.assembling = Some(b);
+                        if reader.shared_pool {
+                            reader.partial_deadline =
+                                Instant::now().checked_add(self.tcp.partial_message_timeout);
+                        }
+                    }
                     None if pool.is_some() => {
                         let mut st = lock(&self.state);
                         if let Some(c) = st.conns.get_mut(&id) {
@@ -760,8 +783,11 @@ impl Inner {
                     let hd = h.get_or_insert_with(|| lock(&self.handler));
                     hd.on_data(backend, remote, msg);
                 }
-                Frame::DataPart { bytes, .. } => {
+                Frame::DataPart {
+                    bytes, total_len, ..
+                } => {
                     let complete = frame.completes_message();
+                    reader.assembling_len = total_len;
                     let Some(buf) = reader.assembling.as_mut() else {
                         drop(h);
                         let mut st = lock(&self.state);
@@ -779,6 +805,7 @@ impl Inner {
                         return Step::Stop;
                     }
                     if complete {
+                        reader.partial_deadline = None;
                         if let Some(buf) = reader.assembling.take() {
                             let hd = h.get_or_insert_with(|| lock(&self.handler));
                             hd.on_data(backend, remote, buf.as_slice());
@@ -965,12 +992,37 @@ impl Inner {
     }
 
     /// The deadline timer: gives up connections that took too long to
-    /// establish, and lingering sockets that drained too long.
+    /// establish, closes connections whose message holds a shared pool's
+    /// buffer too long, and ends lingering sockets that drained too long.
     fn on_tick(self: &Arc<Self>) {
         let mut retry = Vec::new();
         {
             let mut st = lock(&self.state);
             let now = Instant::now();
+            // The loop thread is not reading now: every reader is in place.
+            let stalled: Vec<(u64, String)> = st
+                .conns
+                .iter()
+                .filter_map(|(&id, c)| {
+                    let r = c.reader.as_ref().filter(|r| r.partial_overdue(now))?;
+                    let got = r.assembling.as_ref().map_or(0, NetworkBuffer::len);
+                    let why = format!(
+                        "message incomplete for {:?}: {got} of {} bytes received",
+                        self.tcp.partial_message_timeout, r.assembling_len
+                    );
+                    Some((id, why))
+                })
+                .collect();
+            for (id, why) in stalled {
+                // Gives the buffer back and wakes the connections waiting
+                // for one.
+                self.close_conn(
+                    &mut st,
+                    id,
+                    Some(CloseCode::ProtocolError),
+                    CloseReason::Protocol(why),
+                );
+            }
             let late: Vec<(u64, Phase)> = st
                 .conns
                 .iter()
@@ -1003,8 +1055,12 @@ impl Inner {
                     retry.push(addr);
                 }
             }
-            let pending = st.conns.values().any(|c| c.deadline.is_some())
-                || !st.lingering.is_empty()
+            let pending = st.conns.values().any(|c| {
+                c.deadline.is_some()
+                    || c.reader
+                        .as_ref()
+                        .is_some_and(|r| r.partial_deadline().is_some())
+            }) || !st.lingering.is_empty()
                 || !retry.is_empty();
             if !pending {
                 st.timer_running = false;

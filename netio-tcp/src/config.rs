@@ -41,6 +41,34 @@ pub struct TcpConfig {
     /// sends, after its CLOSE frame, before the socket is closed. Default
     /// 2 s.
     pub close_linger: Duration,
+    /// How long a connection on a *shared* receive pool may hold a pool
+    /// buffer for a message that has not fully arrived. Default 5 s.
+    ///
+    /// A message longer than [`read_buffer_size`](Self::read_buffer_size)
+    /// takes a buffer of the connection's receive pool when its frame header
+    /// arrives and keeps it until its last byte has. A peer that starts such
+    /// a message and then stalls would otherwise keep the buffer as long as
+    /// the connection lives; on a shared pool (the backend's
+    /// [`shared_receive_pool`](netio_core::BackendConfig::shared_receive_pool),
+    /// or a listener's pool made with
+    /// [`use_shared_pool`](netio_core::RecvParams::use_shared_pool)) that
+    /// starves every other connection using the pool, which stops reading
+    /// once all its buffers are taken. So a message still incomplete this
+    /// long after its buffer was taken closes the connection in the orderly
+    /// way (CLOSE frame code 2) with
+    /// [`CloseReason::Protocol`](netio_core::CloseReason::Protocol)
+    /// (`"message incomplete for 5s: …"`), its buffer returns to the pool and
+    /// waiting connections resume reading. Deadlines are checked every
+    /// 50 ms while such a message is under way (nothing is done per
+    /// message), so the close may come up to 50 ms late.
+    ///
+    /// It bounds the whole message, not the pauses in it: a large message
+    /// must arrive within this time, so set it above what the pool's buffer
+    /// size takes on the slowest link expected (`Duration::MAX`: no limit).
+    /// Connections with their own receive pool are not limited: a stalled
+    /// message there holds only their own buffer, and their later messages
+    /// wait behind it in the stream anyway.
+    pub partial_message_timeout: Duration,
     /// Backlog of listening sockets. Default 1024.
     pub listen_backlog: u32,
     /// The ports listeners may use, or `None` (default) for any port.
@@ -91,6 +119,7 @@ impl Default for TcpConfig {
             read_buffer_size: 64 * 1024,
             handshake_timeout: Duration::from_secs(10),
             close_linger: Duration::from_secs(2),
+            partial_message_timeout: Duration::from_secs(5),
             listen_backlog: 1024,
             listen_ports: None,
             connect_ports: None,

@@ -203,6 +203,28 @@ pub(crate) struct Reader {
     /// The receive-pool buffer a message too large for the read buffer is
     /// assembled in.
     pub(crate) assembling: Option<NetworkBuffer>,
+    /// Length of the message being assembled.
+    pub(crate) assembling_len: u32,
+    /// The receive pool is shared with other connections: a message may
+    /// hold one of its buffers until `partial_deadline` only.
+    pub(crate) shared_pool: bool,
+    /// When the message being assembled in a shared pool's buffer must be
+    /// complete (`TcpConfig::partial_message_timeout`); `None` when no such
+    /// message is under way.
+    pub(crate) partial_deadline: Option<Instant>,
+}
+
+impl Reader {
+    /// `true` if a message assembled in a shared pool's buffer is still
+    /// incomplete at `now`, past its deadline.
+    pub(crate) fn partial_overdue(&self, now: Instant) -> bool {
+        self.partial_deadline().is_some_and(|d| d <= now)
+    }
+
+    /// The deadline of the message under way in a shared pool's buffer.
+    pub(crate) fn partial_deadline(&self) -> Option<Instant> {
+        self.assembling.as_ref().and(self.partial_deadline)
+    }
 }
 
 /// What a flush achieved.
@@ -266,6 +288,7 @@ impl Conn {
     ) -> Self {
         let mut queue = VecDeque::new();
         queue.push_back(Out::Handshake(handshake));
+        let shared_pool = params.recv.use_shared_pool;
         Self {
             remote,
             stream,
@@ -278,6 +301,9 @@ impl Conn {
             reader: Some(Reader {
                 dec: FrameDecoder::new(0, recv_limit),
                 assembling: None,
+                assembling_len: 0,
+                shared_pool,
+                partial_deadline: None,
             }),
             recv_limit,
             recv_pool,

@@ -17,7 +17,7 @@ use common::raw;
 use common::{wait_until, Ev, Recorder, Running, Side, DEADLINE};
 use netio_core::{
     Backend, BackendConfig, BufferError, CloseReason, ConnectionParams, EndpointAddress,
-    RefuseReason, SendError,
+    PoolParams, RefuseReason, SendError,
 };
 use netio_tcp::wire::{CloseCode, CloseFrame, DataPrefix, Handshake, HANDSHAKE_LEN};
 use netio_tcp::TcpConfig;
@@ -901,4 +901,133 @@ fn a_backlog_longer_than_one_accept_batch_is_accepted_whole() {
         .count()
         == PEERS));
     bench.good_connection_still_works();
+}
+
+#[test]
+fn stalled_partial_message_does_not_starve_a_shared_pool() {
+    const TIMEOUT: Duration = Duration::from_millis(200);
+    const BIG: usize = 50_000;
+    // Messages above 4 KiB are assembled in a pool buffer.
+    let tcp = TcpConfig {
+        read_buffer_size: 4096,
+        partial_message_timeout: TIMEOUT,
+        close_linger: Duration::from_millis(300),
+        ..TcpConfig::default()
+    };
+    let backend_pool = BackendConfig {
+        shared_receive_pool: Some(PoolParams::new(100_000, 1)),
+        ..BackendConfig::default()
+    };
+    // A listener's shared pool of one buffer, and the backend's.
+    let cases = [
+        (
+            BackendConfig::default(),
+            ConnectionParams::receive(100_000, 1).with_shared_receive(),
+        ),
+        (
+            backend_pool,
+            ConnectionParams::default().with_shared_receive(),
+        ),
+    ];
+    for (config, params) in cases {
+        let mut bench = Bench::with(config, tcp.clone(), params, Recorder::default());
+        let (listen, good) = (bench.listen, bench.good);
+        let big =
+            |seed: u32| -> Vec<u8> { (0..BIG as u32).map(|i| (i % 241 + seed) as u8).collect() };
+
+        // A peer on a listener with per-connection pools stalls first: it
+        // is not limited, since it starves nobody.
+        let own = bench
+            .server
+            .b
+            .open_listen_endpoint(
+                EndpointAddress::localhost(0),
+                ConnectionParams::receive(100_000, 1),
+            )
+            .unwrap();
+        let mut patient = raw::connect_with_handshake(own, 0);
+        let patient_remote = bench.wait_established(&patient);
+        let mut out = raw::data_frame(b"patient");
+        out.extend_from_slice(&raw::frame_header(1, BIG as u32));
+        out.extend_from_slice(&big(1)[..BIG / 2]);
+        patient.write_all(&out).unwrap();
+        bench.wait_hostile(
+            "the patient peer's first message",
+            |e| matches!(e, Ev::Data(r, d) if *r == patient_remote && d == b"patient"),
+        );
+
+        // A peer on the shared pool: a small message, then half of a large
+        // one in the same write, so the pool's only buffer is taken by the
+        // time the small message is reported; then silence.
+        let mut stalled = raw::connect_with_handshake(listen, 0);
+        let remote = bench.wait_established(&stalled);
+        let mut out = raw::data_frame(b"before");
+        out.extend_from_slice(&raw::frame_header(1, BIG as u32));
+        out.extend_from_slice(&[9u8; BIG / 2]);
+        stalled.write_all(&out).unwrap();
+        bench.wait_hostile(
+            "the stalled peer's first message",
+            |e| matches!(e, Ev::Data(r, d) if *r == remote && d == b"before"),
+        );
+
+        // The good client needs the pool's buffer too: its message arrives
+        // once the stalled peer has been closed for it.
+        let first = big(2);
+        bench
+            .client
+            .b
+            .send_data_copy(listen, &[&first], &[], 1)
+            .unwrap();
+        assert!(
+            wait_until(|| bench.server.has(|e| *e == Ev::Data(good, first.clone()))),
+            "the good client's large message: {:?}",
+            bench.hostile_events()
+        );
+        let events = bench.server.events();
+        let closed = events.iter().position(|e| {
+            matches!(e, Ev::Closed(r, CloseReason::Protocol(why), keys)
+                if *r == remote && keys.is_empty()
+                    && why.contains("message incomplete for 200ms")
+                    && why.contains(&format!("of {BIG} bytes received")))
+        });
+        let delivered = events
+            .iter()
+            .position(|e| *e == Ev::Data(good, first.clone()));
+        assert!(
+            closed.is_some() && closed < delivered,
+            "the stalled peer is closed first: {events:?}"
+        );
+        assert_eq!(bench.data_from(remote), vec![b"before".to_vec()]);
+        // It gets a CLOSE frame (protocol error), then end of stream.
+        let got = raw::read_to_end(&mut stalled);
+        assert_eq!(raw::close_code_after_handshake(&got), Some(2), "{got:?}");
+
+        // The buffer is back: the next large message arrives too.
+        let second = big(3);
+        bench
+            .client
+            .b
+            .send_data_copy(listen, &[&second], &[], 2)
+            .unwrap();
+        assert!(
+            wait_until(|| bench.server.has(|e| *e == Ev::Data(good, second.clone()))),
+            "the good client's second large message: {:?}",
+            bench.hostile_events()
+        );
+        assert!(wait_until(
+            || (1..=2).all(|k| bench.client.has(|e| *e == Ev::Completed(listen, k)))
+        ));
+
+        // The peer with its own pool stalled longer, and is still open: its
+        // message completes.
+        assert!(!bench
+            .server
+            .has(|e| matches!(e, Ev::Closed(r, ..) if *r == patient_remote)));
+        patient.write_all(&big(1)[BIG / 2..]).unwrap();
+        bench.wait_hostile(
+            "the patient peer's large message",
+            |e| matches!(e, Ev::Data(r, d) if *r == patient_remote && *d == big(1)),
+        );
+        bench.good_connection_still_works();
+    }
 }
