@@ -685,36 +685,15 @@ impl World {
         }
         match pkt {
             Ctrl::Syn => self.on_syn(conn),
+            // The initiator (side 0) is open once the SYN-ACK is back and
+            // answers with the ACK that opens the acceptor (side 1).
             Ctrl::SynAck => {
-                let Some(s) = self.side_mut(conn, 0) else {
-                    return;
-                };
-                if !matches!(s.state, SideState::Connecting) {
-                    return;
+                if self.establish_side(conn, 0) {
+                    self.send_ctrl(conn, 1, Ctrl::Ack);
                 }
-                s.state = SideState::Open;
-                let (b, remote, caps) = (s.backend, s.remote, s.caps);
-                self.sched
-                    .emit(&self.backends, b, NetEv::Established(remote, caps));
-                let now = self.sched.now;
-                let c = self.conns.get_mut(&conn).expect("side exists");
-                Self::kick(&mut self.sched, conn, c, 1, now);
-                self.send_ctrl(conn, 1, Ctrl::Ack);
             }
             Ctrl::Ack => {
-                let Some(s) = self.side_mut(conn, 1) else {
-                    return;
-                };
-                if !matches!(s.state, SideState::Connecting) {
-                    return;
-                }
-                s.state = SideState::Open;
-                let (b, remote, caps) = (s.backend, s.remote, s.caps);
-                self.sched
-                    .emit(&self.backends, b, NetEv::Established(remote, caps));
-                let now = self.sched.now;
-                let c = self.conns.get_mut(&conn).expect("side exists");
-                Self::kick(&mut self.sched, conn, c, 0, now);
+                self.establish_side(conn, 1);
             }
             Ctrl::Refuse(reason) => {
                 if matches!(
@@ -798,6 +777,26 @@ impl World {
         if accepted {
             self.send_ctrl(conn, 1, Ctrl::Close(CloseReason::Reset));
         }
+    }
+
+    /// Opens `side` of a connection that is still connecting: reports it
+    /// established and lets the other side's queued messages flow towards
+    /// it. Returns `false` (and does nothing) if the side is gone or open.
+    fn establish_side(&mut self, conn: ConnId, side: usize) -> bool {
+        let Some(s) = self.side_mut(conn, side) else {
+            return false;
+        };
+        if !matches!(s.state, SideState::Connecting) {
+            return false;
+        }
+        s.state = SideState::Open;
+        let (b, remote, caps) = (s.backend, s.remote, s.caps);
+        self.sched
+            .emit(&self.backends, b, NetEv::Established(remote, caps));
+        let now = self.sched.now;
+        let c = self.conns.get_mut(&conn).expect("side exists");
+        Self::kick(&mut self.sched, conn, c, 1 - side, now);
+        true
     }
 
     /// Ends `side`: its unfinished sends are cancelled, its endpoint name is
