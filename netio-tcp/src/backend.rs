@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -1080,6 +1080,31 @@ impl Inner {
         (st.conns.get(&id)?.phase == Phase::Established).then_some(id)
     }
 
+    /// The common start of every send: checks the calling thread, locks the
+    /// state and finds the established connection to `remote`.
+    fn send_target(
+        &self,
+        remote: EndpointAddress,
+    ) -> Result<(MutexGuard<'_, State>, u64), SendError> {
+        if !self.thread_ok() {
+            return Err(SendError::WrongThread);
+        }
+        let st = lock(&self.state);
+        let id = self
+            .established(&st, remote)
+            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        Ok((st, id))
+    }
+
+    /// `NoResources` when `send_queue_depth` copy and zero-copy sends of a
+    /// connection are in flight.
+    fn check_queue_depth(&self, in_flight: &AtomicUsize) -> Result<(), SendError> {
+        if in_flight.load(Ordering::Acquire) >= self.config.send_queue_depth {
+            return Err(SendError::NoResources);
+        }
+        Ok(())
+    }
+
     /// Queues a DATA frame on an established connection.
     fn enqueue(&self, st: &mut State, id: u64, out: Out) {
         if let Some(c) = st.conns.get_mut(&id) {
@@ -1361,13 +1386,7 @@ impl Backend for TcpBackend {
 
     fn send_buffer(&self, remote: EndpointAddress, buffer: NetworkBuffer) -> Result<(), SendError> {
         let inner = &self.inner;
-        if !inner.thread_ok() {
-            return Err(SendError::WrongThread);
-        }
-        let mut st = lock(&inner.state);
-        let id = inner
-            .established(&st, remote)
-            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        let (mut st, id) = inner.send_target(remote)?;
         let owns = st.conns[&id]
             .send_pool
             .as_ref()
@@ -1393,13 +1412,7 @@ impl Backend for TcpBackend {
         key: u64,
     ) -> Result<(), SendError> {
         let inner = &self.inner;
-        if !inner.thread_ok() {
-            return Err(SendError::WrongThread);
-        }
-        let mut st = lock(&inner.state);
-        let id = inner
-            .established(&st, remote)
-            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        let (mut st, id) = inner.send_target(remote)?;
         header_check(header)?;
         let c = &st.conns[&id];
         let region = c
@@ -1409,9 +1422,7 @@ impl Backend for TcpBackend {
             .ok_or(SendError::NotSupported(
                 "zero-copy sending needs a registered region (ConnectionParams::with_zero_copy)",
             ))?;
-        if c.in_flight.load(Ordering::Acquire) >= inner.config.send_queue_depth {
-            return Err(SendError::NoResources);
-        }
+        inner.check_queue_depth(&c.in_flight)?;
         let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
         let prefix = prefix_for(header, payload_len)?;
         let lent = region.lend(data).map_err(|_| SendError::OutsideRegion)?;
@@ -1431,22 +1442,14 @@ impl Backend for TcpBackend {
         key: u64,
     ) -> Result<(), SendError> {
         let inner = &self.inner;
-        if !inner.thread_ok() {
-            return Err(SendError::WrongThread);
-        }
-        let mut st = lock(&inner.state);
-        let id = inner
-            .established(&st, remote)
-            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        let (mut st, id) = inner.send_target(remote)?;
         header_check(header)?;
         let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
         let prefix = prefix_for(header, payload_len)?;
         let Some(c) = st.conns.get_mut(&id) else {
             return Err(SendError::UnknownActiveEndpoint(remote));
         };
-        if c.in_flight.load(Ordering::Acquire) >= inner.config.send_queue_depth {
-            return Err(SendError::NoResources);
-        }
+        inner.check_queue_depth(&c.in_flight)?;
         let mut v = c.take_vec(prefix.as_bytes().len() + payload_len);
         v.extend_from_slice(prefix.as_bytes());
         for d in data {

@@ -15,13 +15,11 @@ use netio_core::{
 };
 use netio_tcp::TcpConfig;
 
-fn params() -> ConnectionParams {
-    ConnectionParams::receive(4096, 8).with_buffered(4096, 4)
-}
-
-#[test]
-fn copy_send_arrives_as_header_then_payload_over_ipv4() {
-    let rt = Running::start();
+/// A server and a client with default configurations on `rt`'s loop,
+/// connected over 127.0.0.1 with [`params`] on both sides. Returns the
+/// listener's address (the client's name for the connection) and the
+/// client's address as the server sees it.
+fn default_pair(rt: &Running) -> (Side, Side, EndpointAddress, EndpointAddress) {
     let server = Side::new(&rt.lp, BackendConfig::default());
     let client = Side::new(&rt.lp, BackendConfig::default());
     let (addr, peer) = connect(
@@ -31,6 +29,17 @@ fn copy_send_arrives_as_header_then_payload_over_ipv4() {
         params(),
         params(),
     );
+    (server, client, addr, peer)
+}
+
+fn params() -> ConnectionParams {
+    ConnectionParams::receive(4096, 8).with_buffered(4096, 4)
+}
+
+#[test]
+fn copy_send_arrives_as_header_then_payload_over_ipv4() {
+    let rt = Running::start();
+    let (server, client, addr, peer) = default_pair(&rt);
     assert_ne!(addr.port(), 0);
     assert_eq!(peer.ip(), addr.ip());
     let caps = client
@@ -288,15 +297,7 @@ fn message_on_a_connection_without_receive_is_a_protocol_error() {
 #[test]
 fn closing_reports_local_and_peer_closed_and_allows_reopening() {
     let rt = Running::start();
-    let server = Side::new(&rt.lp, BackendConfig::default());
-    let client = Side::new(&rt.lp, BackendConfig::default());
-    let (addr, peer) = connect(
-        &server,
-        &client,
-        EndpointAddress::localhost(0),
-        params(),
-        params(),
-    );
+    let (server, client, addr, peer) = default_pair(&rt);
     client.b.close_active_endpoint(addr).unwrap();
     assert!(matches!(
         client.b.close_active_endpoint(addr),
@@ -476,15 +477,7 @@ fn backpressure_stops_completions_until_the_receiver_reads() {
 #[test]
 fn closing_a_listener_closes_what_it_accepted() {
     let rt = Running::start();
-    let server = Side::new(&rt.lp, BackendConfig::default());
-    let client = Side::new(&rt.lp, BackendConfig::default());
-    let (addr, peer) = connect(
-        &server,
-        &client,
-        EndpointAddress::localhost(0),
-        params(),
-        params(),
-    );
+    let (server, client, addr, peer) = default_pair(&rt);
     server.b.close_listen_endpoint(addr).unwrap();
     assert!(matches!(
         server.b.close_listen_endpoint(addr),
@@ -776,15 +769,7 @@ fn shared_pools_keep_memory_constant_as_connections_grow() {
 #[test]
 fn a_dropped_backend_closes_its_connections_in_order() {
     let rt = Running::start();
-    let server = Side::new(&rt.lp, BackendConfig::default());
-    let client = Side::new(&rt.lp, BackendConfig::default());
-    let (addr, _) = connect(
-        &server,
-        &client,
-        EndpointAddress::localhost(0),
-        params(),
-        params(),
-    );
+    let (server, client, addr, _) = default_pair(&rt);
     drop(server);
     // An idle connection has room for the goodbye: an orderly close.
     assert!(wait_until(|| client.has(
