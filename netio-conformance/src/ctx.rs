@@ -1,12 +1,46 @@
 //! Test context: a harness in one thread-safety mode, with helpers to make
-//! recorded backends, connect them, and call them the way the mode allows.
+//! recorded backends, connect them, call them the way the mode allows, hold
+//! a peer back, and fail fast with the cause when a rule breaks.
 
 use std::net::IpAddr;
+use std::panic::Location;
+use std::sync::mpsc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
-use netio_core::{Backend, BackendConfig, ConnectionParams, EndpointAddress, ThreadSafety};
+use netio_core::{
+    Backend, BackendConfig, ConnectionParams, EndpointAddress, MemoryRegion, SendError,
+    ThreadSafety,
+};
 
-use crate::harness::Harness;
+use crate::harness::{Harness, NodeId};
 use crate::recorder::{Log, React, Recorder};
+use crate::watch::{Watch, WatchdogGuard};
+
+/// Wall time the suite waits for a posted call to run on a loop thread.
+const POST_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Taken shared by every test of the suite and exclusively by the one that
+/// counts the process's resources, so no other test opens or closes
+/// descriptors meanwhile.
+static TURN: RwLock<()> = RwLock::new(());
+
+/// A guard on [`TURN`].
+pub(crate) enum Turn {
+    /// Any number of tests at once.
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
+    /// This test alone.
+    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
+}
+
+impl Turn {
+    pub(crate) fn shared() -> Self {
+        Self::Shared(TURN.read().unwrap_or_else(|p| p.into_inner()))
+    }
+    fn alone() -> Self {
+        Self::Alone(TURN.write().unwrap_or_else(|p| p.into_inner()))
+    }
+}
 
 /// A backend made for a test, with the log of its events.
 pub struct Node<H: Harness> {
@@ -16,6 +50,8 @@ pub struct Node<H: Harness> {
     pub log: Log,
     /// Its address.
     pub ip: IpAddr,
+    /// Its index in the harness.
+    pub id: NodeId,
 }
 
 /// Two connected backends.
@@ -31,21 +67,83 @@ pub struct Pair<H: Harness> {
     pub accepted: EndpointAddress,
 }
 
+/// How a test sends.
+#[derive(Debug, Clone)]
+pub enum SendMode {
+    /// `get_buffer` + `send_buffer`.
+    Buffered,
+    /// `send_data` from this region (registered on the connection).
+    ZeroCopy(MemoryRegion),
+    /// `send_data_copy`.
+    Copy,
+}
+
+/// What [`Ctx::fill`] sent before the provider pushed back.
+#[derive(Debug, Clone)]
+pub struct Filled {
+    /// The completion keys of the accepted sends, in order; each message
+    /// starts with its key as 8 little-endian bytes.
+    pub keys: Vec<u64>,
+    /// Bytes accepted.
+    pub bytes: usize,
+    /// How the provider pushed back: `NoResources`, or `get_buffer` = `None`.
+    pub pushed_back: String,
+}
+
 /// A harness in one thread-safety mode.
 pub struct Ctx<H: Harness> {
     /// The provider's harness.
     pub h: H,
     /// The mode under test.
     pub mode: ThreadSafety,
+    watch: Arc<Watch>,
+    nodes: usize,
+    _watchdog: WatchdogGuard,
+    _turn: Turn,
+}
+
+impl<H: Harness> Drop for Ctx<H> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.watch.check();
+        }
+    }
 }
 
 impl<H: Harness> Ctx<H> {
     /// Sets up the harness for a test in `mode`.
     pub fn new(mode: ThreadSafety) -> Self {
+        Self::with_turn(mode, Turn::shared())
+    }
+
+    /// Like [`Ctx::new`], waiting until no other suite test runs in the
+    /// process and keeping them out until this one ends (for counting the
+    /// process's resources).
+    pub fn alone(mode: ThreadSafety) -> Self {
+        Self::with_turn(mode, Turn::alone())
+    }
+
+    fn with_turn(mode: ThreadSafety, turn: Turn) -> Self {
+        let name = std::thread::current()
+            .name()
+            .unwrap_or("conformance test")
+            .to_string();
+        let watch = Watch::new(name);
+        let watchdog = watch.start_watchdog();
         Self {
             h: H::setup(),
             mode,
+            watch,
+            nodes: 0,
+            _watchdog: watchdog,
+            _turn: turn,
         }
+    }
+
+    /// Fails the test now if a rule was broken or something is stuck.
+    #[track_caller]
+    pub fn check(&self) {
+        self.watch.check();
     }
 
     /// The default configuration in the mode under test.
@@ -68,46 +166,145 @@ impl<H: Harness> Ctx<H> {
     ) -> Node<H> {
         config.thread_safety = self.mode;
         let log = Log::default();
-        let backend = self
-            .h
-            .backend(config, Box::new(Recorder::new(log.clone(), react)));
-        let ip = self.h.local_ip(&backend);
-        Node { backend, log, ip }
+        let id = self.nodes;
+        self.nodes += 1;
+        let label = format!("backend #{id}");
+        let recorder = Recorder::monitored(log.clone(), react, self.watch.clone(), label);
+        let backend = self.h.backend(config, Box::new(recorder));
+        let ip = self.h.local_ip(id);
+        Node {
+            backend,
+            log,
+            ip,
+            id,
+        }
     }
 
     /// Calls `f` with the node's backend: directly from the test thread in
     /// thread-safe mode, on the loop thread in thread-unsafe mode.
+    #[track_caller]
     pub fn call<R: Send + 'static>(
         &mut self,
         node: &Node<H>,
         f: impl FnOnce(&H::Backend) -> R + Send + 'static,
     ) -> R {
         match self.mode {
-            ThreadSafety::Safe => f(&node.backend),
-            ThreadSafety::Unsafe => {
-                let b = node.backend.clone();
-                self.h.on_loop(&node.backend, Box::new(move || f(&b)))
+            ThreadSafety::Safe => {
+                let what = Location::caller().to_string();
+                self.watch.backend_call(&what, || f(&node.backend))
             }
+            ThreadSafety::Unsafe => self.on_loop(node, f),
         }
     }
 
     /// Calls `f` with the node's backend on its loop thread, in either mode,
     /// so that no completion can be dispatched between the calls `f` makes.
+    #[track_caller]
     pub fn on_loop<R: Send + 'static>(
         &mut self,
         node: &Node<H>,
         f: impl FnOnce(&H::Backend) -> R + Send + 'static,
     ) -> R {
-        let b = node.backend.clone();
-        self.h.on_loop(&node.backend, Box::new(move || f(&b)))
+        let what = Location::caller().to_string();
+        let (tx, rx) = mpsc::channel();
+        let (b, watch) = (node.backend.clone(), self.watch.clone());
+        let w = what.clone();
+        self.h.post(
+            node.id,
+            Box::new(move || {
+                let _ = tx.send(watch.backend_call(&w, || f(&b)));
+            }),
+        );
+        self.wait_posted(rx, node.id, &what)
+    }
+
+    #[track_caller]
+    fn wait_posted<R>(&mut self, rx: mpsc::Receiver<R>, id: NodeId, what: &str) -> R {
+        let end = Instant::now() + POST_DEADLINE;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(5)) {
+                Ok(r) => return r,
+                Err(mpsc::RecvTimeoutError::Disconnected) => panic!(
+                    "the call posted to the loop of backend #{id} ({what}) was dropped without \
+                     running: did the loop stop?"
+                ),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            self.watch.check();
+            if Instant::now() > end {
+                panic!(
+                    "the loop thread of backend #{id} did not run a posted call ({what}) within \
+                     {} s: it is stuck or not running",
+                    POST_DEADLINE.as_secs()
+                );
+            }
+        }
+    }
+
+    /// Holds the node's loop back (see [`Harness::pause`]): it reads and
+    /// reports nothing until [`Ctx::resume_with`].
+    pub fn pause(&mut self, node: &Node<H>) {
+        self.h.pause(node.id);
+    }
+
+    /// Lets a paused node go on; `f` runs on its loop thread with its
+    /// backend before anything the loop held back, and its result is
+    /// returned.
+    #[track_caller]
+    pub fn resume_with<R: Send + 'static>(
+        &mut self,
+        node: &Node<H>,
+        f: impl FnOnce(&H::Backend) -> R + Send + 'static,
+    ) -> R {
+        let what = Location::caller().to_string();
+        let (tx, rx) = mpsc::channel();
+        let (b, watch) = (node.backend.clone(), self.watch.clone());
+        let w = what.clone();
+        self.h.resume(
+            node.id,
+            Box::new(move || {
+                let _ = tx.send(watch.backend_call(&w, || f(&b)));
+            }),
+        );
+        self.wait_posted(rx, node.id, &what)
+    }
+
+    /// Lets a paused node go on.
+    #[track_caller]
+    pub fn resume(&mut self, node: &Node<H>) {
+        self.resume_with(node, |_| ());
     }
 
     /// Drives the loops until `cond` holds; panics with `what` if the
-    /// harness deadline passes first.
+    /// harness deadline passes first, and at once (naming the cause) when a
+    /// rule of the contract breaks or the loop thread is stuck.
     #[track_caller]
     pub fn wait(&mut self, what: &str, mut cond: impl FnMut() -> bool) {
-        if !self.h.wait_until(&mut cond) {
+        let watch = self.watch.clone();
+        let ok = self.h.wait_until(&mut || watch.failing() || cond());
+        self.watch.check();
+        if !ok {
             panic!("timed out waiting until {what}");
+        }
+    }
+
+    /// Like [`Ctx::wait`], failing at once with `rule` when `broken` returns
+    /// a description of something that must not happen.
+    #[track_caller]
+    pub fn wait_unless(
+        &mut self,
+        what: &str,
+        rule: &str,
+        mut cond: impl FnMut() -> bool,
+        mut broken: impl FnMut() -> Option<String>,
+    ) {
+        let mut seen = None;
+        self.wait(what, || {
+            seen = broken();
+            seen.is_some() || cond()
+        });
+        if let Some(s) = seen {
+            panic!("{rule}: {s}");
         }
     }
 
@@ -115,12 +312,17 @@ impl<H: Harness> Ctx<H> {
     /// completed, say), or the harness deadline passes.
     fn wait_for_news(&mut self, node: &Node<H>, seen: usize) {
         let log = node.log.clone();
-        self.h.wait_until(&mut || log.len() > seen);
+        let watch = self.watch.clone();
+        self.h
+            .wait_until(&mut || watch.failing() || log.len() > seen);
+        self.watch.check();
     }
 
     /// Lets pending events run (see [`Harness::settle`]).
+    #[track_caller]
     pub fn settle(&mut self) {
         self.h.settle();
+        self.watch.check();
     }
 
     /// Opens a listener with `params` on `server` (port 0) and returns its
@@ -146,12 +348,19 @@ impl<H: Harness> Ctx<H> {
         let before = server.log.established().len();
         let count_to = |log: &Log| log.established().iter().filter(|e| e.0 == listen).count();
         let client_before = count_to(&client.log);
+        let refused_before = client.log.refused().len();
         self.call(client, move |b| b.open_active_endpoint(listen, params))
             .unwrap_or_else(|e| panic!("connecting to {listen} failed: {e}"));
         let (slog, clog) = (server.log.clone(), client.log.clone());
-        self.wait("the connection is established on both sides", || {
-            count_to(&clog) > client_before && slog.established().len() > before
-        });
+        self.wait_unless(
+            "the connection is established on both sides",
+            "a connection to a listening peer must be established",
+            || count_to(&clog) > client_before && slog.established().len() > before,
+            || {
+                (clog.refused().len() > refused_before)
+                    .then(|| format!("the client saw it refused: {:?}", clog.refused().last()))
+            },
+        );
         server.log.established()[before].0
     }
 
@@ -223,6 +432,105 @@ impl<H: Harness> Ctx<H> {
             }
         }
         panic!("no send buffer to {to} came free");
+    }
+
+    /// Sends messages of `size` bytes (at least 8: each starts with its key)
+    /// from `from` to `to` in `mode` until the provider pushes back and
+    /// still does after the loops settled: with the peer paused, what is
+    /// then unfinished is truly in flight (the transport's buffers are full
+    /// and the connection's queue too). Keys count up from `first_key` (buffered sends use
+    /// the buffer index as key, with the counter in the message). Panics if
+    /// `max_bytes` are accepted without any push-back.
+    #[track_caller]
+    pub fn fill(
+        &mut self,
+        from: &Node<H>,
+        to: EndpointAddress,
+        mode: SendMode,
+        size: usize,
+        first_key: u64,
+        max_bytes: usize,
+    ) -> Filled {
+        let mut filled = Filled {
+            keys: Vec::new(),
+            bytes: 0,
+            pushed_back: String::new(),
+        };
+        let mut counter = first_key;
+        let mut settled = false;
+        // Calls go in batches, on the loop thread in thread-unsafe mode.
+        while filled.bytes < max_bytes {
+            let m = mode.clone();
+            let (k0, batch) = (counter, 64);
+            let (keys, stop): (Vec<u64>, Option<String>) = self.call(from, move |b| {
+                let mut keys = Vec::new();
+                for i in 0..batch {
+                    let n = k0 + i;
+                    let mut msg = vec![(n % 251) as u8; size.max(8)];
+                    msg[..8].copy_from_slice(&n.to_le_bytes());
+                    let r = match &m {
+                        SendMode::Copy => b.send_data_copy(to, &[&msg], &[], n).map(|()| n),
+                        SendMode::ZeroCopy(region) => {
+                            let off = ((n as usize) % (region.len() / size.max(8))) * size.max(8);
+                            if region.write(off, &msg).is_err() {
+                                return (keys, Some("the region is all lent out".into()));
+                            }
+                            let s = region.slice(off, size.max(8)).expect("slice in region");
+                            b.send_data(to, &[s], &[], n).map(|()| n)
+                        }
+                        SendMode::Buffered => match b.get_buffer(to) {
+                            Ok(Some(mut buf)) => {
+                                buf.write(&msg).expect("message fits the send buffer");
+                                let key = buf.index();
+                                b.send_buffer(to, buf).map(|()| key)
+                            }
+                            Ok(None) => {
+                                return (keys, Some("get_buffer gave None".into()));
+                            }
+                            Err(e) => panic!("get_buffer to {to} failed: {e}"),
+                        },
+                    };
+                    match r {
+                        Ok(k) => keys.push(k),
+                        Err(SendError::NoResources) => {
+                            return (keys, Some("NoResources".into()));
+                        }
+                        Err(e) => panic!("sending to {to} failed: {e}"),
+                    }
+                }
+                (keys, None)
+            });
+            counter += keys.len() as u64;
+            filled.bytes += keys.len() * size.max(8);
+            let accepted = keys.len();
+            filled.keys.extend(keys);
+            if let Some(s) = stop {
+                // Pushed back: done if it still holds once the sender's
+                // loop had time to move what it queued into the transport
+                // (and nothing was accepted since the last such pause).
+                if accepted == 0 && settled {
+                    filled.pushed_back = s;
+                    return filled;
+                }
+                self.settle();
+                settled = true;
+            } else {
+                settled = false;
+            }
+        }
+        panic!(
+            "backpressure: {} sends ({} bytes) to a peer that reads nothing were all accepted; \
+             a provider must push back (NoResources, or get_buffer = None) once the connection's \
+             queue is full, not buffer without bound",
+            filled.keys.len(),
+            filled.bytes
+        );
+    }
+
+    /// Breaks the connection `node` names `remote` like a network failure
+    /// (see [`Harness::reset`]).
+    pub fn reset(&mut self, node: &Node<H>, remote: EndpointAddress) {
+        self.h.reset(node.id, remote);
     }
 }
 

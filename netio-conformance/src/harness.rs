@@ -4,13 +4,23 @@ use std::net::IpAddr;
 
 use netio_core::{Backend, BackendConfig, EndpointAddress, EventLoop, Features, Handler};
 
+/// The index of a backend in the order the harness created it during one
+/// test (0 for the first [`Harness::backend`] call, 1 for the second, …).
+pub type NodeId = usize;
+
 /// Drives one provider for the suite. One value is made per test
 /// ([`Harness::setup`]) and dropped at its end; dropping it must stop every
-/// loop thread it started and free every backend it made.
+/// loop thread it started and free every backend it made, and must not
+/// hang even when a loop thread is stuck (give up on joining it after a few
+/// seconds).
+///
+/// Providers on [`MioLoop`](netio_core::mio_loop::MioLoop) need not write
+/// one: [`MioHarness`](crate::mio::MioHarness) is ready-made.
 ///
 /// All waiting goes through [`Harness::wait_until`] and
 /// [`Harness::settle`], so a simulator can advance virtual time there while a
-/// real provider waits on the wall clock.
+/// real provider waits on the wall clock. No method may block for long: the
+/// suite does its own waiting (with a watchdog) around [`Harness::post`].
 pub trait Harness: Sized + 'static {
     /// The provider's event loop.
     type Loop: EventLoop;
@@ -26,33 +36,45 @@ pub trait Harness: Sized + 'static {
     fn features(&self) -> Features;
 
     /// Creates a backend with `config` that reports to `handler`, on a loop
-    /// that runs (or is driven by `wait_until`/`settle`) until the harness
-    /// is dropped.
+    /// of its own that runs (or is driven by `wait_until`/`settle`) until the
+    /// harness is dropped. Its [`NodeId`] is the number of backends created
+    /// before it.
     fn backend(
         &mut self,
         config: BackendConfig,
         handler: Box<dyn Handler<Self::Backend>>,
     ) -> Self::Backend;
 
-    /// The IP address `backend` listens on and is reached at (for example
-    /// 127.0.0.1 for TCP, the virtual host's address for the simulator).
-    fn local_ip(&self, backend: &Self::Backend) -> IpAddr;
+    /// The IP address backend `node` listens on and is reached at (for
+    /// example 127.0.0.1 for TCP, the virtual host's address for the
+    /// simulator). A transport without IP addresses returns the address its
+    /// [`EndpointAddress`]es carry for that node.
+    fn local_ip(&self, node: NodeId) -> IpAddr;
 
     /// An address at which nothing listens and whose connection attempts are
     /// refused (not silently dropped).
     fn refusing_address(&mut self) -> EndpointAddress;
 
-    /// The loop `backend` runs on (for signals and timers).
-    fn event_loop(&self, backend: &Self::Backend) -> &Self::Loop;
+    /// The loop backend `node` runs on (for signals and timers).
+    fn event_loop(&self, node: NodeId) -> &Self::Loop;
 
-    /// Runs `f` on the loop thread of `backend` and returns its result; used
-    /// for every backend call in thread-unsafe mode. A simulator whose loop
-    /// is driven by the test thread may just call `f`.
-    fn on_loop<R: Send + 'static>(
-        &mut self,
-        backend: &Self::Backend,
-        f: Box<dyn FnOnce() -> R + Send + 'static>,
-    ) -> R;
+    /// Runs `f` on the loop thread of backend `node` soon, without waiting
+    /// for it. A simulator whose loops are driven by the test thread may
+    /// just call `f`.
+    fn post(&mut self, node: NodeId, f: Box<dyn FnOnce() + Send + 'static>);
+
+    /// Holds the loop of backend `node` back until [`Harness::resume`], as if
+    /// its thread were busy in a long callback: it calls no handler, reads
+    /// nothing, so what its peers send piles up in the transport and their
+    /// sends stay in flight. Other nodes' loops keep running. A real loop is
+    /// held by a posted call that blocks on a latch; this returns once that
+    /// call has started.
+    fn pause(&mut self, node: NodeId);
+
+    /// Lets a paused loop go on. `first` runs on that loop's thread before
+    /// anything the loop held back (for example a close, so that it happens
+    /// with the peer's sends still in flight).
+    fn resume(&mut self, node: NodeId, first: Box<dyn FnOnce() + Send + 'static>);
 
     /// Drives the loops until `cond` holds, and returns `true`; or returns
     /// `false` after a generous deadline (seconds of wall time, or minutes
@@ -67,4 +89,25 @@ pub trait Harness: Sized + 'static {
     /// A new loop of the provider's type, not yet running, for the event loop
     /// tests, which call `run` themselves (possibly on another thread).
     fn fresh_loop(&mut self) -> Self::Loop;
+
+    /// A count of what a leak would make grow: open file descriptors of the
+    /// process for socket providers, live connection objects for a
+    /// simulator. The suite compares it before and after 500 open and close
+    /// cycles (run with no other suite test in the process).
+    fn resources(&mut self) -> usize;
+
+    /// `true` if [`Harness::reset`] works; declare `reset` unsupported in
+    /// [`suite!`](crate::suite) otherwise.
+    fn can_reset(&self) -> bool {
+        false
+    }
+
+    /// Breaks the connection that backend `node` names `remote` the way a
+    /// network failure would (a TCP reset, a crashed peer): the peer must
+    /// see the connection closed with [`CloseReason::Reset`](netio_core::CloseReason::Reset).
+    /// Called only when [`Harness::can_reset`] says so.
+    fn reset(&mut self, node: NodeId, remote: EndpointAddress) {
+        let _ = (node, remote);
+        panic!("this harness cannot reset connections (Harness::can_reset is false)");
+    }
 }

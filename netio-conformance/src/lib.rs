@@ -18,7 +18,17 @@
 //! need a feature the provider lists as unsupported are generated as
 //! ignored tests whose reason says "not supported by this provider", never
 //! as passes; `declared_features_match_the_unsupported_list` checks the list
-//! against [`Harness::features`].
+//! against [`Harness::features`] and [`Harness::can_reset`].
+//!
+//! Besides what each test asserts, every event of every test is checked
+//! against the rules that always hold (establishment first, nothing after
+//! a close, no handler call nested in another or made from inside a
+//! backend call), and a watchdog fails a test within seconds, naming the
+//! cause, when the loop thread is stuck inside a handler call or a backend
+//! call does not return; it never hangs.
+//!
+//! Providers on [`MioLoop`](netio_core::mio_loop::MioLoop) use the
+//! ready-made [`mio::MioHarness`] and write no loop-thread code.
 //!
 //! ```text
 //! // in the provider's tests/conformance.rs
@@ -32,21 +42,191 @@
 //! Feature names for `unsupported` are the fields of
 //! [`Features`](netio_core::Features): `send_copy`, `send_zero_copy`,
 //! `buffered_with_zero_copy`, `thread_unsafe_mode`, `shared_receive_pool`,
-//! `shared_send_pool`.
+//! `shared_send_pool`; and `reset`, for a harness that cannot break a
+//! connection the way a network failure does ([`Harness::can_reset`]).
+//!
+//! [`behaviours`] lists the same tests at run time, for tools that run the
+//! suite themselves (the suite's own test of broken providers does).
 #![warn(missing_docs)]
 
 mod ctx;
 mod harness;
+pub mod mio;
 mod recorder;
 pub mod tests;
+mod watch;
 
-pub use ctx::{connect_target, full_params, Ctx, Node, Pair};
-pub use harness::Harness;
+pub use ctx::{connect_target, full_params, Ctx, Filled, Node, Pair, SendMode};
+pub use harness::{Harness, NodeId};
 pub use recorder::{Event, Log, React, Recorder};
+pub use watch::STUCK;
 
 #[doc(hidden)]
 pub mod __private {
     pub use netio_core::ThreadSafety;
+}
+
+/// One behaviour of the suite, for running it without the macro.
+#[derive(Debug, Clone, Copy)]
+pub struct Behaviour {
+    /// The module the macro puts it in: `thread_safe`, `thread_unsafe` or
+    /// `event_loop`.
+    pub module: &'static str,
+    /// The test's name.
+    pub name: &'static str,
+    /// Features (or `reset`) it needs; `thread_unsafe_mode` for the
+    /// `thread_unsafe` module.
+    pub needs: &'static [&'static str],
+    /// Runs it (panics on failure).
+    pub run: fn(),
+}
+
+impl Behaviour {
+    /// `module::name`, as `cargo test` shows it under `conformance::`.
+    pub fn path(&self) -> String {
+        format!("{}::{}", self.module, self.name)
+    }
+}
+
+/// Every behaviour the [`suite!`] macro generates for `H`, in its order,
+/// except `declared_features_match_the_unsupported_list`.
+pub fn behaviours<H: Harness>() -> Vec<Behaviour> {
+    let mut v: Vec<Behaviour> = Vec::new();
+    macro_rules! push {
+        ($module:literal, $mode:ident, $name:ident, [$($f:ident),*]) => {
+            v.push(Behaviour {
+                module: $module,
+                name: stringify!($name),
+                needs: &[$(stringify!($f)),*],
+                run: || tests::$name::<H>(netio_core::ThreadSafety::$mode),
+            })
+        };
+    }
+    macro_rules! item {
+        (both, $name:ident, [$($f:ident),*]) => {
+            push!("thread_safe", Safe, $name, [$($f),*]);
+            push!("thread_unsafe", Unsafe, $name, [thread_unsafe_mode $(, $f)*]);
+        };
+        (safe_only, $name:ident, [$($f:ident),*]) => {
+            push!("thread_safe", Safe, $name, [$($f),*]);
+        };
+        (unsafe_only, $name:ident, [$($f:ident),*]) => {
+            push!("thread_unsafe", Unsafe, $name, [thread_unsafe_mode $(, $f)*]);
+        };
+        (event_loop, $name:ident, [$($f:ident),*]) => {
+            push!("event_loop", Safe, $name, [$($f),*]);
+        };
+    }
+    __behaviours!(item);
+    v
+}
+
+/// The list of behaviours: `$cb!(group, name, [features])` for each, where
+/// group is `both`, `safe_only`, `unsafe_only` or `event_loop`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __behaviours {
+    ($cb:ident $(, $args:tt)*) => {
+        $crate::__behaviour_list!($cb [$($args),*];
+            // connections
+            both listen_on_port_zero_returns_bound_port [],
+            both listening_on_the_unspecified_address_keeps_it_and_accepts [],
+            both listening_twice_on_one_address_fails_with_already_exists [],
+            both listening_on_an_address_of_another_host_fails_with_the_reason [],
+            both bad_addresses_fail_clearly [],
+            both invalid_parameters_fail_with_invalid_connection_parameters [],
+            both connect_establishes_on_both_sides_with_capabilities [],
+            both established_comes_first_even_when_the_peer_greets_from_its_established_callback [],
+            both capabilities_follow_params [],
+            both listener_params_apply_to_every_accepted_connection [],
+            both connecting_to_nothing_is_refused_on_initiator_only [],
+            both closing_a_connection_still_opening_reports_it_refused_as_cancelled [],
+            both opening_same_active_endpoint_twice_fails [],
+            both connections_are_bidirectional [],
+            both reopening_after_close_works [],
+            // buffered send
+            both buffered_send_delivers_exact_bytes [],
+            both buffered_send_completes_with_buffer_index [],
+            both get_buffer_gives_none_when_pool_empty_and_buffers_return_after_completion [],
+            both foreign_buffer_is_rejected [],
+            both get_buffer_without_send_buffers_fails_with_no_buffers_allocated [],
+            both operations_on_unknown_endpoint_fail [],
+            both low_water_mark_of_free_buffers_resets_on_read [],
+            // zero-copy
+            both zero_copy_header_is_prepended_to_payload [send_zero_copy],
+            both zero_copy_header_longer_than_16_bytes_is_rejected [send_zero_copy],
+            both zero_copy_data_outside_region_is_rejected [send_zero_copy],
+            both zero_copy_completion_carries_callers_key [send_zero_copy],
+            both zero_copy_scatter_gather_arrives_as_one_message [send_zero_copy],
+            both buffered_and_zero_copy_work_on_one_connection [buffered_with_zero_copy],
+            // copy
+            both copy_send_data_may_be_overwritten_after_call [send_copy],
+            both copy_send_is_supported_or_reports_not_supported [],
+            both send_queue_depth_bounds_sends_with_no_resources [send_copy],
+            both a_send_slot_is_free_when_its_completion_is_reported [send_copy],
+            both a_send_buffer_is_free_when_its_completion_is_reported [],
+            // backpressure
+            both backpressure_stops_buffered_sends_and_resumes_after_the_peer_reads [],
+            both backpressure_stops_copy_sends_and_resumes_after_the_peer_reads [send_copy],
+            both backpressure_stops_zero_copy_sends_and_resumes_after_the_peer_reads [send_zero_copy],
+            // delivery
+            both many_messages_arrive_in_order_exactly_once [],
+            both message_of_exactly_receive_buffer_size_arrives [],
+            both message_larger_than_receive_buffer_closes_connection_clearly [],
+            both message_to_a_side_without_receive_buffers_closes_with_protocol_error [send_copy],
+            // closing
+            both closing_active_endpoint_reports_closed_on_both_sides [],
+            both closing_with_sends_in_flight_reports_each_key_once [],
+            both local_close_with_sends_held_in_flight_reports_each_key_once_on_both_sides [send_copy],
+            both peer_close_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy],
+            both listener_close_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy],
+            both reset_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy, reset],
+            both sender_close_after_completions_delivers_everything_before_the_peer_hears_of_it [send_copy],
+            both messages_before_a_peer_close_are_delivered_before_the_close [send_copy],
+            both messages_before_a_reset_are_delivered_before_the_close [send_copy, reset],
+            both a_closed_endpoint_refuses_operations_at_once_and_its_name_is_free_again [send_copy],
+            both closing_listener_closes_its_connections [],
+            both closing_listener_without_connections_reports_nothing [],
+            both closing_unknown_endpoint_fails [],
+            both accepted_endpoint_can_be_closed_by_remote_address [],
+            both peer_close_is_reported_and_endpoint_is_gone [],
+            both open_close_cycles_leave_no_resources_behind [],
+            // threads
+            both handler_can_send_and_close_inside_callbacks [],
+            both handlers_are_never_called_from_inside_a_backend_call [send_copy],
+            safe_only sends_from_many_threads_all_arrive [],
+            unsafe_only calls_off_the_loop_thread_fail_with_wrong_thread [],
+            unsafe_only sends_through_signals_and_timers_work [],
+            // shared pools
+            both shared_receive_pool_keeps_memory_constant_as_connections_grow [shared_receive_pool],
+            both per_listener_shared_pool_serves_only_its_listener [shared_receive_pool],
+            both shared_send_pool_serves_every_connection [shared_send_pool],
+            // event loop
+            event_loop init_runs_before_any_other_callback [],
+            event_loop stop_from_another_thread_returns_run [],
+            event_loop stop_before_run_returns_after_init [],
+            event_loop signal_fired_n_times_runs_n_times_from_any_thread [],
+            event_loop timer_fires_periodically_stops_and_restarts_with_new_period [],
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __behaviour_list {
+    ($cb:ident $args:tt; $(,)?) => {};
+    ($cb:ident $args:tt; $group:ident $name:ident $f:tt $(, $($rest:tt)*)?) => {
+        $crate::__behaviour_call!($cb $args $group $name $f);
+        $crate::__behaviour_list!($cb $args; $($($rest)*)?);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __behaviour_call {
+    ($cb:ident [$($a:tt),*] $group:ident $name:ident $f:tt) => {
+        $cb!($($a,)* $group, $name, $f);
+    };
 }
 
 /// Expands the whole suite into `mod conformance` for a [`Harness`] type.
@@ -65,30 +245,22 @@ macro_rules! suite {
             /// Backend behaviours, called from the test thread.
             mod thread_safe {
                 use super::*;
-                $crate::__backend_tests!($h, Safe, [], [$($u),*]);
-                $crate::__test!($h, Safe, [], [$($u),*], sends_from_many_threads_all_arrive);
+                use $crate::__suite_item;
+                $crate::__behaviours!(__suite_item, safe, ($h), [$($u),*]);
             }
 
             /// Backend behaviours, called on the loop thread only.
             mod thread_unsafe {
                 use super::*;
-                $crate::__backend_tests!($h, Unsafe, [thread_unsafe_mode], [$($u),*]);
-                $crate::__test!($h, Unsafe, [thread_unsafe_mode], [$($u),*],
-                    calls_off_the_loop_thread_fail_with_wrong_thread);
-                $crate::__test!($h, Unsafe, [thread_unsafe_mode], [$($u),*],
-                    sends_through_signals_and_timers_work);
+                use $crate::__suite_item;
+                $crate::__behaviours!(__suite_item, unsafe, ($h), [$($u),*]);
             }
 
             /// Event loop behaviours.
             mod event_loop {
                 use super::*;
-                $crate::__test!($h, Safe, [], [$($u),*], init_runs_before_any_other_callback);
-                $crate::__test!($h, Safe, [], [$($u),*], stop_from_another_thread_returns_run);
-                $crate::__test!($h, Safe, [], [$($u),*], stop_before_run_returns_after_init);
-                $crate::__test!($h, Safe, [], [$($u),*],
-                    signal_fired_n_times_runs_n_times_from_any_thread);
-                $crate::__test!($h, Safe, [], [$($u),*],
-                    timer_fires_periodically_stops_and_restarts_with_new_period);
+                use $crate::__suite_item;
+                $crate::__behaviours!(__suite_item, event_loop, ($h), [$($u),*]);
             }
 
             #[test]
@@ -99,51 +271,26 @@ macro_rules! suite {
     };
 }
 
+/// One item of the list, in one of the three modules.
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __backend_tests {
-    ($h:ty, $mode:ident, [$($x:ident),*], $u:tt) => {
-        $crate::__test!($h, $mode, [$($x),*], $u, listen_on_port_zero_returns_bound_port);
-        $crate::__test!($h, $mode, [$($x),*], $u, listening_twice_on_one_address_fails_with_already_exists);
-        $crate::__test!($h, $mode, [$($x),*], $u, bad_addresses_fail_clearly);
-        $crate::__test!($h, $mode, [$($x),*], $u, connect_establishes_on_both_sides_with_capabilities);
-        $crate::__test!($h, $mode, [$($x),*], $u, capabilities_follow_params);
-        $crate::__test!($h, $mode, [$($x),*], $u, listener_params_apply_to_every_accepted_connection);
-        $crate::__test!($h, $mode, [$($x),*], $u, connecting_to_nothing_is_refused_on_initiator_only);
-        $crate::__test!($h, $mode, [$($x),*], $u, opening_same_active_endpoint_twice_fails);
-        $crate::__test!($h, $mode, [$($x),*], $u, connections_are_bidirectional);
-        $crate::__test!($h, $mode, [$($x),*], $u, reopening_after_close_works);
-        $crate::__test!($h, $mode, [$($x),*], $u, buffered_send_delivers_exact_bytes);
-        $crate::__test!($h, $mode, [$($x),*], $u, buffered_send_completes_with_buffer_index);
-        $crate::__test!($h, $mode, [$($x),*], $u, get_buffer_gives_none_when_pool_empty_and_buffers_return_after_completion);
-        $crate::__test!($h, $mode, [$($x),*], $u, foreign_buffer_is_rejected);
-        $crate::__test!($h, $mode, [$($x),*], $u, get_buffer_without_send_buffers_fails_with_no_buffers_allocated);
-        $crate::__test!($h, $mode, [$($x),*], $u, operations_on_unknown_endpoint_fail);
-        $crate::__test!($h, $mode, [$($x),*], $u, low_water_mark_of_free_buffers_resets_on_read);
-        $crate::__test!($h, $mode, [$($x,)* send_zero_copy], $u, zero_copy_header_is_prepended_to_payload);
-        $crate::__test!($h, $mode, [$($x,)* send_zero_copy], $u, zero_copy_header_longer_than_16_bytes_is_rejected);
-        $crate::__test!($h, $mode, [$($x,)* send_zero_copy], $u, zero_copy_data_outside_region_is_rejected);
-        $crate::__test!($h, $mode, [$($x,)* send_zero_copy], $u, zero_copy_completion_carries_callers_key);
-        $crate::__test!($h, $mode, [$($x,)* send_zero_copy], $u, zero_copy_scatter_gather_arrives_as_one_message);
-        $crate::__test!($h, $mode, [$($x,)* buffered_with_zero_copy], $u, buffered_and_zero_copy_work_on_one_connection);
-        $crate::__test!($h, $mode, [$($x,)* send_copy], $u, copy_send_data_may_be_overwritten_after_call);
-        $crate::__test!($h, $mode, [$($x),*], $u, copy_send_is_supported_or_reports_not_supported);
-        $crate::__test!($h, $mode, [$($x,)* send_copy], $u, send_queue_depth_bounds_sends_with_no_resources);
-        $crate::__test!($h, $mode, [$($x),*], $u, many_messages_arrive_in_order_exactly_once);
-        $crate::__test!($h, $mode, [$($x),*], $u, message_of_exactly_receive_buffer_size_arrives);
-        $crate::__test!($h, $mode, [$($x),*], $u, message_larger_than_receive_buffer_closes_connection_clearly);
-        $crate::__test!($h, $mode, [$($x),*], $u, closing_active_endpoint_reports_closed_on_both_sides);
-        $crate::__test!($h, $mode, [$($x),*], $u, closing_with_sends_in_flight_reports_each_key_once);
-        $crate::__test!($h, $mode, [$($x),*], $u, closing_listener_closes_its_connections);
-        $crate::__test!($h, $mode, [$($x),*], $u, closing_listener_without_connections_reports_nothing);
-        $crate::__test!($h, $mode, [$($x),*], $u, closing_unknown_endpoint_fails);
-        $crate::__test!($h, $mode, [$($x),*], $u, accepted_endpoint_can_be_closed_by_remote_address);
-        $crate::__test!($h, $mode, [$($x),*], $u, peer_close_is_reported_and_endpoint_is_gone);
-        $crate::__test!($h, $mode, [$($x),*], $u, handler_can_send_and_close_inside_callbacks);
-        $crate::__test!($h, $mode, [$($x,)* shared_receive_pool], $u, shared_receive_pool_keeps_memory_constant_as_connections_grow);
-        $crate::__test!($h, $mode, [$($x,)* shared_receive_pool], $u, per_listener_shared_pool_serves_only_its_listener);
-        $crate::__test!($h, $mode, [$($x,)* shared_send_pool], $u, shared_send_pool_serves_every_connection);
+macro_rules! __suite_item {
+    (safe, ($h:ty), $u:tt, both, $name:ident, [$($f:ident),*]) => {
+        $crate::__test!($h, Safe, [$($f),*], $u, $name);
     };
+    (safe, ($h:ty), $u:tt, safe_only, $name:ident, [$($f:ident),*]) => {
+        $crate::__test!($h, Safe, [$($f),*], $u, $name);
+    };
+    (unsafe, ($h:ty), $u:tt, both, $name:ident, [$($f:ident),*]) => {
+        $crate::__test!($h, Unsafe, [thread_unsafe_mode $(, $f)*], $u, $name);
+    };
+    (unsafe, ($h:ty), $u:tt, unsafe_only, $name:ident, [$($f:ident),*]) => {
+        $crate::__test!($h, Unsafe, [thread_unsafe_mode $(, $f)*], $u, $name);
+    };
+    (event_loop, ($h:ty), $u:tt, event_loop, $name:ident, [$($f:ident),*]) => {
+        $crate::__test!($h, Safe, [$($f),*], $u, $name);
+    };
+    ($module:ident, ($h:ty), $u:tt, $group:ident, $name:ident, $f:tt) => {};
 }
 
 /// One test: plain if none of its required features is unsupported,
@@ -175,6 +322,7 @@ macro_rules! __member {
     (thread_unsafe_mode, [thread_unsafe_mode $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (shared_receive_pool, [shared_receive_pool $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (shared_send_pool, [shared_send_pool $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (reset, [reset $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     ($f:ident, [$other:ident $(, $r:ident)*], $yes:tt, $no:tt) => {
         $crate::__member!($f, [$($r),*], $yes, $no);
     };
@@ -184,34 +332,20 @@ macro_rules! __member {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __ignored {
-    (send_copy, $name:ident) => {
-        #[test]
-        #[ignore = "not supported by this provider: send_copy"]
-        fn $name() {}
+    ($f:ident, $name:ident) => {
+        $crate::__ignored_reason!(
+            $name,
+            concat!("not supported by this provider: ", stringify!($f))
+        );
     };
-    (send_zero_copy, $name:ident) => {
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __ignored_reason {
+    ($name:ident, $reason:expr) => {
         #[test]
-        #[ignore = "not supported by this provider: send_zero_copy"]
-        fn $name() {}
-    };
-    (buffered_with_zero_copy, $name:ident) => {
-        #[test]
-        #[ignore = "not supported by this provider: buffered_with_zero_copy"]
-        fn $name() {}
-    };
-    (thread_unsafe_mode, $name:ident) => {
-        #[test]
-        #[ignore = "not supported by this provider: thread_unsafe_mode"]
-        fn $name() {}
-    };
-    (shared_receive_pool, $name:ident) => {
-        #[test]
-        #[ignore = "not supported by this provider: shared_receive_pool"]
-        fn $name() {}
-    };
-    (shared_send_pool, $name:ident) => {
-        #[test]
-        #[ignore = "not supported by this provider: shared_send_pool"]
+        #[ignore = $reason]
         fn $name() {}
     };
 }

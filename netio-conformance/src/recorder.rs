@@ -1,9 +1,13 @@
 //! A handler that records every event, for tests.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use netio_core::{Capabilities, CloseReason, EndpointAddress, Handler, RefuseReason};
+
+use crate::watch::{HandlerClock, Watch};
 
 /// One event a backend reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,21 +57,146 @@ pub type React<B> = Box<dyn FnMut(&B, &Event) + Send>;
 
 /// Handler that appends each event to a shared [`Log`] and then runs an
 /// optional reaction.
+///
+/// Made by the suite's test context, it also checks the rules that hold
+/// for every event of every test: for each remote,
+/// `on_connection_established` comes before any other event and nothing
+/// comes after `on_connection_closed` (until it is established again); no
+/// handler call is nested in another or made from inside a backend call;
+/// and it tells the watchdog how long the current handler call has run.
 pub struct Recorder<B: ?Sized> {
     log: Log,
     react: Option<React<B>>,
+    monitor: Option<Monitor>,
+}
+
+/// The per-backend rule checks of a monitored [`Recorder`].
+struct Monitor {
+    watch: Arc<Watch>,
+    clock: HandlerClock,
+    label: String,
+    remotes: HashMap<EndpointAddress, bool>,
+}
+
+impl Monitor {
+    /// Checks the order of events for one remote; `true` = open.
+    fn check(&mut self, e: &Event) {
+        let (remote, name) = match e {
+            Event::Established { remote, .. } => (remote, "on_connection_established"),
+            Event::Refused { remote, .. } => (remote, "on_connection_refused"),
+            Event::Closed { remote, .. } => (remote, "on_connection_closed"),
+            Event::Data { remote, .. } => (remote, "on_data"),
+            Event::Completed { remote, .. } => (remote, "on_send_completed"),
+        };
+        let open = self.remotes.get(remote).copied();
+        let problem = match (e, open) {
+            (Event::Established { .. }, Some(true)) => Some(
+                "a second on_connection_established without on_connection_closed in between"
+                    .to_string(),
+            ),
+            (Event::Established { .. }, _) => {
+                self.remotes.insert(*remote, true);
+                None
+            }
+            (Event::Refused { .. }, Some(true)) => Some(
+                "on_connection_refused for a connection already reported established".to_string(),
+            ),
+            (Event::Refused { .. }, _) => None,
+            (_, Some(true)) => {
+                if matches!(e, Event::Closed { .. }) {
+                    self.remotes.insert(*remote, false);
+                }
+                None
+            }
+            (_, Some(false)) => Some(format!(
+                "{name} after on_connection_closed (nothing is reported for a remote after its                  close until it is established again)"
+            )),
+            (_, None) => Some(format!(
+                "{name} before on_connection_established (establishment is reported before any                  other event of a connection)"
+            )),
+        };
+        if let Some(p) = problem {
+            self.watch.violation(format!(
+                "{}: {remote}: {p}; event: {}",
+                self.label,
+                brief(e)
+            ));
+        }
+    }
+}
+
+/// An event in a few words (messages cut short).
+fn brief(e: &Event) -> String {
+    match e {
+        Event::Data { data, .. } if data.len() > 16 => {
+            format!("on_data of {} bytes {:02x?}…", data.len(), &data[..16])
+        }
+        other => format!("{other:?}"),
+    }
 }
 
 impl<B: ?Sized> Recorder<B> {
     /// A recorder writing to `log`, with an optional reaction.
     pub fn new(log: Log, react: Option<React<B>>) -> Self {
-        Self { log, react }
+        Self {
+            log,
+            react,
+            monitor: None,
+        }
+    }
+
+    /// A recorder that also checks the rules of every event (see the type's
+    /// docs) and reports what breaks them to `watch`.
+    pub(crate) fn monitored(
+        log: Log,
+        react: Option<React<B>>,
+        watch: Arc<Watch>,
+        label: String,
+    ) -> Self {
+        let clock = watch.handler_clock();
+        Self {
+            log,
+            react,
+            monitor: Some(Monitor {
+                watch,
+                clock,
+                label,
+                remotes: HashMap::new(),
+            }),
+        }
     }
 
     fn push(&mut self, b: &B, e: Event) {
+        let entered = self.monitor.as_mut().map(|m| {
+            let (nested, v) = m.clock.enter(&brief(&e));
+            if let Some(v) = v {
+                m.watch.violation(format!("{}: {v}", m.label));
+            }
+            m.check(&e);
+            nested
+        });
         self.log.lock().push(e.clone());
         if let Some(r) = &mut self.react {
-            r(b, &e);
+            if self.monitor.is_some() {
+                let r = catch_unwind(AssertUnwindSafe(|| r(b, &e)));
+                if let (Err(p), Some(m)) = (r, &self.monitor) {
+                    let msg = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    m.watch.violation(format!(
+                        "{}: the test's reaction to {} panicked: {msg}",
+                        m.label,
+                        brief(&e)
+                    ));
+                }
+            } else {
+                r(b, &e);
+            }
+        }
+        if let (Some(m), Some(nested)) = (&self.monitor, entered) {
+            m.clock.leave(nested);
         }
     }
 }

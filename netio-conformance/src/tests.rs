@@ -16,7 +16,7 @@ use netio_core::{
     PoolParams, RefuseReason, SendError, Signal, ThreadSafety, Timer, MAX_HEADER_LEN,
 };
 
-use crate::ctx::{connect_target, full_params, Ctx, Node};
+use crate::ctx::{connect_target, full_params, Ctx, Node, SendMode, Turn};
 use crate::harness::Harness;
 use crate::recorder::{Event, React};
 
@@ -945,9 +945,16 @@ pub fn message_larger_than_receive_buffer_closes_connection_clearly<H: Harness>(
     let before = p.server.backend.memory_usage();
     let key = c.send_buffered(&p.client, p.listen, vec![0xab; 257]);
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
-    c.wait("both sides report the close", || {
-        sl.closed_count(p.accepted) == 1 && cl.closed_count(p.listen) == 1
-    });
+    c.wait_unless(
+        "both sides report the close",
+        "a message larger than the receive buffer (257 > 256 bytes) is never delivered",
+        || sl.closed_count(p.accepted) == 1 && cl.closed_count(p.listen) == 1,
+        || {
+            sl.data()
+                .first()
+                .map(|d| format!("on_data delivered {} bytes", d.1.len()))
+        },
+    );
     c.settle();
     let (_, reason, _) = p.server.log.closed()[0].clone();
     assert_eq!(
@@ -1446,7 +1453,7 @@ pub fn sends_through_signals_and_timers_work<H: Harness>(mode: ThreadSafety) {
                 .push(format!("get_buffer: {other:?}")),
         }
     };
-    let lp = c.h.event_loop(&p.client.backend);
+    let lp = c.h.event_loop(p.client.id);
     let s1 = send.clone();
     let signal = lp.signal(move || s1(b"sig"));
     let timer_slot: Arc<Mutex<Option<<H::Loop as EventLoop>::Timer>>> = Arc::new(Mutex::new(None));
@@ -1521,6 +1528,7 @@ fn run_guarded<L: EventLoop>(lp: &L, init: impl FnOnce()) -> bool {
 /// `run` calls the init callback before any other callback, even a signal
 /// fired before `run`.
 pub fn init_runs_before_any_other_callback<H: Harness>(_mode: ThreadSafety) {
+    let _turn = Turn::shared();
     let mut h = H::setup();
     let lp = Arc::new(h.fresh_loop());
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -1545,6 +1553,7 @@ pub fn init_runs_before_any_other_callback<H: Harness>(_mode: ThreadSafety) {
 
 /// `stop` called from another thread makes `run` return.
 pub fn stop_from_another_thread_returns_run<H: Harness>(_mode: ThreadSafety) {
+    let _turn = Turn::shared();
     let mut h = H::setup();
     let lp = h.fresh_loop();
     let stopped_by_other = AtomicBool::new(false);
@@ -1571,6 +1580,7 @@ pub fn stop_from_another_thread_returns_run<H: Harness>(_mode: ThreadSafety) {
 
 /// A `stop` before `run` makes `run` return right after the init callback.
 pub fn stop_before_run_returns_after_init<H: Harness>(_mode: ThreadSafety) {
+    let _turn = Turn::shared();
     let mut h = H::setup();
     let lp = h.fresh_loop();
     lp.stop();
@@ -1588,6 +1598,7 @@ pub fn stop_before_run_returns_after_init<H: Harness>(_mode: ThreadSafety) {
 pub fn signal_fired_n_times_runs_n_times_from_any_thread<H: Harness>(_mode: ThreadSafety) {
     const THREADS: usize = 3;
     const FIRES: usize = 50;
+    let _turn = Turn::shared();
     let mut h = H::setup();
     let lp = Arc::new(h.fresh_loop());
     let count = Arc::new(AtomicUsize::new(0));
@@ -1626,6 +1637,7 @@ pub fn signal_fired_n_times_runs_n_times_from_any_thread<H: Harness>(_mode: Thre
 pub fn timer_fires_periodically_stops_and_restarts_with_new_period<H: Harness>(
     _mode: ThreadSafety,
 ) {
+    let _turn = Turn::shared();
     let mut h = H::setup();
     let lp = Arc::new(h.fresh_loop());
     let ticks = Arc::new(AtomicUsize::new(0));
@@ -1831,6 +1843,7 @@ pub fn shared_send_pool_serves_every_connection<H: Harness>(mode: ThreadSafety) 
 pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
     let h = H::setup();
     let f: Features = h.features();
+    let reset = h.can_reset();
     let table = [
         ("send_copy", f.send_copy),
         ("send_zero_copy", f.send_zero_copy),
@@ -1838,6 +1851,7 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         ("thread_unsafe_mode", f.thread_unsafe_mode),
         ("shared_receive_pool", f.shared_receive_pool),
         ("shared_send_pool", f.shared_send_pool),
+        ("reset", reset),
     ];
     for name in unsupported {
         assert!(
@@ -1849,7 +1863,1072 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         assert_eq!(
             unsupported.contains(&name),
             !supported,
-            "feature `{name}`: Harness::features says supported = {supported}, the suite! list disagrees"
+            "feature `{name}`: Harness::features (or can_reset) says supported = {supported}, the suite! list disagrees"
         );
     }
+}
+
+// ------------------------------------------------------- v2: helpers
+
+/// Size of the messages the tests with a held peer send.
+const HELD_MSG: usize = 16 * 1024;
+/// The sender's queue depth in those tests.
+const HELD_DEPTH: usize = 32;
+/// Bytes a test sends to a paused peer before it must have been pushed back.
+const FILL_LIMIT: usize = 64 << 20;
+
+fn key_of(d: &[u8]) -> u64 {
+    let mut k = [0u8; 8];
+    let n = d.len().min(8);
+    k[..n].copy_from_slice(&d[..n]);
+    u64::from_le_bytes(k)
+}
+
+/// A server and a client whose queue depth is [`HELD_DEPTH`], both able to
+/// receive [`HELD_MSG`]-byte messages.
+fn held_pair<H: Harness>(c: &mut Ctx<H>) -> crate::Pair<H> {
+    let cfg = BackendConfig {
+        send_queue_depth: HELD_DEPTH,
+        ..c.config()
+    };
+    let (s, cl) = (c.node_with(cfg.clone(), None), c.node_with(cfg, None));
+    c.pair_of(
+        s,
+        cl,
+        ConnectionParams::receive(HELD_MSG, 8).with_buffered(HELD_MSG, 8),
+        ConnectionParams::receive(HELD_MSG, 8).with_buffered(HELD_MSG, 8),
+    )
+}
+
+/// Every key in `sent` was reported exactly once by `node` for `remote`,
+/// as completed or cancelled, and nothing else was.
+#[track_caller]
+fn assert_each_key_once<H: Harness>(
+    node: &Node<H>,
+    remote: EndpointAddress,
+    sent: &[u64],
+    who: &str,
+) {
+    let done = node.log.completed_to(remote);
+    let cancelled = node.log.cancelled_to(remote);
+    let mut counts: HashMap<u64, usize> = HashMap::new();
+    for k in done.iter().chain(&cancelled) {
+        *counts.entry(*k).or_default() += 1;
+    }
+    let missing: Vec<u64> = sent
+        .iter()
+        .filter(|k| !counts.contains_key(k))
+        .copied()
+        .collect();
+    let twice: Vec<u64> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(k, _)| *k)
+        .collect();
+    let foreign: Vec<u64> = counts
+        .keys()
+        .filter(|k| !sent.contains(k))
+        .copied()
+        .collect();
+    assert!(
+        missing.is_empty() && twice.is_empty() && foreign.is_empty(),
+        "every accepted send ends exactly once, completed or cancelled ({who}): {} sent, {} \
+         completed, {} cancelled; never reported: {missing:?}; reported twice: {twice:?}; \
+         reported but never sent: {foreign:?}",
+        sent.len(),
+        done.len(),
+        cancelled.len()
+    );
+}
+
+/// What `node` received from `remote` is a run of `sent` messages, in
+/// order, without repeats, and none of them was reported cancelled by the
+/// sender.
+#[track_caller]
+fn assert_delivered_in_order<H: Harness>(
+    receiver: &Node<H>,
+    from: EndpointAddress,
+    sender: &Node<H>,
+    to: EndpointAddress,
+    sent: &[u64],
+) -> Vec<u64> {
+    let got: Vec<u64> = receiver
+        .log
+        .data_from(from)
+        .iter()
+        .map(|d| key_of(d))
+        .collect();
+    let pos: Vec<Option<usize>> = got
+        .iter()
+        .map(|k| sent.iter().position(|s| s == k))
+        .collect();
+    assert!(
+        pos.iter().all(Option::is_some),
+        "only sent messages are delivered: got keys {got:?}, sent {sent:?}"
+    );
+    assert!(
+        pos.windows(2).all(|w| w[0] < w[1]),
+        "messages of one connection arrive in order, exactly once: got keys {got:?}"
+    );
+    let cancelled = sender.log.cancelled_to(to);
+    for k in &got {
+        assert!(
+            !cancelled.contains(k),
+            "a cancelled send is never delivered: key {k} was delivered and reported cancelled"
+        );
+    }
+    got
+}
+
+/// `node` reported the connection to `remote` closed exactly once, for
+/// one of `reasons`.
+#[track_caller]
+fn assert_closed_for<H: Harness>(
+    node: &Node<H>,
+    remote: EndpointAddress,
+    reasons: &[CloseReason],
+    who: &str,
+) {
+    let closes: Vec<_> = node
+        .log
+        .closed()
+        .into_iter()
+        .filter(|c| c.0 == remote)
+        .collect();
+    assert_eq!(
+        closes.len(),
+        1,
+        "a closed connection is reported once on each side ({who}): {closes:?}"
+    );
+    assert!(
+        reasons.contains(&closes[0].1),
+        "{who} reports the close as {:?}, expected one of {reasons:?}",
+        closes[0].1
+    );
+}
+
+/// Pauses the server, fills the client's connection until it pushes back,
+/// runs `close` on the server as it resumes, and checks that every key is
+/// reported once on both sides.
+fn sends_in_flight_then<H: Harness>(
+    mode: ThreadSafety,
+    how: &str,
+    close: impl FnOnce(&mut Ctx<H>, &crate::Pair<H>),
+    client_reasons: &[CloseReason],
+    server_reasons: &[CloseReason],
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = held_pair(&mut c);
+    c.pause(&p.server);
+    let filled = c.fill(&p.client, p.listen, SendMode::Copy, HELD_MSG, 0, FILL_LIMIT);
+    close(&mut c, &p);
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait(
+        &format!("both sides report the connection closed ({how})"),
+        || cl.closed_count(p.listen) == 1 && sl.closed_count(p.accepted) == 1,
+    );
+    c.settle();
+    assert_each_key_once(&p.client, p.listen, &filled.keys, "the sender");
+    assert_each_key_once(
+        &p.server,
+        p.accepted,
+        &[],
+        "the receiver, which sent nothing",
+    );
+    assert!(
+        !p.client.log.cancelled_to(p.listen).is_empty(),
+        "{how}: the sends still queued when the provider pushed back ({}) cannot have left; \
+         they must be reported cancelled, but none was",
+        filled.pushed_back
+    );
+    assert_delivered_in_order(&p.server, p.accepted, &p.client, p.listen, &filled.keys);
+    assert_closed_for(&p.client, p.listen, client_reasons, "the sender");
+    assert_closed_for(&p.server, p.accepted, server_reasons, "the receiver");
+}
+
+// ------------------------------------------------------- v2: connections
+
+/// Listening on the unspecified address (`0.0.0.0` or `::`) returns it with
+/// the bound port, and connections to the node's own address arrive.
+pub fn listening_on_the_unspecified_address_keeps_it_and_accepts<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let (s, cl) = (c.node(), c.node());
+    let any = match s.ip {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+    };
+    let addr = c
+        .call(&s, move |b| {
+            b.open_listen_endpoint(EndpointAddress::new(any, 0), full_params(64, 2))
+        })
+        .unwrap_or_else(|e| panic!("listening on the unspecified address failed: {e}"));
+    assert!(
+        addr.ip().is_unspecified() && addr.port() != 0,
+        "listening on {any}:0 returns the unspecified IP with the bound port, got {addr}"
+    );
+    c.connect(&s, &cl, connect_target(addr, s.ip), full_params(64, 2));
+}
+
+/// Listening on an address that is not this node's fails with
+/// `FailedOpenListenEndpoint`, naming the reason; nothing is reported.
+pub fn listening_on_an_address_of_another_host_fails_with_the_reason<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    // TEST-NET-1: never a local address; binding fails without traffic.
+    let foreign = match s.ip {
+        IpAddr::V4(_) => EndpointAddress::v4(192, 0, 2, 1, 0),
+        IpAddr::V6(_) => EndpointAddress::new("2001:db8::1".parse().unwrap(), 0),
+    };
+    let r = c.call(&s, move |b| {
+        b.open_listen_endpoint(foreign, full_params(64, 2))
+    });
+    match r {
+        Err(e @ OpenListenError::FailedOpenListenEndpoint { .. }) => assert!(
+            !e.to_string().is_empty() && !e.is_retryable(),
+            "the error says why and is not retryable: {e}"
+        ),
+        other => panic!(
+            "listening on {foreign}, not an address of this host: expected \
+             FailedOpenListenEndpoint, got {other:?}"
+        ),
+    }
+    c.settle();
+    assert!(
+        s.log.is_empty(),
+        "a failed listen reports nothing: {:?}",
+        s.log
+    );
+}
+
+/// Parameters that cannot work fail at once with
+/// `InvalidConnectionParameters`, on listen and on connect.
+pub fn invalid_parameters_fail_with_invalid_connection_parameters<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let listen = connect_target(c.listen(&s, full_params(64, 2)), s.ip);
+    let ip = s.ip;
+    let (l, a) = c.call(&s, move |b| {
+        (
+            b.open_listen_endpoint(EndpointAddress::new(ip, 0), ConnectionParams::receive(0, 4)),
+            b.open_active_endpoint(listen, ConnectionParams::buffered(0, 4)),
+        )
+    });
+    assert!(
+        matches!(l, Err(OpenListenError::InvalidConnectionParameters(_))),
+        "listen with receive buffers of size 0: expected InvalidConnectionParameters, got {l:?}"
+    );
+    assert!(
+        matches!(a, Err(OpenActiveError::InvalidConnectionParameters(_))),
+        "connect with send buffers of size 0: expected InvalidConnectionParameters, got {a:?}"
+    );
+    c.settle();
+    assert!(
+        s.log.established().is_empty(),
+        "a rejected open makes no connection: {:?}",
+        s.log
+    );
+}
+
+/// `on_connection_established` comes before any other event of the
+/// connection on both sides, even when each side sends from inside its own
+/// established callback (so the greeting may travel with the handshake).
+pub fn established_comes_first_even_when_the_peer_greets_from_its_established_callback<
+    H: Harness,
+>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let greet = |hello: &'static [u8]| -> React<H::Backend> {
+        Box::new(move |b, ev| {
+            if let Event::Established { remote, .. } = ev {
+                let _ = b.send_data_copy(*remote, &[hello], &[], 1);
+                if let Ok(Some(mut buf)) = b.get_buffer(*remote) {
+                    buf.write(hello).unwrap();
+                    let _ = b.send_buffer(*remote, buf);
+                }
+            }
+        })
+    };
+    let (sc, cc) = (c.config(), c.config());
+    let server = c.node_with(sc, Some(greet(b"hello from the server")));
+    let client = c.node_with(cc, Some(greet(b"hello from the client")));
+    let p = c.pair_of(server, client, full_params(64, 8), full_params(64, 8));
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("each side receives the other's greeting", || {
+        !sl.data_from(p.accepted).is_empty() && !cl.data_from(p.listen).is_empty()
+    });
+    c.settle();
+    for (who, log, remote) in [
+        ("the client", &p.client.log, p.listen),
+        ("the server", &p.server.log, p.accepted),
+    ] {
+        let first = log.events().into_iter().find(|e| match e {
+            Event::Established { remote: r, .. }
+            | Event::Data { remote: r, .. }
+            | Event::Completed { remote: r, .. }
+            | Event::Closed { remote: r, .. } => *r == remote,
+            Event::Refused { .. } => false,
+        });
+        assert!(
+            matches!(first, Some(Event::Established { .. })),
+            "{who}: on_connection_established comes before any other event of the \
+             connection; the first was {first:?}"
+        );
+    }
+}
+
+/// Closing a connection that is still opening reports
+/// `on_connection_refused` with `Cancelled` on the initiator, never
+/// `on_connection_closed`; the endpoint can be opened again.
+pub fn closing_a_connection_still_opening_reports_it_refused_as_cancelled<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let (s, cl) = (c.node(), c.node());
+    let listen = connect_target(c.listen(&s, full_params(64, 2)), s.ip);
+    let (open, close) = c.on_loop(&cl, move |b| {
+        (
+            b.open_active_endpoint(listen, full_params(64, 2)),
+            b.close_active_endpoint(listen),
+        )
+    });
+    open.unwrap_or_else(|e| panic!("opening: {e}"));
+    close.unwrap_or_else(|e| panic!("closing a connection still opening is allowed: {e}"));
+    let log = cl.log.clone();
+    c.wait("the attempt is reported refused", || {
+        !log.refused().is_empty() || !log.closed().is_empty()
+    });
+    c.settle();
+    assert_eq!(
+        cl.log.refused(),
+        vec![(listen, RefuseReason::Cancelled)],
+        "closing a connection still opening reports it refused (Cancelled) to the initiator"
+    );
+    assert!(
+        cl.log.closed().is_empty() && cl.log.established().is_empty(),
+        "a connection closed while opening is neither established nor closed: {:?}",
+        cl.log
+    );
+    c.connect(&s, &cl, listen, full_params(64, 2));
+}
+
+// ------------------------------------------------------- v2: sending
+
+/// A send's queue slot is free when its `on_send_completed` runs: a handler
+/// may send again from inside it at full depth, without `NoResources`.
+pub fn a_send_slot_is_free_when_its_completion_is_reported<H: Harness>(mode: ThreadSafety) {
+    const DEPTH: usize = 2;
+    const MORE: u64 = 20;
+    let mut c = Ctx::<H>::new(mode);
+    let answers = Arc::new(Mutex::new(Vec::<String>::new()));
+    let a2 = answers.clone();
+    let react: React<H::Backend> = Box::new(move |b, ev| {
+        if let Event::Completed { remote, key } = ev {
+            if *key < MORE {
+                let r = b.send_data_copy(
+                    *remote,
+                    &[&(key + DEPTH as u64).to_le_bytes()],
+                    &[],
+                    key + DEPTH as u64,
+                );
+                if let Err(e) = r {
+                    a2.lock().unwrap().push(format!(
+                        "send from inside the completion of key {key}: {e:?}"
+                    ));
+                }
+            }
+        }
+    });
+    let cfg = BackendConfig {
+        send_queue_depth: DEPTH,
+        ..c.config()
+    };
+    let cl = c.node_with(cfg, Some(react));
+    let s = c.node();
+    let p = c.pair_of(
+        s,
+        cl,
+        ConnectionParams::receive(64, 64),
+        ConnectionParams::default(),
+    );
+    let listen = p.listen;
+    let first = c.on_loop(&p.client, move |b| {
+        (0..DEPTH as u64)
+            .map(|k| b.send_data_copy(listen, &[&k.to_le_bytes()], &[], k))
+            .collect::<Vec<_>>()
+    });
+    assert!(first.iter().all(Result::is_ok), "{first:?}");
+    let total = MORE as usize + DEPTH;
+    let (sl, a3) = (p.server.log.clone(), answers.clone());
+    c.wait("every send made from a completion arrives", || {
+        sl.data_from(p.accepted).len() >= total || !a3.lock().unwrap().is_empty()
+    });
+    let a = answers.lock().unwrap().clone();
+    assert!(
+        a.is_empty(),
+        "a send's queue slot is free when its completion is reported, so a send from inside \
+         on_send_completed at full depth must be accepted: {a:?}"
+    );
+}
+
+/// A buffered send's buffer is back in its pool when its
+/// `on_send_completed` runs: `get_buffer` from inside it succeeds with a
+/// pool of one.
+pub fn a_send_buffer_is_free_when_its_completion_is_reported<H: Harness>(mode: ThreadSafety) {
+    const MORE: usize = 10;
+    let mut c = Ctx::<H>::new(mode);
+    let answers = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sent = Arc::new(AtomicUsize::new(1));
+    let (a2, s2) = (answers.clone(), sent.clone());
+    let react: React<H::Backend> = Box::new(move |b, ev| {
+        if let Event::Completed { remote, .. } = ev {
+            if s2.load(Ordering::SeqCst) <= MORE {
+                match b.get_buffer(*remote) {
+                    Ok(Some(mut buf)) => {
+                        buf.write(b"again").unwrap();
+                        match b.send_buffer(*remote, buf) {
+                            Ok(()) => {
+                                s2.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Err(e) => a2.lock().unwrap().push(format!("send_buffer: {e:?}")),
+                        }
+                    }
+                    other => a2.lock().unwrap().push(format!(
+                        "get_buffer from inside the completion of the only buffer: {other:?}"
+                    )),
+                }
+            }
+        }
+    });
+    let cfg = c.config();
+    let cl = c.node_with(cfg, Some(react));
+    let s = c.node();
+    let p = c.pair_of(
+        s,
+        cl,
+        ConnectionParams::receive(64, 64),
+        ConnectionParams::buffered(64, 1),
+    );
+    c.send_buffered(&p.client, p.listen, b"first".to_vec());
+    let (sl, a3) = (p.server.log.clone(), answers.clone());
+    c.wait("every send made from a completion arrives", || {
+        sl.data_from(p.accepted).len() > MORE || !a3.lock().unwrap().is_empty()
+    });
+    let a = answers.lock().unwrap().clone();
+    assert!(
+        a.is_empty(),
+        "a buffered send's buffer is back in its pool when its completion is reported: {a:?}"
+    );
+}
+
+// ------------------------------------------------------- v2: backpressure
+
+fn backpressure<H: Harness>(mode: ThreadSafety, how: &str) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::new(HELD_MSG * (HELD_DEPTH + 32));
+    let cfg = BackendConfig {
+        send_queue_depth: HELD_DEPTH,
+        ..c.config()
+    };
+    let (s, cl) = (c.node(), c.node_with(cfg, None));
+    let mut cp = ConnectionParams::buffered(HELD_MSG, 16);
+    let send_mode = match how {
+        "copy" => SendMode::Copy,
+        "zero-copy" => {
+            cp = cp.with_zero_copy(region.clone());
+            SendMode::ZeroCopy(region.clone())
+        }
+        _ => SendMode::Buffered,
+    };
+    let p = c.pair_of(s, cl, ConnectionParams::receive(HELD_MSG, 8), cp);
+    let before = (
+        p.client.backend.memory_usage(),
+        p.server.backend.memory_usage(),
+    );
+    c.pause(&p.server);
+    let filled = c.fill(
+        &p.client,
+        p.listen,
+        send_mode.clone(),
+        HELD_MSG,
+        0,
+        FILL_LIMIT,
+    );
+    // Pushed back, it stays pushed back while the peer reads nothing.
+    c.settle();
+    let again = c.fill(
+        &p.client,
+        p.listen,
+        send_mode.clone(),
+        HELD_MSG,
+        1 << 32,
+        FILL_LIMIT,
+    );
+    assert!(
+        again.keys.len() <= HELD_DEPTH + 16,
+        "backpressure ({how}): after the provider pushed back ({}), {} more sends were \
+         accepted while the peer read nothing",
+        filled.pushed_back,
+        again.keys.len()
+    );
+    let during = (
+        p.client.backend.memory_usage(),
+        p.server.backend.memory_usage(),
+    );
+    assert_eq!(
+        during, before,
+        "backpressure ({how}): buffer memory must not grow while the peer reads nothing"
+    );
+    c.resume(&p.server);
+    let mut sent = filled.keys.clone();
+    sent.extend(&again.keys);
+    let (sl, cl2) = (p.server.log.clone(), p.client.log.clone());
+    let n = sent.len();
+    let listen = p.listen;
+    c.wait(
+        &format!("every accepted {how} send is delivered once the peer reads"),
+        || sl.data_from(p.accepted).len() >= n && cl2.completed_to(listen).len() >= n,
+    );
+    if matches!(send_mode, SendMode::Buffered) {
+        let got: Vec<u64> = p
+            .server
+            .log
+            .data_from(p.accepted)
+            .iter()
+            .map(|d| key_of(d))
+            .collect();
+        let want: Vec<u64> = (0..filled.keys.len() as u64)
+            .chain((1u64 << 32)..(1u64 << 32) + again.keys.len() as u64)
+            .collect();
+        assert_eq!(
+            got, want,
+            "backpressure (buffered): every accepted send arrives, in order"
+        );
+        assert_eq!(
+            p.client.log.completed_to(listen).len(),
+            n,
+            "backpressure (buffered): one completion per accepted send"
+        );
+    } else {
+        let got = assert_delivered_in_order(&p.server, p.accepted, &p.client, p.listen, &sent);
+        assert_eq!(
+            got.len(),
+            n,
+            "backpressure ({how}): every accepted send arrives"
+        );
+        assert_each_key_once(&p.client, p.listen, &sent, "the sender");
+    }
+    // Sending works again.
+    let k = 1u64 << 40;
+    let m = send_mode.clone();
+    let r = c.call(&p.client, move |b| {
+        let mut msg = vec![0u8; 64];
+        msg[..8].copy_from_slice(&k.to_le_bytes());
+        match &m {
+            SendMode::Copy => b.send_data_copy(listen, &[&msg], &[], k),
+            SendMode::ZeroCopy(region) => {
+                region.write(0, &msg).expect("the region is free again");
+                b.send_data(listen, &[region.slice(0, 64).unwrap()], &[], k)
+            }
+            SendMode::Buffered => {
+                let mut buf = b.get_buffer(listen).unwrap().expect("a free buffer again");
+                buf.write(&msg).unwrap();
+                b.send_buffer(listen, buf)
+            }
+        }
+    });
+    r.unwrap_or_else(|e| panic!("backpressure ({how}): sending resumes after the peer reads: {e}"));
+    c.wait("the send after the backlog arrives", || {
+        sl.data_from(p.accepted).len() > n
+    });
+}
+
+/// With the peer held back, buffered sends run out of buffers
+/// (`get_buffer` = `None`), memory does not grow, and once the peer reads,
+/// every accepted send arrives in order and sending resumes.
+pub fn backpressure_stops_buffered_sends_and_resumes_after_the_peer_reads<H: Harness>(
+    mode: ThreadSafety,
+) {
+    backpressure::<H>(mode, "buffered");
+}
+
+/// With the peer held back, copy sends answer `NoResources` once the
+/// connection's queue is full, memory does not grow, and once the peer
+/// reads, every accepted send arrives in order and sending resumes.
+pub fn backpressure_stops_copy_sends_and_resumes_after_the_peer_reads<H: Harness>(
+    mode: ThreadSafety,
+) {
+    backpressure::<H>(mode, "copy");
+}
+
+/// With the peer held back, zero-copy sends answer `NoResources` once the
+/// connection's queue is full, and once the peer reads, every accepted send
+/// arrives in order and sending resumes.
+pub fn backpressure_stops_zero_copy_sends_and_resumes_after_the_peer_reads<H: Harness>(
+    mode: ThreadSafety,
+) {
+    backpressure::<H>(mode, "zero-copy");
+}
+
+// ------------------------------------------------------- v2: delivery
+
+/// A message to a side that opened the connection without receive buffers
+/// closes the connection there with `CloseReason::Protocol`; it is never
+/// delivered, and the sender's key is reported once.
+pub fn message_to_a_side_without_receive_buffers_closes_with_protocol_error<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::buffered(64, 2),
+        ConnectionParams::receive(64, 2),
+    );
+    let listen = p.listen;
+    c.call(&p.client, move |b| {
+        b.send_data_copy(listen, &[b"unwanted"], &[], 5)
+    })
+    .expect("sending is allowed; the receiver decides");
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait_unless(
+        "both sides report the close",
+        "a message to a side without receive buffers is never delivered",
+        || sl.closed_count(p.accepted) == 1 && cl.closed_count(listen) == 1,
+        || (!sl.data().is_empty()).then(|| format!("delivered: {:?}", sl.data())),
+    );
+    c.settle();
+    let (_, reason, _) = p.server.log.closed()[0].clone();
+    assert!(
+        matches!(reason, CloseReason::Protocol(_)),
+        "the receiver without receive buffers closes with Protocol, got {reason:?}"
+    );
+    assert_each_key_once(&p.client, listen, &[5], "the sender");
+}
+
+// ------------------------------------------------------- v2: closing
+
+/// Closing locally while the peer is held back, with sends truly in
+/// flight: every key is reported once on both sides, the queued ones
+/// cancelled, and nothing cancelled is delivered.
+pub fn local_close_with_sends_held_in_flight_reports_each_key_once_on_both_sides<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = held_pair(&mut c);
+    c.pause(&p.server);
+    let filled = c.fill(&p.client, p.listen, SendMode::Copy, HELD_MSG, 0, FILL_LIMIT);
+    let listen = p.listen;
+    c.call(&p.client, move |b| b.close_active_endpoint(listen))
+        .expect("closing the sender's side");
+    let cl = p.client.log.clone();
+    c.wait("the sender reports its close", || {
+        cl.closed_count(listen) == 1
+    });
+    c.resume(&p.server);
+    let sl = p.server.log.clone();
+    c.wait("the receiver reports the close", || {
+        sl.closed_count(p.accepted) == 1
+    });
+    c.settle();
+    assert_each_key_once(&p.client, listen, &filled.keys, "the sender");
+    assert_each_key_once(
+        &p.server,
+        p.accepted,
+        &[],
+        "the receiver, which sent nothing",
+    );
+    assert!(
+        !p.client.log.cancelled_to(listen).is_empty(),
+        "the sends still queued when the provider pushed back ({}) must be reported cancelled",
+        filled.pushed_back
+    );
+    assert_delivered_in_order(&p.server, p.accepted, &p.client, listen, &filled.keys);
+    assert_closed_for(&p.client, listen, &[CloseReason::Local], "the closing side");
+    assert_closed_for(
+        &p.server,
+        p.accepted,
+        &[CloseReason::PeerClosed, CloseReason::Reset],
+        "the peer",
+    );
+}
+
+/// The peer closes while this side's sends are truly in flight: every key
+/// is reported once on both sides (the queued ones cancelled), nothing
+/// cancelled is delivered.
+pub fn peer_close_with_sends_in_flight_reports_each_key_once_on_both_sides<H: Harness>(
+    mode: ThreadSafety,
+) {
+    sends_in_flight_then::<H>(
+        mode,
+        "the peer closed",
+        |c, p| {
+            let acc = p.accepted;
+            c.resume_with(&p.server, move |b| b.close_active_endpoint(acc))
+                .expect("the peer closes");
+        },
+        &[CloseReason::PeerClosed, CloseReason::Reset],
+        &[CloseReason::Local],
+    );
+}
+
+/// The peer closes the listener that accepted the connection while this
+/// side's sends are truly in flight: every key is reported once on both
+/// sides.
+pub fn listener_close_with_sends_in_flight_reports_each_key_once_on_both_sides<H: Harness>(
+    mode: ThreadSafety,
+) {
+    sends_in_flight_then::<H>(
+        mode,
+        "the peer closed its listener",
+        |c, p| {
+            let l = p.listen;
+            c.resume_with(&p.server, move |b| b.close_listen_endpoint(l))
+                .expect("the peer closes its listener");
+        },
+        &[CloseReason::PeerClosed, CloseReason::Reset],
+        &[CloseReason::ListenerClosed],
+    );
+}
+
+/// The connection is reset (a network failure) while this side's sends are
+/// truly in flight: every key is reported once on both sides, and the peer
+/// of the broken side reports `Reset`.
+pub fn reset_with_sends_in_flight_reports_each_key_once_on_both_sides<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = held_pair(&mut c);
+    c.pause(&p.server);
+    let filled = c.fill(&p.client, p.listen, SendMode::Copy, HELD_MSG, 0, FILL_LIMIT);
+    c.reset(&p.server, p.accepted);
+    c.resume(&p.server);
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("both sides report the reset connection closed", || {
+        cl.closed_count(p.listen) == 1 && sl.closed_count(p.accepted) == 1
+    });
+    c.settle();
+    assert_each_key_once(&p.client, p.listen, &filled.keys, "the sender");
+    assert_each_key_once(
+        &p.server,
+        p.accepted,
+        &[],
+        "the receiver, which sent nothing",
+    );
+    assert!(
+        !p.client.log.cancelled_to(p.listen).is_empty(),
+        "the sends queued when the provider pushed back must be reported cancelled"
+    );
+    assert_delivered_in_order(&p.server, p.accepted, &p.client, p.listen, &filled.keys);
+    assert_closed_for(&p.client, p.listen, &[CloseReason::Reset], "the sender");
+}
+
+/// After all of a side's sends have completed, its orderly close delivers
+/// every one of them to the peer before the peer's `on_connection_closed`
+/// (each direction in turn).
+pub fn sender_close_after_completions_delivers_everything_before_the_peer_hears_of_it<
+    H: Harness,
+>(
+    mode: ThreadSafety,
+) {
+    const N: u64 = 6;
+    for server_sends in [false, true] {
+        let mut c = Ctx::<H>::new(mode);
+        let p = held_pair(&mut c);
+        let (sender, receiver, to, from) = if server_sends {
+            (&p.server, &p.client, p.accepted, p.listen)
+        } else {
+            (&p.client, &p.server, p.listen, p.accepted)
+        };
+        let dir = if server_sends {
+            "server to client"
+        } else {
+            "client to server"
+        };
+        c.pause(receiver);
+        for k in 0..N {
+            let mut msg = vec![k as u8; 1000];
+            msg[..8].copy_from_slice(&k.to_le_bytes());
+            c.send_copy(sender, to, msg, k);
+        }
+        let log = sender.log.clone();
+        c.wait(&format!("all {N} sends complete ({dir})"), || {
+            log.completed_to(to).len() as u64 == N
+        });
+        c.call(sender, move |b| b.close_active_endpoint(to))
+            .expect("the sender closes");
+        c.wait("the sender reports its close", || log.closed_count(to) == 1);
+        c.resume(receiver);
+        let rl = receiver.log.clone();
+        c.wait("the receiver reports the close", || {
+            rl.closed_count(from) == 1
+        });
+        let events = receiver.log.events();
+        let close_at = events
+            .iter()
+            .position(|e| matches!(e, Event::Closed { .. }))
+            .expect("a close");
+        let before: Vec<u64> = events[..close_at]
+            .iter()
+            .filter_map(|e| match e {
+                Event::Data { data, .. } => Some(key_of(data)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            before,
+            (0..N).collect::<Vec<_>>(),
+            "{dir}: every send the sender saw completed before its orderly close is delivered \
+             before the peer's on_connection_closed"
+        );
+        assert_closed_for(receiver, from, &[CloseReason::PeerClosed], "the receiver");
+    }
+}
+
+/// Messages that reached the peer before this side closed are delivered to
+/// it before it reports the close; nothing is reported after the close.
+pub fn messages_before_a_peer_close_are_delivered_before_the_close<H: Harness>(mode: ThreadSafety) {
+    arrived_then_closed::<H>(mode, false);
+}
+
+/// Messages that reached the peer before the connection was reset are
+/// delivered to it before it reports the close; nothing after.
+pub fn messages_before_a_reset_are_delivered_before_the_close<H: Harness>(mode: ThreadSafety) {
+    arrived_then_closed::<H>(mode, true);
+}
+
+fn arrived_then_closed<H: Harness>(mode: ThreadSafety, reset: bool) {
+    const N: u64 = 5;
+    let mut c = Ctx::<H>::new(mode);
+    let p = held_pair(&mut c);
+    c.pause(&p.server);
+    for k in 0..N {
+        let mut msg = vec![k as u8; 100];
+        msg[..8].copy_from_slice(&k.to_le_bytes());
+        c.send_copy(&p.client, p.listen, msg, k);
+    }
+    let cl = p.client.log.clone();
+    c.wait("the sends complete", || {
+        cl.completed_to(p.listen).len() as u64 == N
+    });
+    // Give the bytes time to cross into the held peer's transport.
+    c.settle();
+    if reset {
+        c.reset(&p.client, p.listen);
+    } else {
+        let listen = p.listen;
+        c.call(&p.client, move |b| b.close_active_endpoint(listen))
+            .expect("closing");
+    }
+    c.wait("the sender reports the close", || {
+        cl.closed_count(p.listen) == 1
+    });
+    c.resume(&p.server);
+    let sl = p.server.log.clone();
+    c.wait("the peer reports the close", || {
+        sl.closed_count(p.accepted) == 1
+    });
+    c.settle();
+    let events = p.server.log.events();
+    let close_at = events
+        .iter()
+        .position(|e| matches!(e, Event::Closed { .. }))
+        .expect("a close");
+    let before: Vec<u64> = events[..close_at]
+        .iter()
+        .filter_map(|e| match e {
+            Event::Data { data, .. } => Some(key_of(data)),
+            _ => None,
+        })
+        .collect();
+    let how = if reset { "reset" } else { "closed by the peer" };
+    assert_eq!(
+        before,
+        (0..N).collect::<Vec<_>>(),
+        "messages that arrived before the connection was {how} are delivered before \
+         on_connection_closed, not dropped with the hang-up"
+    );
+    assert_eq!(
+        close_at + 1,
+        events.len(),
+        "nothing is reported after the close: {events:?}"
+    );
+    let want = if reset {
+        CloseReason::Reset
+    } else {
+        CloseReason::PeerClosed
+    };
+    assert_closed_for(&p.server, p.accepted, &[want], "the peer");
+}
+
+/// From the close call on, the endpoint takes no more operations (sends,
+/// `get_buffer` and a second close answer `UnknownActiveEndpoint` at once)
+/// and delivers no more data; its name is free to open again at once, and
+/// the old connection's `on_connection_closed` comes before any event of
+/// the new one.
+pub fn a_closed_endpoint_refuses_operations_at_once_and_its_name_is_free_again<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(full_params(64, 4), full_params(64, 4));
+    let listen = p.listen;
+    let r = c.on_loop(&p.client, move |b| {
+        b.close_active_endpoint(listen).expect("close");
+        (
+            b.send_data_copy(listen, &[b"late"], &[], 1),
+            b.get_buffer(listen).map(|x| x.is_some()),
+            b.close_active_endpoint(listen),
+            b.open_active_endpoint(listen, full_params(64, 4)),
+        )
+    });
+    assert!(
+        matches!(
+            r.0,
+            Err(SendError::UnknownActiveEndpoint(_)) | Err(SendError::NotSupported(_))
+        ),
+        "a send after the close call fails at once with UnknownActiveEndpoint: {:?}",
+        r.0
+    );
+    assert!(
+        matches!(r.1, Err(BufferError::UnknownActiveEndpoint(_))),
+        "get_buffer after the close call fails with UnknownActiveEndpoint: {:?}",
+        r.1
+    );
+    assert!(
+        matches!(r.2, Err(CloseError::UnknownActiveEndpoint(_))),
+        "a second close fails with UnknownActiveEndpoint: {:?}",
+        r.2
+    );
+    assert!(
+        r.3.is_ok(),
+        "the name is free again as soon as the close call returned: reopening gave {:?}",
+        r.3
+    );
+    let (cl, sl) = (p.client.log.clone(), p.server.log.clone());
+    c.wait(
+        "the old connection's close and the new connection are reported",
+        || {
+            cl.closed_count(listen) == 1
+                && cl.established().len() == 2
+                && sl.established().len() == 2
+        },
+    );
+    let events = p.client.log.events();
+    let closed_at = events
+        .iter()
+        .position(|e| matches!(e, Event::Closed { .. }));
+    let second = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e, Event::Established { .. }))
+        .nth(1)
+        .map(|(i, _)| i);
+    assert!(
+        closed_at < second,
+        "the old connection's on_connection_closed comes before the new one's          on_connection_established: {events:?}"
+    );
+    c.send_copy(&p.client, listen, b"new".to_vec(), 2);
+    c.wait("the new connection carries data", || {
+        sl.data().iter().any(|d| d.1 == b"new")
+    });
+}
+
+/// 500 cycles of connect, one message, close leave the provider's resources
+/// (descriptors for socket providers) where they started.
+pub fn open_close_cycles_leave_no_resources_behind<H: Harness>(mode: ThreadSafety) {
+    const CYCLES: usize = 500;
+    let mut c = Ctx::<H>::alone(mode);
+    let (s, cl) = (c.node(), c.node());
+    let listen = connect_target(c.listen(&s, full_params(64, 4)), s.ip);
+    // One cycle first, so that lazily made resources exist before counting.
+    let cycle = |c: &mut Ctx<H>, i: usize| {
+        let acc = c.connect(&s, &cl, listen, full_params(64, 4));
+        c.send_copy(&cl, listen, vec![i as u8; 8], i as u64);
+        let (sl, clog) = (s.log.clone(), cl.log.clone());
+        c.wait("the message arrives", || sl.data().len() > i);
+        if i % 2 == 0 {
+            c.call(&cl, move |b| b.close_active_endpoint(listen))
+                .expect("close");
+        } else {
+            c.call(&s, move |b| b.close_active_endpoint(acc))
+                .expect("close");
+        }
+        c.wait("both sides report the close", || {
+            clog.closed().len() > i && sl.closed().len() > i
+        });
+    };
+    cycle(&mut c, 0);
+    c.settle();
+    let start = c.h.resources();
+    for i in 1..=CYCLES {
+        cycle(&mut c, i);
+    }
+    let mut now = c.h.resources();
+    for _ in 0..10 {
+        if now <= start {
+            break;
+        }
+        c.settle();
+        now = c.h.resources();
+    }
+    assert!(
+        now <= start,
+        "{CYCLES} open and close cycles leave no resources behind: {start} before, {now} after \
+         ({} leaked, about {:.2} per cycle)",
+        now - start,
+        (now - start) as f64 / CYCLES as f64
+    );
+}
+
+/// Handlers are called on the loop thread after the operation that caused
+/// the event returned, never from inside it: many sends, closes and
+/// replies from the test thread and from callbacks, with events pending,
+/// and the suite's monitor sees no handler call nested in a backend call.
+pub fn handlers_are_never_called_from_inside_a_backend_call<H: Harness>(mode: ThreadSafety) {
+    const N: u64 = 200;
+    let mut c = Ctx::<H>::new(mode);
+    let echo: React<H::Backend> = Box::new(move |b, ev| {
+        if let Event::Data { remote, data } = ev {
+            let _ = b.send_data_copy(*remote, &[data], &[], key_of(data));
+        }
+    });
+    let cfg = c.config();
+    let s = c.node_with(cfg, Some(echo));
+    let cl = c.node();
+    let p = c.pair_of(s, cl, full_params(64, 16), full_params(64, 16));
+    let listen = p.listen;
+    let mut sent = 0;
+    while sent < N {
+        let k0 = sent;
+        let n = c.on_loop(&p.client, move |b| {
+            let mut n = 0;
+            for k in k0..N {
+                if b.send_data_copy(listen, &[&k.to_le_bytes()], &[], k)
+                    .is_err()
+                {
+                    break;
+                }
+                let _ = b.num_available_buffers(listen);
+                n += 1;
+            }
+            n
+        });
+        sent += n;
+        let cl = p.client.log.clone();
+        c.wait("some sends complete", || {
+            cl.completed_to(listen).len() as u64 >= sent.min(N) / 2
+        });
+    }
+    let cl = p.client.log.clone();
+    c.wait("every echo arrives", || {
+        cl.data_from(listen).len() as u64 == N
+    });
+    c.call(&p.client, move |b| b.close_active_endpoint(listen))
+        .expect("close");
+    let sl = p.server.log.clone();
+    c.wait("both sides report the close", || {
+        cl.closed_count(listen) == 1 && sl.closed_count(p.accepted) == 1
+    });
+    c.settle();
+    c.check();
 }

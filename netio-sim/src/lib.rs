@@ -411,7 +411,7 @@ impl Sim {
                 return false;
             };
             w.process(ev);
-            std::mem::take(&mut w.sched.calls)
+            w.take_calls()
         };
         self.dispatch(calls);
         true
@@ -549,6 +549,30 @@ impl Sim {
         self.with(|w| w.slow(host, per_message));
     }
 
+    /// Connections (open, opening or closing) and listeners the world still
+    /// keeps, on every host: what a test counts to show that open and close
+    /// cycles leave nothing behind.
+    pub fn live_objects(&self) -> usize {
+        self.world().live_objects()
+    }
+
+    /// Pauses `host`'s event loop, as if its thread were stuck in a long
+    /// callback: its handlers, signals and timers are not called, so every
+    /// message that reaches it stays in its receive buffer; once those are
+    /// full, its senders feel backpressure. The network itself goes on
+    /// (connections open and close, the host's own sends travel).
+    /// [`resume_loop`](Self::resume_loop) runs what was held back, in order.
+    pub fn pause_loop(&self, host: IpAddr) {
+        self.with(|w| w.pause(host, true));
+    }
+
+    /// Resumes a loop paused by [`pause_loop`](Self::pause_loop): the
+    /// callbacks held back run first, in their order, at the current
+    /// virtual time.
+    pub fn resume_loop(&self, host: IpAddr) {
+        self.with(|w| w.pause(host, false));
+    }
+
     /// Runs callbacks with the world unlocked.
     fn dispatch(&self, calls: Vec<Call>) {
         let _guard = CallbackGuard::enter(self);
@@ -562,8 +586,10 @@ impl Sim {
                 } => {
                     let alive = self.world().host_alive(host);
                     let b = SimBackend::from_parts(SimLoop::new(self.clone(), host), backend);
-                    if let NetEv::Data(remote, buf, pool) = ev {
-                        if alive {
+                    if let NetEv::Data(remote, buf, pool, conn, side) = ev {
+                        // Nothing is delivered after the connection was
+                        // closed (by this side's call, or reported closed).
+                        if alive && !self.world().app_closed(conn, side) {
                             lock(&handler).on_data(&b, remote, buf.as_slice());
                         }
                         self.with(|w| w.recv_done(host, buf, pool));
@@ -581,12 +607,12 @@ impl Sim {
                         NetEv::Data(..) => unreachable!("handled above"),
                     }
                 }
-                Call::Timer { id, gen, f } => {
+                Call::Timer { id, gen, f, .. } => {
                     if self.world().timer_live(id, gen) {
                         (lock(&f))();
                     }
                 }
-                Call::Signal { f } => (lock(&f))(),
+                Call::Signal { f, .. } => (lock(&f))(),
             }
         }
     }

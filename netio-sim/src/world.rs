@@ -65,6 +65,8 @@ pub(crate) enum Ev {
     Timer { id: u64, gen: u64 },
     /// A signal was fired.
     Signal { id: u64 },
+    /// A paused host's loop resumes: the callbacks held for it run.
+    Resume { host: IpAddr },
 }
 
 /// Connection management packets. Opening is TCP's three-way handshake:
@@ -117,13 +119,24 @@ pub(crate) enum Call {
         ev: NetEv,
     },
     Timer {
+        host: IpAddr,
         id: u64,
         gen: u64,
         f: UserFn,
     },
     Signal {
+        host: IpAddr,
         f: UserFn,
     },
+}
+
+impl Call {
+    /// The host whose loop runs this callback.
+    fn host(&self) -> IpAddr {
+        match self {
+            Self::Net { host, .. } | Self::Timer { host, .. } | Self::Signal { host, .. } => *host,
+        }
+    }
 }
 
 /// The handler method to call.
@@ -132,8 +145,9 @@ pub(crate) enum NetEv {
     Refused(EndpointAddress, RefuseReason),
     Closed(EndpointAddress, CloseReason, Vec<u64>),
     /// The message sits in a receive buffer of pool `.2` until `on_data`
-    /// returns (and a slow receiver's delay has passed).
-    Data(EndpointAddress, NetworkBuffer, PoolId),
+    /// returns (and a slow receiver's delay has passed). It is delivered
+    /// only while side `.4` of connection `.3` is still open.
+    Data(EndpointAddress, NetworkBuffer, PoolId, ConnId, usize),
     Completed(EndpointAddress, u64),
 }
 
@@ -179,7 +193,7 @@ impl Sched {
                 ),
                 NetEv::Refused(r, why) => format!("refused {r} ({why})"),
                 NetEv::Closed(r, why, keys) => format!("closed {r} ({why}) cancelled={keys:?}"),
-                NetEv::Data(r, buf, _) => {
+                NetEv::Data(r, buf, ..) => {
                     format!(
                         "data from {r} len={} fnv={:016x}",
                         buf.len(),
@@ -220,6 +234,10 @@ pub(crate) struct Host {
     slow: u64,
     /// Set by `SimLoop::stop`, cleared when `run` returns.
     pub(crate) stop: bool,
+    /// The loop is paused: its callbacks are held back.
+    paused: bool,
+    /// Callbacks held while paused, run in order after `Resume`.
+    held_calls: Vec<Call>,
     listeners: BTreeMap<u16, ListenerId>,
     /// Local ports of connections this host initiated (in use).
     ports: BTreeMap<u16, usize>,
@@ -277,6 +295,9 @@ struct Side {
     region: Option<MemoryRegion>,
     /// Copy and zero-copy sends in flight (bounded by `send_queue_depth`).
     unbuffered: usize,
+    /// The application closed it (its endpoint or its listener): nothing
+    /// more is delivered to it.
+    app_closed: bool,
 }
 
 enum Body {
@@ -482,15 +503,64 @@ impl World {
                 let (host, period, f) = (t.host, t.period, Arc::clone(&t.f));
                 self.sched.schedule(now + period, Ev::Timer { id, gen });
                 self.sched.log(host, format_args!("timer {id}"));
-                self.sched.calls.push(Call::Timer { id, gen, f });
+                self.sched.calls.push(Call::Timer { host, id, gen, f });
             }
             Ev::Signal { id } => {
                 if let Some((host, f)) = self.signals.get(&id) {
                     let (host, f) = (*host, Arc::clone(f));
                     self.sched.log(host, format_args!("signal {id}"));
-                    self.sched.calls.push(Call::Signal { f });
+                    self.sched.calls.push(Call::Signal { host, f });
                 }
             }
+            Ev::Resume { host } => {
+                if let Some(h) = self.hosts.get_mut(&host) {
+                    let held = std::mem::take(&mut h.held_calls);
+                    self.sched
+                        .log(host, format_args!("resume ({} callbacks)", held.len()));
+                    self.sched.calls.extend(held);
+                }
+            }
+        }
+    }
+
+    /// Takes the callbacks of the last event out of the queue, keeping back
+    /// those of paused hosts (and, until their `Resume`, of hosts with
+    /// callbacks still held, so each host's callbacks keep their order).
+    pub(crate) fn take_calls(&mut self) -> Vec<Call> {
+        let calls = std::mem::take(&mut self.sched.calls);
+        if self
+            .hosts
+            .values()
+            .all(|h| !h.paused && h.held_calls.is_empty())
+        {
+            return calls;
+        }
+        let mut run = Vec::with_capacity(calls.len());
+        for call in calls {
+            match self.hosts.get_mut(&call.host()) {
+                Some(h) if h.paused || !h.held_calls.is_empty() => h.held_calls.push(call),
+                _ => run.push(call),
+            }
+        }
+        run
+    }
+
+    /// Pauses or resumes `host`'s loop (see `Sim::pause_loop`).
+    pub(crate) fn pause(&mut self, host: IpAddr, paused: bool) {
+        self.ensure_host(host);
+        let now = self.sched.now;
+        let h = self.host_mut(host);
+        if h.paused == paused {
+            return;
+        }
+        h.paused = paused;
+        let held = !h.held_calls.is_empty();
+        self.sched.log(
+            host,
+            format_args!("{}", if paused { "pause loop" } else { "resume loop" }),
+        );
+        if !paused && held {
+            self.sched.schedule(now, Ev::Resume { host });
         }
     }
 
@@ -502,6 +572,8 @@ impl World {
             refusing: false,
             slow: 0,
             stop: false,
+            paused: false,
+            held_calls: Vec::new(),
             listeners: BTreeMap::new(),
             ports: BTreeMap::new(),
             accepted_ports: BTreeMap::new(),
@@ -616,6 +688,7 @@ impl World {
             send,
             region: params.send_zero_copy.clone(),
             unbuffered: 0,
+            app_closed: false,
         }
     }
 
@@ -935,8 +1008,11 @@ impl World {
                     format_args!("b{rx_b} too large from {rx_remote} len={len}"),
                 );
                 for (buf, key) in done.drain(..) {
-                    self.sched
-                        .emit(&self.backends, rx_b, NetEv::Data(rx_remote, buf, pool.id));
+                    self.sched.emit(
+                        &self.backends,
+                        rx_b,
+                        NetEv::Data(rx_remote, buf, pool.id, conn, 1 - dir),
+                    );
                     self.sched
                         .emit(&self.backends, tx_b, NetEv::Completed(tx_remote, key));
                 }
@@ -963,8 +1039,11 @@ impl World {
             done.push((buf, msg.key));
         }
         for (buf, key) in done {
-            self.sched
-                .emit(&self.backends, rx_b, NetEv::Data(rx_remote, buf, pool.id));
+            self.sched.emit(
+                &self.backends,
+                rx_b,
+                NetEv::Data(rx_remote, buf, pool.id, conn, 1 - dir),
+            );
             self.sched
                 .emit(&self.backends, tx_b, NetEv::Completed(tx_remote, key));
         }
@@ -1194,6 +1273,7 @@ impl World {
                 self.send_ctrl(conn, 0, Ctrl::Close(CloseReason::PeerClosed));
                 continue;
             }
+            self.app_close(conn, 1);
             self.begin_end(
                 conn,
                 1,
@@ -1228,10 +1308,20 @@ impl World {
             }
             SideState::Connecting => Ending::Refused(RefuseReason::Cancelled),
             SideState::Open => Ending::Closed(CloseReason::Local),
-            _ => return Ok(()), // already ending; reported once
+            _ => {
+                // Already ending (the peer closed it); reported once. The
+                // name is free from now on all the same.
+                self.backends[b].endpoints.remove(&remote);
+                return Ok(());
+            }
         };
         self.sched.log(host, format_args!("b{b} close {remote}"));
+        self.app_close(conn, side);
         self.begin_end(conn, side, ending, Some(CloseReason::PeerClosed));
+        // The endpoint is gone for the application at the call: further
+        // operations on the name fail, and it may be opened again at once
+        // (this connection's report comes first, being due now).
+        self.backends[b].endpoints.remove(&remote);
         Ok(())
     }
 
@@ -1407,6 +1497,47 @@ impl World {
             host,
             format_args!("b{b} send {remote} key={key} len={len} arrives={arrival}"),
         );
+    }
+
+    /// `true` if the application closed side `side` of `conn`: messages
+    /// not yet delivered to it are dropped.
+    pub(crate) fn app_closed(&self, conn: ConnId, side: usize) -> bool {
+        self.side(conn, side).is_some_and(|s| s.app_closed)
+    }
+
+    /// Marks a side closed by the application and drops the messages its
+    /// paused loop still holds for it.
+    fn app_close(&mut self, conn: ConnId, side: usize) {
+        let Some(s) = self.side_mut(conn, side) else {
+            return;
+        };
+        s.app_closed = true;
+        let host = s.host;
+        let h = self.host_mut(host);
+        if h.held_calls.is_empty() {
+            return;
+        }
+        let (dropped, kept): (Vec<Call>, Vec<Call>) = std::mem::take(&mut h.held_calls)
+            .into_iter()
+            .partition(|call| {
+                matches!(call, Call::Net { ev: NetEv::Data(_, _, _, c, sd), .. }
+                        if *c == conn && *sd == side)
+            });
+        h.held_calls = kept;
+        for call in dropped {
+            if let Call::Net {
+                ev: NetEv::Data(_, buf, pool, ..),
+                ..
+            } = call
+            {
+                self.release_recv(buf, pool);
+            }
+        }
+    }
+
+    /// Connections and listeners the world still keeps.
+    pub(crate) fn live_objects(&self) -> usize {
+        self.conns.len() + self.listeners.len()
     }
 
     pub(crate) fn memory_usage(&self, b: BackendId) -> MemoryUsage {

@@ -1,12 +1,16 @@
-//! The netio-rs conformance suite on the simulator.
+//! The simulator's harness, shared by the suite's run on the simulator
+//! (`tests/sim.rs`) and the catalogue of broken providers
+//! (`tests/catalogue.rs`).
 //!
 //! One virtual host per backend (so each backend has its own address), all
 //! in one [`Sim`] per test, driven by the test thread: `wait_until` and
 //! `settle` step the world on virtual time.
+#![allow(dead_code)]
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use netio_conformance::NodeId;
 use netio_core::{BackendConfig, EndpointAddress, Features, Handler};
 use netio_sim::{Sim, SimBackend, SimHost, SimLoop};
 
@@ -21,8 +25,12 @@ const IDLE_WALL: Duration = Duration::from_secs(5);
 
 /// The simulator's [`netio_conformance::Harness`].
 pub struct SimHarness {
-    sim: Sim,
-    hosts: Vec<SimHost>,
+    /// The world.
+    pub sim: Sim,
+    /// The hosts of the backends, by `NodeId`.
+    nodes: Vec<SimHost>,
+    /// Other hosts (refusing addresses).
+    others: Vec<SimHost>,
 }
 
 impl netio_conformance::Harness for SimHarness {
@@ -32,7 +40,8 @@ impl netio_conformance::Harness for SimHarness {
     fn setup() -> Self {
         Self {
             sim: Sim::new(),
-            hosts: Vec::new(),
+            nodes: Vec::new(),
+            others: Vec::new(),
         }
     }
 
@@ -49,37 +58,51 @@ impl netio_conformance::Harness for SimHarness {
         let b = host
             .backend(config, handler)
             .expect("creating a simulated backend");
-        self.hosts.push(host);
+        self.nodes.push(host);
         b
     }
 
-    fn local_ip(&self, backend: &SimBackend) -> IpAddr {
-        backend.ip()
+    fn local_ip(&self, node: NodeId) -> IpAddr {
+        self.nodes[node].ip()
     }
 
     fn refusing_address(&mut self) -> EndpointAddress {
         // A host that exists but listens nowhere answers with a refusal.
         let host = self.sim.next_host();
         let ip = host.ip();
-        self.hosts.push(host);
+        self.others.push(host);
         EndpointAddress::new(ip, 9)
     }
 
-    fn event_loop(&self, backend: &SimBackend) -> &SimLoop {
-        self.hosts
-            .iter()
-            .find(|h| h.ip() == backend.ip())
-            .expect("a backend made by this harness")
-            .event_loop()
+    fn event_loop(&self, node: NodeId) -> &SimLoop {
+        self.nodes[node].event_loop()
     }
 
-    fn on_loop<R: Send + 'static>(
-        &mut self,
-        _backend: &SimBackend,
-        f: Box<dyn FnOnce() -> R + Send + 'static>,
-    ) -> R {
+    fn post(&mut self, _node: NodeId, f: Box<dyn FnOnce() + Send + 'static>) {
         // The test thread drives the world, so it is the loop thread.
         f()
+    }
+
+    fn pause(&mut self, node: NodeId) {
+        self.sim.pause_loop(self.nodes[node].ip());
+    }
+
+    fn resume(&mut self, node: NodeId, first: Box<dyn FnOnce() + Send + 'static>) {
+        self.sim.resume_loop(self.nodes[node].ip());
+        first();
+    }
+
+    fn resources(&mut self) -> usize {
+        self.sim.live_objects()
+    }
+
+    fn can_reset(&self) -> bool {
+        true
+    }
+
+    fn reset(&mut self, node: NodeId, remote: EndpointAddress) {
+        self.sim
+            .reset_connections(self.nodes[node].ip(), remote.ip());
     }
 
     fn wait_until(&mut self, cond: &mut dyn FnMut() -> bool) -> bool {
@@ -125,5 +148,3 @@ impl netio_conformance::Harness for SimHarness {
         Sim::new().next_host().event_loop().clone()
     }
 }
-
-netio_conformance::suite!(crate::SimHarness);

@@ -1,0 +1,284 @@
+//! A ready-made [`Harness`] for providers that run on
+//! [`MioLoop`]: implement [`MioProvider`] (how to create a backend on a
+//! loop, and the addresses to use) and the suite runs.
+//!
+//! ```text
+//! // in the provider's tests/conformance.rs
+//! struct Mine;
+//! impl netio_conformance::mio::MioProvider for Mine {
+//!     type Backend = MyBackend;
+//!     fn features() -> Features { MyBackend::FEATURES }
+//!     fn create(lp: &MioLoop, config: BackendConfig, handler: Box<dyn Handler<MyBackend>>)
+//!         -> Result<MyBackend, CreateError> { MyProvider::create(lp, config, handler) }
+//!     fn local_ip() -> IpAddr { Ipv4Addr::LOCALHOST.into() }
+//!     fn refusing_address() -> EndpointAddress { /* bind a port, close it, return it */ }
+//! }
+//! netio_conformance::suite!(netio_conformance::mio::MioHarness<crate::Mine>);
+//! ```
+//!
+//! Each backend gets a loop of its own on a thread of its own, so one side
+//! can be paused while the other runs, and no message between the two sides
+//! of a test is delivered without waking another thread. Dropping the
+//! harness stops every loop and joins its thread, giving up (and leaving
+//! the thread behind) after a few seconds if a loop is stuck, so a
+//! deadlocked provider fails its test instead of hanging the run.
+
+use std::marker::PhantomData;
+use std::net::IpAddr;
+use std::sync::{mpsc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use netio_core::mio_loop::{LoopConfig, MioLoop};
+use netio_core::{
+    Backend, BackendConfig, CreateError, EndpointAddress, EventLoop, Features, Handler,
+};
+
+use crate::harness::{Harness, NodeId};
+
+/// Wall time `wait_until` gives a condition on a loaded machine.
+const DEADLINE: Duration = Duration::from_secs(20);
+/// Wall time `settle` lets pending events run.
+const SETTLE: Duration = Duration::from_millis(200);
+/// How long a paused loop stays paused if the test never resumes it.
+const PAUSE_LIMIT: Duration = Duration::from_secs(60);
+/// How long dropping the harness waits for a loop thread to end.
+const JOIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// What a provider on [`MioLoop`] tells the ready-made [`MioHarness`].
+pub trait MioProvider: 'static {
+    /// The provider's backend (a cheap `Clone` handle).
+    type Backend: Backend + Clone + 'static;
+
+    /// Run one test of this provider at a time in the process, whatever
+    /// `--test-threads` says (for busy-polling loops, which keep a core
+    /// busy each).
+    const ONE_AT_A_TIME: bool = false;
+
+    /// What the provider supports.
+    fn features() -> Features;
+
+    /// Creates a backend on `lp` (the harness runs the loop).
+    fn create(
+        lp: &MioLoop,
+        config: BackendConfig,
+        handler: Box<dyn Handler<Self::Backend>>,
+    ) -> Result<Self::Backend, CreateError>;
+
+    /// The address backends listen on and are reached at (a loopback
+    /// address for IP transports; for a transport without IP addresses,
+    /// the address its [`EndpointAddress`]es carry).
+    fn local_ip() -> IpAddr;
+
+    /// An address where nothing listens, whose connection attempts are
+    /// refused at once (for IP: a port that was just bound and released).
+    fn refusing_address() -> EndpointAddress;
+
+    /// The configuration of every loop (busy polling, say).
+    fn loop_config() -> LoopConfig {
+        LoopConfig::default()
+    }
+
+    /// What a leak would make grow; by default the process's open file
+    /// descriptors.
+    fn resources() -> usize {
+        open_fds()
+    }
+
+    /// `true` if [`MioProvider::reset`] works.
+    fn can_reset() -> bool {
+        false
+    }
+
+    /// Breaks the connection between `local` (a backend's own IP) and
+    /// `remote` like a network failure would. See [`Harness::reset`].
+    fn reset(local: IpAddr, remote: EndpointAddress) {
+        let _ = (local, remote);
+        panic!("this provider's harness cannot reset connections");
+    }
+}
+
+/// The number of open file descriptors of this process
+/// (`/proc/self/fd`).
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or_else(|e| panic!("counting open descriptors in /proc/self/fd: {e}"))
+}
+
+/// Held by the running test of a [`MioProvider::ONE_AT_A_TIME`] provider.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+struct LoopThread<B> {
+    lp: MioLoop,
+    thread: Option<JoinHandle<()>>,
+    backend: Option<B>,
+    paused: Option<mpsc::Sender<Box<dyn FnOnce() + Send>>>,
+}
+
+/// The ready-made [`Harness`] for a [`MioProvider`]: one loop thread per
+/// backend, waiting on the wall clock.
+pub struct MioHarness<P: MioProvider> {
+    loops: Vec<LoopThread<P::Backend>>,
+    /// Loops made for the event loop tests (not running here).
+    spare: Vec<MioLoop>,
+    _turn: Option<MutexGuard<'static, ()>>,
+    _provider: PhantomData<P>,
+}
+
+impl<P: MioProvider> MioHarness<P> {
+    fn new_loop() -> MioLoop {
+        MioLoop::with_config(P::loop_config()).expect("creating an event loop")
+    }
+}
+
+impl<P: MioProvider> Drop for MioHarness<P> {
+    fn drop(&mut self) {
+        for l in &mut self.loops {
+            l.paused.take();
+            l.lp.stop();
+        }
+        let end = Instant::now() + JOIN_LIMIT;
+        for l in &mut self.loops {
+            let Some(t) = l.thread.take() else { continue };
+            while !t.is_finished() && Instant::now() < end {
+                thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                // A stuck loop thread: leave it (and its backend) behind
+                // rather than hang the test run.
+                std::mem::forget(l.backend.take());
+                std::mem::forget(t);
+            }
+        }
+        self.loops.clear();
+    }
+}
+
+impl<P: MioProvider> Harness for MioHarness<P> {
+    type Loop = MioLoop;
+    type Backend = P::Backend;
+
+    fn setup() -> Self {
+        // A test that failed while holding the turn poisons the lock; the
+        // next test may still go (the failed one's harness was dropped).
+        let turn =
+            P::ONE_AT_A_TIME.then(|| ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner()));
+        Self {
+            loops: Vec::new(),
+            spare: Vec::new(),
+            _turn: turn,
+            _provider: PhantomData,
+        }
+    }
+
+    fn features(&self) -> Features {
+        P::features()
+    }
+
+    fn backend(
+        &mut self,
+        config: BackendConfig,
+        handler: Box<dyn Handler<P::Backend>>,
+    ) -> P::Backend {
+        let lp = Self::new_loop();
+        let b = P::create(&lp, config, handler).expect("creating a backend");
+        let runner = lp.clone();
+        let (tx, rx) = mpsc::channel();
+        let id = self.loops.len();
+        let thread = thread::Builder::new()
+            .name(format!("loop of backend #{id}"))
+            .spawn(move || {
+                runner.run(|| {
+                    let _ = tx.send(());
+                })
+            })
+            .expect("starting a loop thread");
+        rx.recv_timeout(DEADLINE).expect("the loop thread started");
+        self.loops.push(LoopThread {
+            lp,
+            thread: Some(thread),
+            backend: Some(b.clone()),
+            paused: None,
+        });
+        b
+    }
+
+    fn local_ip(&self, _node: NodeId) -> IpAddr {
+        P::local_ip()
+    }
+
+    fn refusing_address(&mut self) -> EndpointAddress {
+        P::refusing_address()
+    }
+
+    fn event_loop(&self, node: NodeId) -> &MioLoop {
+        &self.loops[node].lp
+    }
+
+    fn post(&mut self, node: NodeId, f: Box<dyn FnOnce() + Send + 'static>) {
+        self.loops[node].lp.post(f);
+    }
+
+    fn pause(&mut self, node: NodeId) {
+        let (tx, rx) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let (started_tx, started_rx) = mpsc::channel();
+        self.loops[node].lp.post(move || {
+            let _ = started_tx.send(());
+            if let Ok(first) = rx.recv_timeout(PAUSE_LIMIT) {
+                first();
+            }
+        });
+        started_rx
+            .recv_timeout(DEADLINE)
+            .unwrap_or_else(|_| panic!("the loop of backend #{node} did not start its pause"));
+        self.loops[node].paused = Some(tx);
+    }
+
+    fn resume(&mut self, node: NodeId, first: Box<dyn FnOnce() + Send + 'static>) {
+        let tx = self.loops[node]
+            .paused
+            .take()
+            .unwrap_or_else(|| panic!("backend #{node} is not paused"));
+        tx.send(first)
+            .unwrap_or_else(|_| panic!("backend #{node} stopped being paused on its own"));
+    }
+
+    fn wait_until(&mut self, cond: &mut dyn FnMut() -> bool) -> bool {
+        let end = Instant::now() + DEADLINE;
+        loop {
+            if cond() {
+                return true;
+            }
+            if Instant::now() >= end {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn settle(&mut self) {
+        thread::sleep(SETTLE);
+    }
+
+    fn fresh_loop(&mut self) -> MioLoop {
+        let lp = Self::new_loop();
+        self.spare.push(lp.clone());
+        lp
+    }
+
+    fn resources(&mut self) -> usize {
+        P::resources()
+    }
+
+    fn can_reset(&self) -> bool {
+        P::can_reset()
+    }
+
+    fn reset(&mut self, node: NodeId, remote: EndpointAddress) {
+        let _ = node;
+        P::reset(P::local_ip(), remote);
+    }
+}
