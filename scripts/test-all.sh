@@ -11,6 +11,17 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# The TCP conformance suite resets connections with `ss -K` (iproute2).
+if ! command -v ss >/dev/null 2>&1; then
+    step "installing iproute2 (ss) for the TCP conformance suite's resets"
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq iproute2
+    else
+        echo "error: 'ss' (iproute2) is missing and cannot be installed here (needs root and apt-get)" >&2
+        exit 1
+    fi
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

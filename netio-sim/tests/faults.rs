@@ -280,3 +280,89 @@ fn crashed_host_operations_fail_and_new_backends_are_refused() {
         .backend(BackendConfig::default(), netio_core::NoopHandler)
         .is_err());
 }
+
+#[test]
+fn a_paused_loop_holds_its_callbacks_and_pushes_back_until_resumed() {
+    let sim = Sim::with_seed(21);
+    let server = node(&sim, BackendConfig::default(), None);
+    let cfg = BackendConfig {
+        send_queue_depth: 4,
+        ..BackendConfig::default()
+    };
+    let client = node(&sim, cfg, None);
+    let addr = listen(&server, ConnectionParams::receive(64, 2));
+    let acc = connect(&sim, &server, &client, addr, ConnectionParams::default());
+    let seen = server.log.len();
+    sim.pause_loop(server.host.ip());
+    let mut accepted = Vec::new();
+    for k in 0..20u64 {
+        match client.b.send_data_copy(addr, &[&k.to_le_bytes()], &[], k) {
+            Ok(()) => accepted.push(k),
+            Err(SendError::NoResources) => {}
+            Err(e) => panic!("{e}"),
+        }
+        // Two messages fill the paused receiver's buffers (and complete);
+        // the rest stay in flight.
+        sim.run_until_idle(10_000);
+    }
+    sim.run_until_idle(10_000);
+    assert_eq!(
+        server.log.len(),
+        seen,
+        "a paused loop calls no handler: {:?}",
+        server.log
+    );
+    assert_eq!(
+        accepted,
+        (0..6).collect::<Vec<_>>(),
+        "two messages in the receiver's buffers and four in flight, then NoResources"
+    );
+    assert_eq!(
+        client.log.completed_to(addr),
+        vec![0, 1],
+        "the two messages taken into receive buffers complete"
+    );
+    sim.resume_loop(server.host.ip());
+    let sl = server.log.clone();
+    run_until(&sim, "every accepted message arrives", || {
+        sl.data_from(acc).len() == 6
+    });
+    let got: Vec<u64> = server
+        .log
+        .data_from(acc)
+        .iter()
+        .map(|d| u64::from_le_bytes(d[..8].try_into().unwrap()))
+        .collect();
+    assert_eq!(got, accepted, "held callbacks run in their order");
+}
+
+#[test]
+fn closing_drops_what_a_paused_loop_still_holds_for_the_connection() {
+    let sim = Sim::with_seed(22);
+    let server = node(&sim, BackendConfig::default(), None);
+    let client = node(&sim, BackendConfig::default(), None);
+    let addr = listen(&server, ConnectionParams::receive(64, 4));
+    let acc = connect(&sim, &server, &client, addr, ConnectionParams::default());
+    sim.pause_loop(server.host.ip());
+    for k in 0..3u64 {
+        client.b.send_data_copy(addr, &[b"m"], &[], k).unwrap();
+    }
+    sim.run_until_idle(10_000);
+    server.b.close_active_endpoint(acc).unwrap();
+    sim.resume_loop(server.host.ip());
+    let sl = server.log.clone();
+    run_until(&sim, "the close is reported", || sl.closed_count(acc) == 1);
+    sim.run_until_idle(10_000);
+    assert!(
+        server.log.data().is_empty(),
+        "nothing is delivered after the close call: {:?}",
+        server.log
+    );
+    assert!(
+        matches!(
+            server.b.close_active_endpoint(acc),
+            Err(netio_core::CloseError::UnknownActiveEndpoint(_))
+        ),
+        "the endpoint is gone"
+    );
+}
