@@ -2723,6 +2723,9 @@ fn arrived_then_closed<H: Harness>(mode: ThreadSafety, reset: bool) {
     c.wait("the sender reports the close", || {
         cl.closed_count(p.listen) == 1
     });
+    // Let the hang-up reach the held peer too, so that it finds the
+    // messages and the hang-up together when it resumes.
+    c.settle();
     c.resume(&p.server);
     let sl = p.server.log.clone();
     c.wait("the peer reports the close", || {

@@ -33,6 +33,13 @@ pub struct SimHarness {
     others: Vec<SimHost>,
 }
 
+impl SimHarness {
+    /// The number of backends made so far.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
 impl netio_conformance::Harness for SimHarness {
     type Loop = SimLoop;
     type Backend = SimBackend;

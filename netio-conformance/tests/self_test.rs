@@ -1,0 +1,908 @@
+//! The suite tests itself: a catalogue of deliberately broken providers,
+//! each a wrapper around the simulator that breaks exactly one rule of the
+//! contract. For each, the whole suite runs against it and the test named
+//! after the broken rule must be among the failures (in both thread modes
+//! where it runs in both). A control entry that breaks nothing must pass
+//! everything, so the wrapper itself is faithful.
+//!
+//! Run with `--nocapture` to see, for each broken provider, every failing
+//! test and the first line of its failure.
+
+mod sim_harness;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use netio_conformance::{behaviours, Event, Harness, NodeId};
+use netio_core::{
+    Backend, BackendConfig, BufferError, Capabilities, CloseError, CloseReason, ConnectionParams,
+    EndpointAddress, EventLoop, Features, Handler, MemoryUsage, NetworkBuffer, OpenActiveError,
+    OpenListenError, RefuseReason, RegionSlice, SendError, Signal, ThreadSafety,
+};
+use netio_sim::{SimBackend, SimLoop, SimSignal};
+use sim_harness::SimHarness;
+
+// ------------------------------------------------------------------ the bugs
+
+/// Breaks nothing (the control).
+const NONE: u8 = 0;
+/// Drops the first key of every non-empty `cancelled_keys`.
+const DROP_CANCELLED_KEY: u8 = 1;
+/// Reports every completion twice.
+const COMPLETION_TWICE: u8 = 2;
+/// Delivers every 7th message twice.
+const DATA_TWICE: u8 = 3;
+/// Swaps messages pairwise.
+const DATA_REORDERED: u8 = 4;
+/// Holds `on_connection_established` back until the next event of the
+/// connection has been delivered.
+const DATA_BEFORE_ESTABLISHED: u8 = 5;
+/// Reports copy sends completed as soon as they are queued, before they
+/// reached the peer, and forgets their real outcome.
+const COMPLETE_EARLY: u8 = 6;
+/// Delivers messages a little later, and drops those not yet delivered
+/// when the connection's close comes first.
+const SWALLOW_BEFORE_CLOSE: u8 = 7;
+/// Receives into buffers twice the size asked for, so oversize messages
+/// are delivered.
+const OVERSIZE_DELIVERED: u8 = 8;
+/// Answers `UnknownListenEndpoint` where `UnknownActiveEndpoint` is due.
+const WRONG_ERROR_VARIANT: u8 = 9;
+/// Reports a copy send completed from inside `send_data_copy`.
+const REENTRANT_COMPLETION: u8 = 10;
+/// Queues copy sends without bound instead of answering `NoResources`.
+const NO_BACKPRESSURE: u8 = 11;
+/// Reports a peer's orderly close as a reset.
+const WRONG_CLOSE_REASON: u8 = 12;
+/// Delivers the last message once more after the close.
+const EVENT_AFTER_CLOSE: u8 = 13;
+/// Leaks a listener per closed connection.
+const LEAK_PER_CLOSE: u8 = 14;
+/// `num_available_buffers` gives the current count, not the low-water mark.
+const LOW_WATER_NOT_KEPT: u8 = 15;
+/// `send_data` drops the header.
+const HEADER_DROPPED: u8 = 16;
+/// Reports a refused connection as closed.
+const REFUSED_AS_CLOSED: u8 = 17;
+/// Calls the handler while holding the lock its operations take.
+const HANDLER_UNDER_LOCK: u8 = 18;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+type Inner = Box<dyn Handler<BrokenBackend>>;
+
+/// What one broken backend shares between its handle and its handler.
+#[derive(Default)]
+struct Shared {
+    bug: u8,
+    handler: Mutex<Option<Inner>>,
+    backend: OnceLock<BrokenBackend>,
+    /// Events delivered later, by `flush`.
+    pending: Mutex<VecDeque<Event>>,
+    flush: OnceLock<SimSignal>,
+    /// Keys already reported completed (early or re-entrantly).
+    early: Mutex<Vec<u64>>,
+    /// Copy sends queued by `NO_BACKPRESSURE`.
+    backlog: Mutex<VecDeque<(EndpointAddress, Vec<u8>, u64)>>,
+    /// Per-remote state: a held event, the last message, a counter.
+    held: Mutex<HashMap<EndpointAddress, Event>>,
+    last: Mutex<HashMap<EndpointAddress, Vec<u8>>>,
+    count: Mutex<u64>,
+    /// The provider's lock of `HANDLER_UNDER_LOCK`.
+    big_lock: Mutex<()>,
+    ip: OnceLock<IpAddr>,
+}
+
+/// A simulator backend with one rule broken.
+#[derive(Clone)]
+struct BrokenBackend {
+    inner: SimBackend,
+    shared: Arc<Shared>,
+}
+
+impl BrokenBackend {
+    fn bug(&self) -> u8 {
+        self.shared.bug
+    }
+    fn guard(&self) -> Option<MutexGuard<'_, ()>> {
+        (self.bug() == HANDLER_UNDER_LOCK).then(|| lock(&self.shared.big_lock))
+    }
+    fn widen(&self, mut p: ConnectionParams) -> ConnectionParams {
+        if self.bug() == OVERSIZE_DELIVERED && p.recv.buf_size > 0 {
+            p.recv.buf_size *= 2;
+        }
+        p
+    }
+}
+
+fn deliver(h: &mut dyn Handler<BrokenBackend>, b: &BrokenBackend, e: &Event) {
+    match e {
+        Event::Established { remote, caps } => h.on_connection_established(b, *remote, *caps),
+        Event::Refused { remote, reason } => h.on_connection_refused(b, *remote, reason),
+        Event::Closed {
+            remote,
+            reason,
+            keys,
+        } => h.on_connection_closed(b, *remote, reason, keys),
+        Event::Data { remote, data } => h.on_data(b, *remote, data),
+        Event::Completed { remote, key } => h.on_send_completed(b, *remote, *key),
+    }
+}
+
+fn remote_of(e: &Event) -> EndpointAddress {
+    match e {
+        Event::Established { remote, .. }
+        | Event::Refused { remote, .. }
+        | Event::Closed { remote, .. }
+        | Event::Data { remote, .. }
+        | Event::Completed { remote, .. } => *remote,
+    }
+}
+
+impl Shared {
+    /// Delivers events to the suite's handler.
+    fn dispatch(&self, events: Vec<Event>) {
+        let Some(b) = self.backend.get() else { return };
+        let _g = (self.bug == HANDLER_UNDER_LOCK).then(|| lock(&self.big_lock));
+        let mut h = lock(&self.handler);
+        if let Some(h) = h.as_mut() {
+            for e in &events {
+                deliver(h.as_mut(), b, e);
+            }
+        }
+    }
+
+    /// Delivers what was put aside for later.
+    fn flush(&self) {
+        let events: Vec<Event> = lock(&self.pending).drain(..).collect();
+        self.dispatch(events);
+    }
+
+    fn later(&self, e: Event) {
+        lock(&self.pending).push_back(e);
+        if let Some(s) = self.flush.get() {
+            s.fire();
+        }
+    }
+
+    /// The broken provider's view of one event from the simulator.
+    fn on_event(&self, e: Event) {
+        let mut out = Vec::new();
+        match (self.bug, e) {
+            (
+                DROP_CANCELLED_KEY,
+                Event::Closed {
+                    remote,
+                    reason,
+                    mut keys,
+                },
+            ) => {
+                if !keys.is_empty() {
+                    keys.remove(0);
+                }
+                out.push(Event::Closed {
+                    remote,
+                    reason,
+                    keys,
+                });
+            }
+            (COMPLETION_TWICE, e @ Event::Completed { .. }) => {
+                out.push(e.clone());
+                out.push(e);
+            }
+            (DATA_TWICE, e @ Event::Data { .. }) => {
+                let mut n = lock(&self.count);
+                *n += 1;
+                if *n % 7 == 0 {
+                    out.push(e.clone());
+                }
+                out.push(e);
+            }
+            (DATA_REORDERED, e) => {
+                let r = remote_of(&e);
+                let mut held = lock(&self.held);
+                match e {
+                    Event::Data { .. } => match held.remove(&r) {
+                        Some(first) => {
+                            out.push(e);
+                            out.push(first);
+                        }
+                        None => {
+                            held.insert(r, e);
+                        }
+                    },
+                    other => {
+                        out.extend(held.remove(&r));
+                        out.push(other);
+                    }
+                }
+            }
+            (DATA_BEFORE_ESTABLISHED, e) => {
+                let r = remote_of(&e);
+                let mut held = lock(&self.held);
+                if matches!(e, Event::Established { .. }) {
+                    held.insert(r, e);
+                } else {
+                    out.push(e);
+                    out.extend(held.remove(&r));
+                }
+            }
+            (COMPLETE_EARLY | REENTRANT_COMPLETION, Event::Completed { remote, key }) => {
+                let mut early = lock(&self.early);
+                if let Some(i) = early.iter().position(|k| *k == key) {
+                    early.swap_remove(i);
+                } else {
+                    out.push(Event::Completed { remote, key });
+                }
+            }
+            (
+                COMPLETE_EARLY | REENTRANT_COMPLETION,
+                Event::Closed {
+                    remote,
+                    reason,
+                    keys,
+                },
+            ) => {
+                let mut early = lock(&self.early);
+                let keys = keys
+                    .into_iter()
+                    .filter(|k| match early.iter().position(|x| x == k) {
+                        Some(i) => {
+                            early.swap_remove(i);
+                            false
+                        }
+                        None => true,
+                    })
+                    .collect();
+                out.push(Event::Closed {
+                    remote,
+                    reason,
+                    keys,
+                });
+            }
+            (SWALLOW_BEFORE_CLOSE, e @ Event::Data { .. }) => {
+                self.later(e);
+                return;
+            }
+            (SWALLOW_BEFORE_CLOSE, e @ Event::Closed { .. }) => {
+                let r = remote_of(&e);
+                lock(&self.pending).retain(|p| remote_of(p) != r);
+                out.push(e);
+            }
+            (NO_BACKPRESSURE, e @ Event::Completed { .. }) => {
+                out.push(e);
+                let b = self.backend.get().expect("backend").inner.clone();
+                let mut backlog = lock(&self.backlog);
+                while let Some((to, data, key)) = backlog.pop_front() {
+                    if b.send_data_copy(to, &[&data], &[], key).is_err() {
+                        backlog.push_front((to, data, key));
+                        break;
+                    }
+                }
+            }
+            (
+                WRONG_CLOSE_REASON,
+                Event::Closed {
+                    remote,
+                    reason,
+                    keys,
+                },
+            ) => {
+                let reason = if reason == CloseReason::PeerClosed {
+                    CloseReason::Reset
+                } else {
+                    reason
+                };
+                out.push(Event::Closed {
+                    remote,
+                    reason,
+                    keys,
+                });
+            }
+            (EVENT_AFTER_CLOSE, e) => {
+                let r = remote_of(&e);
+                match &e {
+                    Event::Data { data, .. } => {
+                        lock(&self.last).insert(r, data.clone());
+                        out.push(e);
+                    }
+                    Event::Closed { .. } => {
+                        out.push(e);
+                        if let Some(data) = lock(&self.last).remove(&r) {
+                            out.push(Event::Data { remote: r, data });
+                        }
+                    }
+                    _ => out.push(e),
+                }
+            }
+            (LEAK_PER_CLOSE, e @ Event::Closed { .. }) => {
+                let b = self.backend.get().expect("backend").inner.clone();
+                let ip = *self.ip.get().expect("ip");
+                let _ = b.open_listen_endpoint(
+                    EndpointAddress::new(ip, 0),
+                    ConnectionParams::receive(64, 1),
+                );
+                out.push(e);
+            }
+            (REFUSED_AS_CLOSED, Event::Refused { remote, reason }) => out.push(Event::Closed {
+                remote,
+                reason: CloseReason::Other(reason.to_string()),
+                keys: Vec::new(),
+            }),
+            (_, e) => out.push(e),
+        }
+        self.dispatch(out);
+    }
+}
+
+/// The handler given to the simulator.
+struct Wrap(Arc<Shared>);
+
+impl Handler<SimBackend> for Wrap {
+    fn on_connection_established(
+        &mut self,
+        _: &SimBackend,
+        remote: EndpointAddress,
+        caps: Capabilities,
+    ) {
+        self.0.on_event(Event::Established { remote, caps });
+    }
+    fn on_connection_refused(
+        &mut self,
+        _: &SimBackend,
+        remote: EndpointAddress,
+        reason: &RefuseReason,
+    ) {
+        self.0.on_event(Event::Refused {
+            remote,
+            reason: reason.clone(),
+        });
+    }
+    fn on_connection_closed(
+        &mut self,
+        _: &SimBackend,
+        remote: EndpointAddress,
+        reason: &CloseReason,
+        keys: &[u64],
+    ) {
+        self.0.on_event(Event::Closed {
+            remote,
+            reason: reason.clone(),
+            keys: keys.to_vec(),
+        });
+    }
+    fn on_data(&mut self, _: &SimBackend, remote: EndpointAddress, data: &[u8]) {
+        self.0.on_event(Event::Data {
+            remote,
+            data: data.to_vec(),
+        });
+    }
+    fn on_send_completed(&mut self, _: &SimBackend, remote: EndpointAddress, key: u64) {
+        self.0.on_event(Event::Completed { remote, key });
+    }
+}
+
+impl Backend for BrokenBackend {
+    fn features(&self) -> Features {
+        self.inner.features()
+    }
+    fn open_listen_endpoint(
+        &self,
+        a: EndpointAddress,
+        p: ConnectionParams,
+    ) -> Result<EndpointAddress, OpenListenError> {
+        let _g = self.guard();
+        self.inner.open_listen_endpoint(a, self.widen(p))
+    }
+    fn open_active_endpoint(
+        &self,
+        a: EndpointAddress,
+        p: ConnectionParams,
+    ) -> Result<(), OpenActiveError> {
+        let _g = self.guard();
+        self.inner.open_active_endpoint(a, self.widen(p))
+    }
+    fn close_listen_endpoint(&self, a: EndpointAddress) -> Result<(), CloseError> {
+        let _g = self.guard();
+        self.inner.close_listen_endpoint(a)
+    }
+    fn close_active_endpoint(&self, a: EndpointAddress) -> Result<(), CloseError> {
+        let _g = self.guard();
+        match self.inner.close_active_endpoint(a) {
+            Err(CloseError::UnknownActiveEndpoint(x)) if self.bug() == WRONG_ERROR_VARIANT => {
+                Err(CloseError::UnknownListenEndpoint(x))
+            }
+            r => r,
+        }
+    }
+    fn get_buffer(&self, a: EndpointAddress) -> Result<Option<NetworkBuffer>, BufferError> {
+        let _g = self.guard();
+        self.inner.get_buffer(a)
+    }
+    fn send_buffer(&self, a: EndpointAddress, b: NetworkBuffer) -> Result<(), SendError> {
+        let _g = self.guard();
+        self.inner.send_buffer(a, b)
+    }
+    fn send_data(
+        &self,
+        a: EndpointAddress,
+        d: &[RegionSlice],
+        h: &[u8],
+        k: u64,
+    ) -> Result<(), SendError> {
+        let _g = self.guard();
+        let h = if self.bug() == HEADER_DROPPED {
+            &[][..]
+        } else {
+            h
+        };
+        self.inner.send_data(a, d, h, k)
+    }
+    fn send_data_copy(
+        &self,
+        a: EndpointAddress,
+        d: &[&[u8]],
+        h: &[u8],
+        k: u64,
+    ) -> Result<(), SendError> {
+        let _g = self.guard();
+        let r = self.inner.send_data_copy(a, d, h, k);
+        match (self.bug(), r) {
+            (COMPLETE_EARLY, Ok(())) => {
+                lock(&self.shared.early).push(k);
+                self.shared.later(Event::Completed { remote: a, key: k });
+                Ok(())
+            }
+            (REENTRANT_COMPLETION, Ok(())) => {
+                lock(&self.shared.early).push(k);
+                let done = Event::Completed { remote: a, key: k };
+                // From inside this call; when the call itself comes from a
+                // handler (the handler is busy), a little later.
+                match self.shared.handler.try_lock() {
+                    Ok(mut h) => {
+                        if let Some(h) = h.as_mut() {
+                            deliver(h.as_mut(), self, &done);
+                        }
+                    }
+                    Err(_) => self.shared.later(done),
+                }
+                Ok(())
+            }
+            (NO_BACKPRESSURE, Err(SendError::NoResources)) => {
+                let mut data = h.to_vec();
+                d.iter().for_each(|c| data.extend_from_slice(c));
+                lock(&self.shared.backlog).push_back((a, data, k));
+                Ok(())
+            }
+            (_, r) => r,
+        }
+    }
+    fn num_available_buffers(&self, a: EndpointAddress) -> Result<usize, BufferError> {
+        let _g = self.guard();
+        let first = self.inner.num_available_buffers(a);
+        if self.bug() == LOW_WATER_NOT_KEPT {
+            // The second read gives the current count.
+            return first.and_then(|_| self.inner.num_available_buffers(a));
+        }
+        first
+    }
+    fn memory_usage(&self) -> MemoryUsage {
+        self.inner.memory_usage()
+    }
+}
+
+/// The simulator's harness with the backends broken by bug `B`.
+struct Broken<const B: u8> {
+    sim: SimHarness,
+}
+
+impl<const B: u8> Harness for Broken<B> {
+    type Loop = SimLoop;
+    type Backend = BrokenBackend;
+
+    fn setup() -> Self {
+        Self {
+            sim: SimHarness::setup(),
+        }
+    }
+    fn features(&self) -> Features {
+        self.sim.features()
+    }
+    fn backend(
+        &mut self,
+        config: BackendConfig,
+        handler: Box<dyn Handler<BrokenBackend>>,
+    ) -> BrokenBackend {
+        let shared = Arc::new(Shared {
+            bug: B,
+            handler: Mutex::new(Some(handler)),
+            ..Shared::default()
+        });
+        let inner = self.sim.backend(config, Box::new(Wrap(shared.clone())));
+        let node = self.sim_nodes();
+        let _ = shared.ip.set(self.sim.local_ip(node));
+        let s2 = shared.clone();
+        let _ = shared
+            .flush
+            .set(self.sim.event_loop(node).signal(move || s2.flush()));
+        let b = BrokenBackend {
+            inner,
+            shared: shared.clone(),
+        };
+        let _ = shared.backend.set(b.clone());
+        b
+    }
+    fn local_ip(&self, node: NodeId) -> IpAddr {
+        self.sim.local_ip(node)
+    }
+    fn refusing_address(&mut self) -> EndpointAddress {
+        self.sim.refusing_address()
+    }
+    fn event_loop(&self, node: NodeId) -> &SimLoop {
+        self.sim.event_loop(node)
+    }
+    fn post(&mut self, node: NodeId, f: Box<dyn FnOnce() + Send + 'static>) {
+        self.sim.post(node, f)
+    }
+    fn pause(&mut self, node: NodeId) {
+        self.sim.pause(node)
+    }
+    fn resume(&mut self, node: NodeId, first: Box<dyn FnOnce() + Send + 'static>) {
+        self.sim.resume(node, first)
+    }
+    fn wait_until(&mut self, cond: &mut dyn FnMut() -> bool) -> bool {
+        self.sim.wait_until(cond)
+    }
+    fn settle(&mut self) {
+        self.sim.settle()
+    }
+    fn fresh_loop(&mut self) -> SimLoop {
+        self.sim.fresh_loop()
+    }
+    fn resources(&mut self) -> usize {
+        self.sim.resources()
+    }
+    fn can_reset(&self) -> bool {
+        self.sim.can_reset()
+    }
+    fn reset(&mut self, node: NodeId, remote: EndpointAddress) {
+        self.sim.reset(node, remote)
+    }
+}
+
+impl<const B: u8> Broken<B> {
+    /// The node id of the backend just created.
+    fn sim_nodes(&self) -> NodeId {
+        self.sim.node_count() - 1
+    }
+}
+
+// ------------------------------------------------------------------ running
+
+/// Wall time one behaviour may take against a broken provider.
+const LIMIT: Duration = Duration::from_secs(60);
+/// Behaviours run at once (against a broken provider most of them wait
+/// for something that never comes).
+const PARALLEL: usize = 16;
+
+fn quiet_catalogue_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let ours = thread::current()
+                .name()
+                .is_some_and(|n| n.starts_with("catalogue "));
+            if !ours {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Runs the whole suite against `Broken<B>`; returns the failing tests
+/// with the first line of each failure, and the ones that hung.
+fn run_suite<const B: u8>(label: &str) -> (BTreeMap<String, String>, Vec<String>) {
+    quiet_catalogue_panics();
+    let list = behaviours::<Broken<B>>();
+    let mut failed = BTreeMap::new();
+    let mut hung = Vec::new();
+    for chunk in list.chunks(PARALLEL) {
+        let running: Vec<_> = chunk
+            .iter()
+            .map(|b| {
+                let (run, path) = (b.run, b.path());
+                let t = thread::Builder::new()
+                    .name(format!("catalogue {label} {path}"))
+                    .spawn(move || {
+                        let r = std::panic::catch_unwind(run);
+                        r.map_err(|p| {
+                            p.downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_default()
+                        })
+                    })
+                    .expect("spawning a behaviour");
+                (path, t, Instant::now())
+            })
+            .collect();
+        for (path, t, start) in running {
+            while !t.is_finished() && start.elapsed() < LIMIT {
+                thread::sleep(Duration::from_millis(2));
+            }
+            if !t.is_finished() {
+                hung.push(path);
+                continue;
+            }
+            if let Ok(Err(msg)) = t.join() {
+                failed.insert(path, msg.lines().next().unwrap_or("").to_string());
+            }
+        }
+    }
+    (failed, hung)
+}
+
+/// Asserts that the broken provider fails each test in `expected` (given
+/// without the module: both modules where the behaviour runs in both).
+fn caught<const B: u8>(label: &str, expected: &[&str]) {
+    let t0 = Instant::now();
+    let (failed, hung) = run_suite::<B>(label);
+    println!(
+        "{label}: {} failing tests, {:.1} s",
+        failed.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    for (path, msg) in &failed {
+        println!("  {path}: {msg}");
+    }
+    assert!(
+        hung.is_empty(),
+        "{label}: tests hung instead of failing: {hung:?}"
+    );
+    for name in expected {
+        let modules: Vec<&str> = behaviours::<Broken<B>>()
+            .iter()
+            .filter(|b| b.name == *name)
+            .map(|b| b.module)
+            .collect();
+        assert!(!modules.is_empty(), "{label}: no behaviour named {name}");
+        for m in modules {
+            let path = format!("{m}::{name}");
+            assert!(
+                failed.contains_key(&path),
+                "{label}: the suite must fail {path}, the test named after the broken rule; \
+                 it failed only {:?}",
+                failed.keys().collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unbroken_wrapper_passes_the_whole_suite() {
+    let (failed, hung) = run_suite::<NONE>("control");
+    assert!(
+        failed.is_empty() && hung.is_empty(),
+        "the wrapper without a bug must pass: failed {failed:?}, hung {hung:?}"
+    );
+}
+
+#[test]
+fn dropping_a_cancelled_key_is_caught() {
+    caught::<DROP_CANCELLED_KEY>(
+        "drop a cancelled key",
+        &[
+            "peer_close_with_sends_in_flight_reports_each_key_once_on_both_sides",
+            "local_close_with_sends_held_in_flight_reports_each_key_once_on_both_sides",
+        ],
+    );
+}
+
+#[test]
+fn reporting_a_completion_twice_is_caught() {
+    caught::<COMPLETION_TWICE>(
+        "completion twice",
+        &["many_messages_arrive_in_order_exactly_once"],
+    );
+}
+
+#[test]
+fn delivering_a_message_twice_is_caught() {
+    caught::<DATA_TWICE>(
+        "data twice",
+        &["many_messages_arrive_in_order_exactly_once"],
+    );
+}
+
+#[test]
+fn delivering_out_of_order_is_caught() {
+    caught::<DATA_REORDERED>(
+        "data reordered",
+        &["many_messages_arrive_in_order_exactly_once"],
+    );
+}
+
+#[test]
+fn data_before_established_is_caught() {
+    caught::<DATA_BEFORE_ESTABLISHED>(
+        "data before established",
+        &["established_comes_first_even_when_the_peer_greets_from_its_established_callback"],
+    );
+}
+
+#[test]
+fn completing_a_send_early_is_caught() {
+    caught::<COMPLETE_EARLY>(
+        "complete early",
+        &["sender_close_after_completions_delivers_everything_before_the_peer_hears_of_it"],
+    );
+}
+
+#[test]
+fn swallowing_messages_that_arrive_with_the_hang_up_is_caught() {
+    caught::<SWALLOW_BEFORE_CLOSE>(
+        "swallow before close",
+        &["messages_before_a_peer_close_are_delivered_before_the_close"],
+    );
+}
+
+#[test]
+fn delivering_an_oversize_message_is_caught() {
+    caught::<OVERSIZE_DELIVERED>(
+        "oversize delivered",
+        &["message_larger_than_receive_buffer_closes_connection_clearly"],
+    );
+}
+
+#[test]
+fn a_wrong_error_variant_is_caught() {
+    caught::<WRONG_ERROR_VARIANT>(
+        "wrong error variant",
+        &[
+            "closing_unknown_endpoint_fails",
+            "operations_on_unknown_endpoint_fail",
+        ],
+    );
+}
+
+#[test]
+fn a_handler_called_from_inside_a_backend_call_is_caught() {
+    caught::<REENTRANT_COMPLETION>(
+        "re-entrant completion",
+        &["handlers_are_never_called_from_inside_a_backend_call"],
+    );
+}
+
+#[test]
+fn missing_backpressure_is_caught() {
+    caught::<NO_BACKPRESSURE>(
+        "no backpressure",
+        &["backpressure_stops_copy_sends_and_resumes_after_the_peer_reads"],
+    );
+}
+
+#[test]
+fn a_wrong_close_reason_is_caught() {
+    caught::<WRONG_CLOSE_REASON>(
+        "wrong close reason",
+        &["closing_active_endpoint_reports_closed_on_both_sides"],
+    );
+}
+
+#[test]
+fn an_event_after_the_close_is_caught() {
+    caught::<EVENT_AFTER_CLOSE>(
+        "event after close",
+        &["messages_before_a_peer_close_are_delivered_before_the_close"],
+    );
+}
+
+#[test]
+fn a_leak_per_closed_connection_is_caught() {
+    caught::<LEAK_PER_CLOSE>(
+        "leak per close",
+        &["open_close_cycles_leave_no_resources_behind"],
+    );
+}
+
+#[test]
+fn a_low_water_mark_that_is_not_kept_is_caught() {
+    caught::<LOW_WATER_NOT_KEPT>(
+        "low-water mark not kept",
+        &["low_water_mark_of_free_buffers_resets_on_read"],
+    );
+}
+
+#[test]
+fn a_dropped_header_is_caught() {
+    caught::<HEADER_DROPPED>(
+        "header dropped",
+        &["zero_copy_header_is_prepended_to_payload"],
+    );
+}
+
+#[test]
+fn a_refusal_reported_as_a_close_is_caught() {
+    caught::<REFUSED_AS_CLOSED>(
+        "refused as closed",
+        &["connecting_to_nothing_is_refused_on_initiator_only"],
+    );
+}
+
+/// The environment variable that makes the ignored child test run a mode.
+const CHILD_MODE: &str = "NETIO_SELF_TEST_MODE";
+
+#[test]
+#[ignore = "run in a child process by a_handler_called_under_the_providers_lock_fails_in_seconds"]
+fn child_handler_under_lock() {
+    let mode = match std::env::var(CHILD_MODE).as_deref() {
+        Ok("unsafe") => ThreadSafety::Unsafe,
+        _ => ThreadSafety::Safe,
+    };
+    netio_conformance::tests::handler_can_send_and_close_inside_callbacks::<
+        Broken<HANDLER_UNDER_LOCK>,
+    >(mode);
+}
+
+#[test]
+fn a_handler_called_under_the_providers_lock_fails_in_seconds() {
+    for mode in ["safe", "unsafe"] {
+        let start = Instant::now();
+        let mut child = Command::new(std::env::current_exe().expect("this test binary"))
+            .args([
+                "--ignored",
+                "--exact",
+                "child_handler_under_lock",
+                "--nocapture",
+            ])
+            .args(["--test-threads", "1"])
+            .env(CHILD_MODE, mode)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running the child test");
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("waiting for the child") {
+                break s;
+            }
+            if start.elapsed() > LIMIT {
+                let _ = child.kill();
+                panic!("{mode}: a deadlocked provider hung the test for {LIMIT:?}");
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let elapsed = start.elapsed();
+        let mut err = String::new();
+        use std::io::Read;
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("reading the child's stderr");
+        assert!(
+            !status.success(),
+            "{mode}: the deadlocked provider must fail: {err}"
+        );
+        assert!(
+            elapsed < Duration::from_secs(30),
+            "{mode}: it must fail in seconds, took {elapsed:?}"
+        );
+        assert!(
+            err.contains("inside a handler call") && err.contains("child_handler_under_lock"),
+            "{mode}: the failure names the test and the cause: {err}"
+        );
+        println!(
+            "{mode}: failed after {:.1} s: {}",
+            elapsed.as_secs_f64(),
+            err.trim()
+        );
+    }
+}
