@@ -1,0 +1,279 @@
+//! The command line.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use clap::{Parser, ValueEnum};
+
+/// Benchmarks of netio-rs providers, each run alternated with the same test
+/// over plain `std::net` TCP in the same process (`--baseline`).
+///
+/// By default server and client run in this process, on separate event
+/// loops and separate threads, over 127.0.0.1. With no test named, every
+/// test runs with small defaults.
+#[derive(Debug, Parser)]
+#[command(name = "netio-perf", version, about, long_about = None)]
+#[command(after_help = "\
+Examples:
+  netio-perf --provider tcp --baseline                  every test, small defaults
+  netio-perf pingpong --sizes 64 --baseline --busy-poll
+  netio-perf bw --sizes 1m --mode zero-copy --baseline
+  netio-perf rate --provider sim                        simulated deliveries per real second
+  netio-perf --listen 0.0.0.0:7000 [--baseline]         server only (another host)
+  netio-perf pingpong --connect HOST:7000 [--baseline]  client only")]
+pub struct Cli {
+    /// Tests to run (default: all of them).
+    #[arg(value_enum)]
+    pub tests: Vec<TestKind>,
+
+    /// Tests to run, as an option (same as naming them).
+    #[arg(long = "test", value_enum, value_name = "TEST")]
+    pub test_opt: Vec<TestKind>,
+
+    /// Provider to benchmark.
+    #[arg(long, default_value = "tcp")]
+    pub provider: String,
+
+    /// Message sizes, comma-separated, with k/m suffixes (1k = 1024 bytes).
+    /// Default: 64 for pingpong and rate, 64k,1m for bw.
+    #[arg(long, value_parser = parse_sizes, value_name = "SIZES")]
+    pub sizes: Option<Sizes>,
+
+    /// Measured iterations per run (round trips or messages). Default:
+    /// 10000 round trips, 256 MiB worth of messages for bw, 200000 messages
+    /// for rate.
+    #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+
+    /// Measure for this many seconds per run instead of a count.
+    #[arg(long, value_parser = parse_duration, value_name = "SECS")]
+    pub duration: Option<f64>,
+
+    /// Iterations before measuring starts, per run. Default: 1000 round
+    /// trips, 16 MiB worth of messages for bw, 20000 messages for rate.
+    #[arg(long)]
+    pub warmup: Option<u64>,
+
+    /// Send modes, comma-separated or repeated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "copy")]
+    pub mode: Vec<SendMode>,
+
+    /// Busy-polling event loops (and busy-polling non-blocking sockets for
+    /// the baseline) instead of sleeping in epoll.
+    #[arg(long)]
+    pub busy_poll: bool,
+
+    /// Runs of each figure (alternated with the baseline: A B A B ...).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
+
+    /// Alternate every run with the same test over plain std::net TCP and
+    /// print each figure as a ratio provider/baseline.
+    #[arg(long)]
+    pub baseline: bool,
+
+    /// Write machine-readable results to FILE ("-": stdout, instead of the
+    /// table).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<String>,
+
+    /// Run the server only, on ADDR, until killed (or --serve-for).
+    #[arg(long, value_name = "ADDR", conflicts_with = "connect")]
+    pub listen: Option<SocketAddr>,
+
+    /// Run the client only, against a `netio-perf --listen` at ADDR.
+    #[arg(long, value_name = "ADDR")]
+    pub connect: Option<SocketAddr>,
+
+    /// With --listen: stop serving after this many seconds.
+    #[arg(long, value_parser = parse_duration, value_name = "SECS")]
+    pub serve_for: Option<f64>,
+
+    /// Connections for the conns test (at most 5000).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(2..=5000))]
+    pub connections: u32,
+
+    /// Give up a single run after this many seconds.
+    #[arg(long, default_value_t = 120.0, value_parser = parse_duration, value_name = "SECS")]
+    pub timeout: f64,
+
+    /// Internal: one side of the conns test, in a child process.
+    #[arg(long, hide = true)]
+    pub conns_child: Option<String>,
+}
+
+/// A test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum TestKind {
+    /// Round-trip latency: one message at a time, each echoed.
+    Pingpong,
+    /// One-way bandwidth.
+    Bw,
+    /// Small-message rate, one way, one delivery per message.
+    Rate,
+    /// Many connections on one loop: set-up time and memory.
+    Conns,
+}
+
+impl TestKind {
+    /// The test's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pingpong => "pingpong",
+            Self::Bw => "bw",
+            Self::Rate => "rate",
+            Self::Conns => "conns",
+        }
+    }
+}
+
+/// How messages are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
+pub enum SendMode {
+    /// `get_buffer` + `send_buffer`: written into a pool buffer.
+    Buffered,
+    /// `send_data` from a registered memory region.
+    ZeroCopy,
+    /// `send_data_copy`: copied at once.
+    Copy,
+    /// Asynchronous sends (not in this version).
+    Async,
+}
+
+impl SendMode {
+    /// The mode's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Buffered => "buffered",
+            Self::ZeroCopy => "zero-copy",
+            Self::Copy => "copy",
+            Self::Async => "async",
+        }
+    }
+
+    /// Wire code in the benchmark's set-up message.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Buffered => 0,
+            Self::ZeroCopy => 1,
+            Self::Copy => 2,
+            Self::Async => 3,
+        }
+    }
+
+    /// The mode of a wire code.
+    pub fn from_code(c: u8) -> Option<Self> {
+        Some(match c {
+            0 => Self::Buffered,
+            1 => Self::ZeroCopy,
+            2 => Self::Copy,
+            _ => return None,
+        })
+    }
+}
+
+/// Largest message size accepted.
+pub const MAX_SIZE: usize = 16 << 20;
+
+/// A list of message sizes in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sizes(pub Vec<usize>);
+
+/// Parses `64,1k,64k,1m` (1k = 1024).
+pub fn parse_sizes(s: &str) -> Result<Sizes, String> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(format!("empty size in `{s}`"));
+        }
+        let n = parse_size(part)?;
+        if !out.contains(&n) {
+            out.push(n);
+        }
+    }
+    Ok(Sizes(out))
+}
+
+/// Parses one size: digits with an optional `k`, `m` (or `b`) suffix.
+pub fn parse_size(part: &str) -> Result<usize, String> {
+    let lower = part.to_ascii_lowercase();
+    let (digits, mult) = match lower.as_bytes().last() {
+        Some(b'k') => (&lower[..lower.len() - 1], 1024),
+        Some(b'm') => (&lower[..lower.len() - 1], 1024 * 1024),
+        Some(b'b') => (&lower[..lower.len() - 1], 1),
+        _ => (&lower[..], 1),
+    };
+    let n: usize = digits.parse().map_err(|_| {
+        format!("invalid size `{part}`: expected a number with an optional k or m suffix (1k = 1024 bytes), e.g. 64,1k,64k,1m")
+    })?;
+    let n = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("size `{part}` is too large"))?;
+    if n == 0 {
+        return Err(format!(
+            "invalid size `{part}`: messages need at least 1 byte"
+        ));
+    }
+    if n > MAX_SIZE {
+        return Err(format!(
+            "size `{part}` ({n} bytes) is above the largest supported, 16m"
+        ));
+    }
+    Ok(n)
+}
+
+fn parse_duration(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("invalid number of seconds `{s}`"))?;
+    if !(v > 0.0 && v <= 86_400.0) {
+        return Err(format!(
+            "seconds must be above 0 and at most 86400, got `{s}`"
+        ));
+    }
+    Ok(v)
+}
+
+/// `64 B`, `1 KiB`, `64 KiB`, `1 MiB`, or bytes when not a round multiple.
+pub struct SizeLabel(pub usize);
+
+impl fmt::Display for SizeLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        if n >= 1 << 20 && n % (1 << 20) == 0 {
+            write!(f, "{} MiB", n >> 20)
+        } else if n >= 1024 && n % 1024 == 0 {
+            write!(f, "{} KiB", n >> 10)
+        } else {
+            write!(f, "{n} B")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(
+            parse_sizes("64,1k,64k,1m").unwrap().0,
+            vec![64, 1024, 65536, 1 << 20]
+        );
+        assert_eq!(parse_sizes("2K, 3M").unwrap().0, vec![2048, 3 << 20]);
+        assert!(parse_sizes("0").is_err());
+        assert!(parse_sizes("x").is_err());
+        assert!(parse_sizes("64,,1k").is_err());
+        assert!(parse_sizes("1g").is_err());
+        assert!(parse_sizes("17m").is_err());
+    }
+
+    #[test]
+    fn size_labels() {
+        assert_eq!(SizeLabel(64).to_string(), "64 B");
+        assert_eq!(SizeLabel(1024).to_string(), "1 KiB");
+        assert_eq!(SizeLabel(1 << 20).to_string(), "1 MiB");
+        assert_eq!(SizeLabel(1500).to_string(), "1500 B");
+    }
+}

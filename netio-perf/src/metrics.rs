@@ -1,0 +1,288 @@
+//! The figures a run produces, with their units.
+
+use std::time::Duration;
+
+use crate::proto::Report;
+use crate::stats::percentile;
+
+/// The unit of a figure, which also says how to print it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Microseconds of real time.
+    Micros,
+    /// Microseconds of the simulator's virtual time.
+    VirtualMicros,
+    /// Bytes per second of real time (printed as GB/s).
+    BytesPerSec,
+    /// Bytes per second of virtual time.
+    VirtualBytesPerSec,
+    /// Events per second of real time.
+    PerSec,
+    /// Events per second of virtual time.
+    VirtualPerSec,
+    /// Milliseconds of real time.
+    Millis,
+    /// Milliseconds of virtual time.
+    VirtualMillis,
+    /// Bytes.
+    Bytes,
+}
+
+impl Unit {
+    /// The unit as written in JSON.
+    pub fn json_name(self) -> &'static str {
+        match self {
+            Self::Micros => "us",
+            Self::VirtualMicros => "virtual_us",
+            Self::BytesPerSec => "bytes_per_s",
+            Self::VirtualBytesPerSec => "virtual_bytes_per_s",
+            Self::PerSec => "per_s",
+            Self::VirtualPerSec => "per_virtual_s",
+            Self::Millis => "ms",
+            Self::VirtualMillis => "virtual_ms",
+            Self::Bytes => "bytes",
+        }
+    }
+
+    /// `value` with its unit, for the table.
+    pub fn format(self, value: f64) -> String {
+        if !value.is_finite() {
+            return "n/a".into();
+        }
+        match self {
+            Self::Micros => format!("{} µs", sig(value)),
+            Self::VirtualMicros => format!("{} µs (virtual)", sig(value)),
+            Self::BytesPerSec => format!("{} GB/s", sig(value / 1e9)),
+            Self::VirtualBytesPerSec => format!("{} GB/s (virtual)", sig(value / 1e9)),
+            Self::PerSec => format!("{}/s", count(value)),
+            Self::VirtualPerSec => format!("{}/virtual s", count(value)),
+            Self::Millis => format!("{} ms", sig(value)),
+            Self::VirtualMillis => format!("{} ms (virtual)", sig(value)),
+            Self::Bytes => {
+                if value.abs() >= 1024.0 * 1024.0 {
+                    format!("{} MiB", sig(value / 1048576.0))
+                } else if value.abs() >= 1024.0 {
+                    format!("{} KiB", sig(value / 1024.0))
+                } else {
+                    format!("{} B", sig(value))
+                }
+            }
+        }
+    }
+}
+
+/// Three significant digits (at least the integer part).
+fn sig(v: f64) -> String {
+    let a = v.abs();
+    if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// A rate with k/M suffix.
+fn count(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{} M", sig(v / 1e6))
+    } else if v >= 1e3 {
+        format!("{} k", sig(v / 1e3))
+    } else {
+        sig(v)
+    }
+}
+
+/// Which way is better for a figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Better {
+    /// Smaller is better (latency, memory).
+    Lower,
+    /// Larger is better (throughput).
+    Higher,
+}
+
+/// A figure's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metric {
+    /// Key in JSON.
+    pub key: &'static str,
+    /// Label in the table.
+    pub label: &'static str,
+    /// Unit.
+    pub unit: Unit,
+    /// Which way is better.
+    pub better: Better,
+}
+
+macro_rules! metric {
+    ($name:ident, $key:literal, $label:literal, $unit:ident, $better:ident) => {
+        #[doc = concat!("`", $key, "`: ", $label, ".")]
+        pub const $name: Metric = Metric {
+            key: $key,
+            label: $label,
+            unit: Unit::$unit,
+            better: Better::$better,
+        };
+    };
+}
+
+metric!(MEDIAN, "median_rtt", "median round trip", Micros, Lower);
+metric!(P99, "p99_rtt", "p99 round trip", Micros, Lower);
+metric!(P999, "p999_rtt", "p99.9 round trip", Micros, Lower);
+metric!(MAX, "max_rtt", "max round trip", Micros, Lower);
+metric!(
+    ROUND_TRIPS,
+    "round_trips_per_s",
+    "round trips",
+    PerSec,
+    Higher
+);
+metric!(
+    V_MEDIAN,
+    "virtual_median_rtt",
+    "median round trip",
+    VirtualMicros,
+    Lower
+);
+metric!(BANDWIDTH, "bandwidth", "bandwidth", BytesPerSec, Higher);
+metric!(MESSAGES, "messages_per_s", "messages", PerSec, Higher);
+metric!(
+    DELIVERIES,
+    "messages_per_s",
+    "deliveries per real second",
+    PerSec,
+    Higher
+);
+metric!(
+    V_BANDWIDTH,
+    "virtual_bandwidth",
+    "bandwidth",
+    VirtualBytesPerSec,
+    Higher
+);
+metric!(
+    V_MESSAGES,
+    "virtual_messages_per_s",
+    "messages",
+    VirtualPerSec,
+    Higher
+);
+
+metric!(
+    SETUP,
+    "setup_time",
+    "set-up of all connections",
+    Millis,
+    Lower
+);
+metric!(
+    V_SETUP,
+    "virtual_setup_time",
+    "set-up of all connections",
+    VirtualMillis,
+    Lower
+);
+metric!(
+    RSS_PER_CONN,
+    "rss_per_connection",
+    "resident memory per connection",
+    Bytes,
+    Lower
+);
+metric!(
+    RSS_FIRST_HALF,
+    "rss_per_connection_first_half",
+    "  first half of them",
+    Bytes,
+    Lower
+);
+metric!(
+    RSS_SECOND_HALF,
+    "rss_per_connection_second_half",
+    "  second half of them",
+    Bytes,
+    Lower
+);
+metric!(
+    BUFFERS_PER_CONN,
+    "buffer_bytes_per_connection",
+    "buffer memory per connection",
+    Bytes,
+    Lower
+);
+
+/// The figures of one run.
+pub type Figures = Vec<(Metric, f64)>;
+
+/// Figures of a ping-pong run: `samples` in ns (measured round trips),
+/// `virtual_samples` likewise in virtual time (simulator), `elapsed` the
+/// real time of the measured round trips.
+pub fn pingpong(samples: &mut [u64], virtual_samples: &mut [u64], elapsed: Duration) -> Figures {
+    if samples.is_empty() {
+        return Vec::new();
+    }
+    samples.sort_unstable();
+    let us = |ns: u64| ns as f64 / 1e3;
+    let mut f = vec![
+        (MEDIAN, us(percentile(samples, 500))),
+        (P99, us(percentile(samples, 990))),
+        (P999, us(percentile(samples, 999))),
+        (MAX, us(*samples.last().unwrap())),
+        (
+            ROUND_TRIPS,
+            samples.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+        ),
+    ];
+    if !virtual_samples.is_empty() {
+        virtual_samples.sort_unstable();
+        f.push((V_MEDIAN, us(percentile(virtual_samples, 500))));
+    }
+    f
+}
+
+/// Figures of a one-way run (`bw` or `rate`) from the receiver's report;
+/// `sim`: the report holds virtual time too.
+pub fn one_way(bw: bool, r: &Report, sim: bool) -> Result<Figures, String> {
+    if r.measured == 0 || r.elapsed_ns == 0 {
+        return Err(format!(
+            "the receiver measured nothing ({} messages received, at least 2 after the warm-up are needed)",
+            r.received
+        ));
+    }
+    let secs = r.elapsed_ns as f64 / 1e9;
+    let mut f = Vec::new();
+    if bw {
+        f.push((BANDWIDTH, r.bytes as f64 / secs));
+        f.push((MESSAGES, r.measured as f64 / secs));
+    } else if sim {
+        f.push((DELIVERIES, r.measured as f64 / secs));
+    } else {
+        f.push((MESSAGES, r.measured as f64 / secs));
+    }
+    if sim && r.virtual_ns > 0 {
+        let vs = r.virtual_ns as f64 / 1e9;
+        if bw {
+            f.push((V_BANDWIDTH, r.bytes as f64 / vs));
+        }
+        f.push((V_MESSAGES, r.measured as f64 / vs));
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_carry_units() {
+        assert_eq!(Unit::Micros.format(12.345), "12.3 µs");
+        assert_eq!(Unit::BytesPerSec.format(1.5e9), "1.50 GB/s");
+        assert_eq!(Unit::PerSec.format(2_500_000.0), "2.50 M/s");
+        assert_eq!(Unit::Bytes.format(2048.0), "2.00 KiB");
+        assert_eq!(Unit::Micros.format(f64::NAN), "n/a");
+    }
+}

@@ -1,0 +1,805 @@
+//! The benchmark over a netio provider: a [`Server`] handler (echo or sink,
+//! chosen by the client's set-up message) and a [`Client`] handler, written
+//! against the `Backend` trait, created by name through the `netio` facade.
+//!
+//! Socket providers run server and client on two event loops, each on its
+//! own thread; the simulator runs both virtual hosts of one world, driven on
+//! the calling thread.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use netio::mio_loop::{LoopConfig, MioLoop};
+use netio::sim::Sim;
+use netio::{
+    AnyLoop, Backend, BackendConfig, Capabilities, CloseReason, ConnectionParams, EndpointAddress,
+    EventLoop, Features, Handler, MemoryRegion, RefuseReason, SendError,
+};
+
+use crate::cli::{SendMode, TestKind};
+use crate::metrics::{self, Figures};
+use crate::proto::{self, Report, Role, SinkCounter};
+
+/// What one run measures.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The test (not `Conns`).
+    pub test: TestKind,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Send mode.
+    pub mode: SendMode,
+    /// Iterations before measuring.
+    pub warmup: u64,
+    /// Measured iterations, or `None` with a duration.
+    pub count: Option<u64>,
+    /// Measuring time, when there is no count.
+    pub duration: Option<Duration>,
+    /// Busy-polling loops.
+    pub busy_poll: bool,
+    /// Bound of the whole run.
+    pub timeout: Duration,
+}
+
+impl Spec {
+    /// The server's role for this test.
+    pub fn role(&self) -> Role {
+        if self.test == TestKind::Pingpong {
+            Role::Echo
+        } else {
+            Role::Sink
+        }
+    }
+}
+
+/// Why a run produced no figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunError {
+    /// The provider does not support what the run needs.
+    Unsupported(String),
+    /// The run failed.
+    Failed(String),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unsupported(s) | Self::Failed(s) => f.write_str(s),
+        }
+    }
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> RunError {
+    RunError::Failed(format!("{what}: {e}"))
+}
+
+/// Messages in flight per connection for one-way tests: about 16 MiB, at
+/// least 2, at most 256.
+pub fn window(size: usize) -> usize {
+    ((16 << 20) / size.max(1)).clamp(2, 256)
+}
+
+/// Receive buffers of a receiving connection for messages of `size`.
+pub fn recv_buffers(size: usize) -> usize {
+    ((16 << 20) / size.max(1)).clamp(4, 64)
+}
+
+/// Receive limit for messages of `size` (room for the control messages).
+fn recv_size(size: usize) -> usize {
+    size.max(64)
+}
+
+/// Checks that the provider supports `mode`.
+pub fn check_mode(provider: &str, f: Features, mode: SendMode) -> Result<(), RunError> {
+    let missing = match mode {
+        SendMode::Copy if !f.send_copy => Some("copy sends (send_data_copy)"),
+        SendMode::ZeroCopy if !f.send_zero_copy => Some("zero-copy sends (send_data)"),
+        SendMode::Async => Some("asynchronous sends"),
+        _ => None,
+    };
+    match missing {
+        Some(m) => Err(RunError::Unsupported(format!(
+            "provider `{provider}` does not support {m}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// A region holding one data message of `size` bytes.
+fn data_region(size: usize) -> MemoryRegion {
+    let mut m = Vec::new();
+    proto::data_message(&mut m, size);
+    MemoryRegion::from_vec(m)
+}
+
+/// Parameters of the server's connections: receiving messages of up to
+/// `max_size`, and sending back in each of `echo_modes`.
+pub fn server_params(
+    max_size: usize,
+    recv_bufs: usize,
+    echo_modes: &[SendMode],
+    region: Option<&MemoryRegion>,
+    features: Features,
+) -> ConnectionParams {
+    let mut p = ConnectionParams::receive(recv_size(max_size), recv_bufs);
+    let zero_copy = echo_modes.contains(&SendMode::ZeroCopy) && features.send_zero_copy;
+    if echo_modes.contains(&SendMode::Buffered) && (!zero_copy || features.buffered_with_zero_copy)
+    {
+        p = p.with_buffered(recv_size(max_size), 4);
+    }
+    if zero_copy {
+        if let Some(r) = region {
+            p = p.with_zero_copy(r.clone());
+        }
+    }
+    p
+}
+
+/// The simulator's clock for handlers; emptied after the run so the
+/// world is freed.
+pub type VClock = Arc<Mutex<Option<Sim>>>;
+
+fn vnow(c: &Option<VClock>) -> Option<Duration> {
+    c.as_ref().and_then(|c| {
+        c.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Sim::now)
+    })
+}
+
+/// Sends `data` in `mode` (zero-copy: the first `data.len()` bytes of
+/// `region`, which hold a data message).
+fn send_msg<B: Backend + ?Sized>(
+    b: &B,
+    remote: EndpointAddress,
+    mode: SendMode,
+    data: &[u8],
+    region: Option<&MemoryRegion>,
+    key: u64,
+) -> Result<(), SendError> {
+    match mode {
+        SendMode::Copy => b.send_data_copy(remote, &[data], &[], key),
+        SendMode::Buffered => {
+            let Some(mut buf) = b
+                .get_buffer(remote)
+                .map_err(|e| SendError::Failed(e.into()))?
+            else {
+                return Err(SendError::NoResources);
+            };
+            buf.write(data).map_err(|e| SendError::Failed(e.into()))?;
+            b.send_buffer(remote, buf)
+        }
+        SendMode::ZeroCopy => {
+            let region = region.ok_or(SendError::NotSupported("no region registered"))?;
+            let s = region
+                .slice(0, data.len())
+                .map_err(|e| SendError::Failed(e.into()))?;
+            b.send_data(remote, &[s], &[], key)
+        }
+        SendMode::Async => Err(SendError::NotSupported("asynchronous sends")),
+    }
+}
+
+/// Sends a control message: by copy, or through a pool buffer where the
+/// provider cannot copy.
+fn send_control<B: Backend + ?Sized>(
+    b: &B,
+    remote: EndpointAddress,
+    data: &[u8],
+    key: u64,
+) -> Result<(), SendError> {
+    match b.send_data_copy(remote, &[data], &[], key) {
+        Err(SendError::NotSupported(_)) => send_msg(b, remote, SendMode::Buffered, data, None, key),
+        other => other,
+    }
+}
+
+enum SrvConn {
+    Await,
+    Echo(SendMode),
+    Sink(SinkCounter),
+}
+
+/// The server: echoes (ping-pong) or counts (one-way tests) on each
+/// connection, as the client's set-up message says.
+pub struct Server {
+    conns: HashMap<EndpointAddress, SrvConn>,
+    region: Option<MemoryRegion>,
+    vclock: Option<VClock>,
+    key: u64,
+}
+
+impl Server {
+    /// A server that sends zero-copy echoes from `region`.
+    pub fn new(region: Option<MemoryRegion>, vclock: Option<VClock>) -> Self {
+        Self {
+            conns: HashMap::new(),
+            region,
+            vclock,
+            key: 0,
+        }
+    }
+}
+
+impl<B: Backend + ?Sized> Handler<B> for Server {
+    fn on_connection_established(&mut self, _: &B, remote: EndpointAddress, _: Capabilities) {
+        self.conns.insert(remote, SrvConn::Await);
+    }
+
+    fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
+        let Some(conn) = self.conns.get_mut(&remote) else {
+            return;
+        };
+        self.key = self.key.wrapping_add(1);
+        let tag = data.first().copied();
+        match (conn, tag) {
+            (SrvConn::Echo(mode), Some(proto::DATA)) => {
+                if let Err(e) = send_msg(b, remote, *mode, data, self.region.as_ref(), self.key) {
+                    eprintln!("netio-perf server: cannot echo to {remote}: {e}");
+                    let _ = b.close_active_endpoint(remote);
+                }
+            }
+            (SrvConn::Sink(c), Some(proto::DATA)) => {
+                let clock = &self.vclock;
+                c.data(data.len(), || vnow(clock));
+            }
+            (SrvConn::Sink(c), Some(proto::END)) => {
+                if let Err(e) = send_control(b, remote, &c.report().encode(), self.key) {
+                    eprintln!("netio-perf server: cannot report to {remote}: {e}");
+                }
+            }
+            (conn @ SrvConn::Await, Some(proto::SETUP)) => match proto::parse_setup(data) {
+                Some((Role::Echo, mode, _)) => *conn = SrvConn::Echo(mode),
+                Some((Role::Sink, _, warmup)) => *conn = SrvConn::Sink(SinkCounter::new(warmup)),
+                None => {
+                    eprintln!("netio-perf server: bad set-up message from {remote}");
+                    let _ = b.close_active_endpoint(remote);
+                }
+            },
+            _ => {
+                eprintln!("netio-perf server: unexpected message from {remote}");
+                let _ = b.close_active_endpoint(remote);
+            }
+        }
+    }
+
+    fn on_connection_closed(&mut self, _: &B, remote: EndpointAddress, _: &CloseReason, _: &[u64]) {
+        self.conns.remove(&remote);
+    }
+}
+
+/// What a client run produced.
+#[derive(Debug)]
+pub enum ClientResult {
+    /// Ping-pong: measured round trips (ns), the same in virtual time, and
+    /// the real time they took.
+    PingPong(Vec<u64>, Vec<u64>, Duration),
+    /// One-way: the receiver's report.
+    Sink(Report),
+}
+
+type Outcome = Arc<Mutex<Option<Result<ClientResult, String>>>>;
+
+/// The client: ping-pong, or sends one way as fast as the window allows.
+pub struct Client {
+    spec: Spec,
+    msg: Vec<u8>,
+    region: Option<MemoryRegion>,
+    vclock: Option<VClock>,
+    // ping-pong
+    i: u64,
+    sent_at: Instant,
+    vsent_at: Option<Duration>,
+    samples: Vec<u64>,
+    vsamples: Vec<u64>,
+    measure_start: Option<Instant>,
+    // one-way
+    inflight: usize,
+    window: usize,
+    data_sent: u64,
+    end_sent: bool,
+    deadline: Option<Instant>,
+    key: u64,
+    finished: bool,
+    outcome: Outcome,
+    done: Arc<AtomicBool>,
+    notify: mpsc::Sender<()>,
+}
+
+impl Client {
+    fn new(
+        spec: Spec,
+        region: Option<MemoryRegion>,
+        vclock: Option<VClock>,
+        outcome: Outcome,
+        done: Arc<AtomicBool>,
+        notify: mpsc::Sender<()>,
+    ) -> Self {
+        let mut msg = Vec::new();
+        proto::data_message(&mut msg, spec.size);
+        let reserve = spec.count.unwrap_or(1 << 16).min(1 << 22) as usize;
+        let sim = vclock.is_some();
+        Self {
+            window: window(spec.size),
+            msg,
+            region,
+            vclock,
+            i: 0,
+            sent_at: Instant::now(),
+            vsent_at: None,
+            samples: Vec::with_capacity(if spec.role() == Role::Echo {
+                reserve
+            } else {
+                0
+            }),
+            vsamples: Vec::with_capacity(if sim && spec.role() == Role::Echo {
+                reserve
+            } else {
+                0
+            }),
+            measure_start: None,
+            inflight: 0,
+            data_sent: 0,
+            end_sent: false,
+            deadline: None,
+            key: 0,
+            finished: false,
+            outcome,
+            done,
+            notify,
+            spec,
+        }
+    }
+
+    fn finish<B: Backend + ?Sized>(&mut self, b: &B, r: Result<ClientResult, String>) {
+        let _ = b;
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        *self.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        self.done.store(true, Ordering::Release);
+        let _ = self.notify.send(());
+    }
+
+    fn next_key(&mut self) -> u64 {
+        self.key = self.key.wrapping_add(1);
+        self.key
+    }
+
+    fn ping<B: Backend + ?Sized>(&mut self, b: &B, remote: EndpointAddress) {
+        if self.i == self.spec.warmup {
+            self.measure_start = Some(Instant::now());
+        }
+        let zero_copy = self.spec.mode == SendMode::ZeroCopy;
+        if !zero_copy {
+            proto::set_seq(&mut self.msg, self.i);
+        }
+        let key = self.next_key();
+        if self.vclock.is_some() {
+            self.vsent_at = vnow(&self.vclock);
+        }
+        self.sent_at = Instant::now();
+        if let Err(e) = send_msg(
+            b,
+            remote,
+            self.spec.mode,
+            &self.msg,
+            self.region.as_ref(),
+            key,
+        ) {
+            self.finish(b, Err(format!("send failed: {e}")));
+        }
+    }
+
+    fn more_data(&mut self) -> bool {
+        match self.spec.count {
+            Some(n) => self.data_sent < self.spec.warmup + n,
+            None => match self.deadline {
+                None => true,
+                Some(d) => Instant::now() < d,
+            },
+        }
+    }
+
+    fn pump<B: Backend + ?Sized>(&mut self, b: &B, remote: EndpointAddress) {
+        while !self.end_sent && !self.finished && self.inflight < self.window {
+            let key = self.next_key();
+            let r = if self.more_data() {
+                if self.data_sent == self.spec.warmup {
+                    if let Some(d) = self.spec.duration {
+                        self.deadline = Some(Instant::now() + d);
+                    }
+                }
+                send_msg(
+                    b,
+                    remote,
+                    self.spec.mode,
+                    &self.msg,
+                    self.region.as_ref(),
+                    key,
+                )
+                .map(|()| self.data_sent += 1)
+            } else {
+                send_control(b, remote, &proto::end(), key).map(|()| self.end_sent = true)
+            };
+            match r {
+                Ok(()) => self.inflight += 1,
+                Err(SendError::NoResources) => break,
+                Err(e) => {
+                    self.finish(b, Err(format!("send failed: {e}")));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl<B: Backend + ?Sized> Handler<B> for Client {
+    fn on_connection_established(&mut self, b: &B, remote: EndpointAddress, _: Capabilities) {
+        let setup = proto::setup(self.spec.role(), self.spec.mode, self.spec.warmup);
+        let key = self.next_key();
+        if let Err(e) = send_control(b, remote, &setup, key) {
+            self.finish(b, Err(format!("cannot send the set-up message: {e}")));
+            return;
+        }
+        self.inflight += 1;
+        match self.spec.role() {
+            Role::Echo => self.ping(b, remote),
+            Role::Sink => self.pump(b, remote),
+        }
+    }
+
+    fn on_connection_refused(&mut self, b: &B, remote: EndpointAddress, reason: &RefuseReason) {
+        self.finish(b, Err(format!("connecting to {remote} failed: {reason}")));
+    }
+
+    fn on_connection_closed(&mut self, b: &B, _: EndpointAddress, why: &CloseReason, _: &[u64]) {
+        self.finish(b, Err(format!("connection closed before the end: {why}")));
+    }
+
+    fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
+        if self.finished {
+            return;
+        }
+        match self.spec.role() {
+            Role::Echo => {
+                let now = Instant::now();
+                let rtt = (now - self.sent_at).as_nanos() as u64;
+                let check_seq = self.spec.mode != SendMode::ZeroCopy;
+                if !proto::echo_matches(data, self.spec.size, self.i, check_seq) {
+                    self.finish(
+                        b,
+                        Err(format!("echo {} does not match what was sent", self.i)),
+                    );
+                    return;
+                }
+                if self.i >= self.spec.warmup {
+                    self.samples.push(rtt);
+                    if let (Some(v0), Some(v)) = (self.vsent_at, vnow(&self.vclock)) {
+                        self.vsamples.push((v - v0).as_nanos() as u64);
+                    }
+                }
+                self.i += 1;
+                let measured = self.i.saturating_sub(self.spec.warmup);
+                let start = self.measure_start.unwrap_or(now);
+                let fin = match (self.spec.count, self.spec.duration) {
+                    (Some(n), _) => measured >= n,
+                    (None, Some(d)) => measured > 0 && now - start >= d,
+                    (None, None) => true,
+                };
+                if fin {
+                    let s = std::mem::take(&mut self.samples);
+                    let v = std::mem::take(&mut self.vsamples);
+                    self.finish(b, Ok(ClientResult::PingPong(s, v, now - start)));
+                } else {
+                    self.ping(b, remote);
+                }
+            }
+            Role::Sink => match Report::decode(data) {
+                Some(r) => self.finish(b, Ok(ClientResult::Sink(r))),
+                None => self.finish(b, Err("unexpected message from the server".into())),
+            },
+        }
+    }
+
+    fn on_send_completed(&mut self, b: &B, remote: EndpointAddress, _: u64) {
+        self.inflight = self.inflight.saturating_sub(1);
+        if self.spec.role() == Role::Sink && !self.finished {
+            self.pump(b, remote);
+        }
+    }
+}
+
+/// Client connection parameters for `spec`.
+fn client_params(spec: &Spec, region: Option<&MemoryRegion>) -> ConnectionParams {
+    let mut p = ConnectionParams::receive(recv_size(spec.size), 4);
+    match spec.mode {
+        SendMode::Buffered => {
+            let n = if spec.role() == Role::Echo {
+                4
+            } else {
+                window(spec.size)
+            };
+            p = p.with_buffered(recv_size(spec.size), n);
+        }
+        SendMode::ZeroCopy => {
+            if let Some(r) = region {
+                p = p.with_zero_copy(r.clone());
+            }
+        }
+        _ => {}
+    }
+    p
+}
+
+fn figures(spec: &Spec, r: ClientResult, sim: bool) -> Result<Figures, RunError> {
+    match r {
+        ClientResult::PingPong(mut s, mut v, elapsed) => {
+            let f = metrics::pingpong(&mut s, &mut v, elapsed);
+            if f.is_empty() {
+                Err(RunError::Failed("no round trip measured".into()))
+            } else {
+                Ok(f)
+            }
+        }
+        ClientResult::Sink(rep) => {
+            metrics::one_way(spec.test == TestKind::Bw, &rep, sim).map_err(RunError::Failed)
+        }
+    }
+}
+
+fn take(outcome: &Outcome) -> Option<Result<ClientResult, String>> {
+    outcome.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
+/// A running event loop thread; stopped and joined on drop.
+struct LoopThread {
+    lp: MioLoop,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl LoopThread {
+    fn start(lp: MioLoop, name: &str) -> Result<Self, RunError> {
+        let runner = lp.clone();
+        let thread = thread::Builder::new()
+            .name(name.into())
+            .spawn(move || runner.run(|| {}))
+            .map_err(|e| failed("cannot start a loop thread", e))?;
+        Ok(Self {
+            lp,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for LoopThread {
+    fn drop(&mut self) {
+        self.lp.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A new real event loop.
+pub fn new_loop(busy_poll: bool) -> Result<MioLoop, RunError> {
+    MioLoop::with_config(LoopConfig {
+        busy_poll,
+        ..LoopConfig::default()
+    })
+    .map_err(|e| failed("cannot create an event loop", e))
+}
+
+/// One run over a socket provider: server (unless `connect` names a remote
+/// one) and client on two loops, each on its own thread.
+pub fn run_socket(
+    provider: &str,
+    spec: &Spec,
+    connect: Option<EndpointAddress>,
+) -> Result<Figures, RunError> {
+    let region = (spec.mode == SendMode::ZeroCopy).then(|| data_region(spec.size));
+    // Server first, on its own loop and thread.
+    let mut server = None;
+    let addr = match connect {
+        Some(a) => a,
+        None => {
+            let lp = new_loop(spec.busy_poll)?;
+            let backend = netio::create_backend(
+                provider,
+                &AnyLoop::Mio(lp.clone()),
+                BackendConfig::default(),
+                Server::new(region.clone(), None),
+            )
+            .map_err(|e| failed("cannot create the server backend", e))?;
+            check_mode(provider, backend.features(), spec.mode)?;
+            let params = match spec.role() {
+                Role::Echo => server_params(
+                    spec.size,
+                    4,
+                    &[spec.mode],
+                    region.as_ref(),
+                    backend.features(),
+                ),
+                Role::Sink => server_params(
+                    spec.size,
+                    recv_buffers(spec.size),
+                    &[],
+                    None,
+                    backend.features(),
+                ),
+            };
+            let addr = backend
+                .open_listen_endpoint(EndpointAddress::localhost(0), params)
+                .map_err(|e| failed("cannot listen", e))?;
+            let t = LoopThread::start(lp, "perf-server")?;
+            server = Some((t, backend));
+            addr
+        }
+    };
+    let lp = new_loop(spec.busy_poll)?;
+    let outcome: Outcome = Arc::default();
+    let (tx, rx) = mpsc::channel();
+    let client = netio::create_backend(
+        provider,
+        &AnyLoop::Mio(lp.clone()),
+        BackendConfig::default(),
+        Client::new(
+            spec.clone(),
+            region.clone(),
+            None,
+            outcome.clone(),
+            Arc::default(),
+            tx,
+        ),
+    )
+    .map_err(|e| failed("cannot create the client backend", e))?;
+    check_mode(provider, client.features(), spec.mode)?;
+    let client_thread = LoopThread::start(lp, "perf-client")?;
+    client
+        .open_active_endpoint(addr, client_params(spec, region.as_ref()))
+        .map_err(|e| failed("cannot connect", e))?;
+    let got = rx.recv_timeout(spec.timeout);
+    let _ = client.close_active_endpoint(addr);
+    drop(client_thread);
+    drop(client);
+    drop(server);
+    match (got, take(&outcome)) {
+        (Ok(()), Some(Ok(r))) => figures(spec, r, false),
+        (Ok(()), Some(Err(e))) => Err(RunError::Failed(e)),
+        _ => Err(RunError::Failed(format!(
+            "no result within the time limit of {:?} (--timeout)",
+            spec.timeout
+        ))),
+    }
+}
+
+/// One run on the simulator: two virtual hosts of a new world, driven on
+/// this thread until the client is done.
+pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
+    let sim = Sim::with_seed(1);
+    let (hs, hc) = (sim.next_host(), sim.next_host());
+    let vclock: VClock = Arc::new(Mutex::new(Some(sim.clone())));
+    let region = (spec.mode == SendMode::ZeroCopy).then(|| data_region(spec.size));
+    let result = (|| {
+        let server = netio::create_backend(
+            "sim",
+            &AnyLoop::Sim(hs.event_loop().clone()),
+            BackendConfig::default(),
+            Server::new(region.clone(), Some(vclock.clone())),
+        )
+        .map_err(|e| failed("cannot create the server backend", e))?;
+        check_mode("sim", server.features(), spec.mode)?;
+        let params = match spec.role() {
+            Role::Echo => server_params(
+                spec.size,
+                4,
+                &[spec.mode],
+                region.as_ref(),
+                server.features(),
+            ),
+            Role::Sink => server_params(
+                spec.size,
+                recv_buffers(spec.size),
+                &[],
+                None,
+                server.features(),
+            ),
+        };
+        let addr = server
+            .open_listen_endpoint(EndpointAddress::new(hs.ip(), 0), params)
+            .map_err(|e| failed("cannot listen", e))?;
+        let outcome: Outcome = Arc::default();
+        let done = Arc::new(AtomicBool::new(false));
+        let (tx, _rx) = mpsc::channel();
+        let client = netio::create_backend(
+            "sim",
+            &AnyLoop::Sim(hc.event_loop().clone()),
+            BackendConfig::default(),
+            Client::new(
+                spec.clone(),
+                region.clone(),
+                Some(vclock.clone()),
+                outcome.clone(),
+                done.clone(),
+                tx,
+            ),
+        )
+        .map_err(|e| failed("cannot create the client backend", e))?;
+        client
+            .open_active_endpoint(addr, client_params(spec, region.as_ref()))
+            .map_err(|e| failed("cannot connect", e))?;
+        let started = Instant::now();
+        let mut steps = 0u64;
+        while !done.load(Ordering::Acquire) {
+            if !sim.step() {
+                return Err(RunError::Failed(
+                    "the simulation stalled (nothing scheduled) before the client was done".into(),
+                ));
+            }
+            steps += 1;
+            if steps % 4096 == 0 && started.elapsed() > spec.timeout {
+                return Err(RunError::Failed(format!(
+                    "no result within the time limit of {:?} (--timeout)",
+                    spec.timeout
+                )));
+            }
+        }
+        match take(&outcome) {
+            Some(Ok(r)) => figures(spec, r, true),
+            Some(Err(e)) => Err(RunError::Failed(e)),
+            None => Err(RunError::Failed("the client reported nothing".into())),
+        }
+    })();
+    // The handlers hold the clock, a handle to the world: empty it so the
+    // world is freed.
+    *vclock.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    result
+}
+
+/// Serves every test on `address` with a socket provider until `limit`
+/// passes (forever with `None`): echo or sink per connection, messages up
+/// to `max_size`, echoes in any of `modes`.
+pub fn serve(
+    provider: &str,
+    address: EndpointAddress,
+    max_size: usize,
+    busy_poll: bool,
+    limit: Option<Duration>,
+    on_listening: impl FnOnce(EndpointAddress),
+) -> Result<(), RunError> {
+    let lp = new_loop(busy_poll)?;
+    let region = data_region(max_size);
+    let backend = netio::create_backend(
+        provider,
+        &AnyLoop::Mio(lp.clone()),
+        BackendConfig::default(),
+        Server::new(Some(region.clone()), None),
+    )
+    .map_err(|e| failed("cannot create the server backend", e))?;
+    let params = server_params(
+        max_size,
+        recv_buffers(max_size),
+        &[SendMode::Buffered, SendMode::ZeroCopy, SendMode::Copy],
+        Some(&region),
+        backend.features(),
+    );
+    let bound = backend
+        .open_listen_endpoint(address, params)
+        .map_err(|e| failed("cannot listen", e))?;
+    on_listening(bound);
+    let t = LoopThread::start(lp, "perf-server")?;
+    match limit {
+        Some(d) => thread::sleep(d),
+        None => loop {
+            thread::sleep(Duration::from_secs(3600));
+        },
+    }
+    drop(t);
+    drop(backend);
+    Ok(())
+}
