@@ -54,7 +54,7 @@ def collect(docs, test, key, scale):
         flavour = "busy-poll" if doc.get("busy_poll") else "interrupt"
         provider = doc.get("provider", "?")
         if provider == "sim":
-            flavour = "virtual time"
+            flavour = "simulator cost, real time"
         for r in doc.get("results", []):
             if r.get("test") != test or r.get("size") is None:
                 continue

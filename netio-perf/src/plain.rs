@@ -125,6 +125,7 @@ pub fn serve_conn(s: TcpStream, busy: bool, deadline: Instant) -> io::Result<()>
                 match frame.get(4) {
                     Some(&proto::DATA) => c.data(frame.len() - 4, || None),
                     Some(&proto::END) => {
+                        c.end(|| None);
                         w.write_all(&frame_of(&c.report().encode()))?;
                     }
                     _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "bad message")),

@@ -69,7 +69,8 @@ pub fn end() -> [u8; 16] {
 }
 
 /// What a receiver measured: data messages and bytes received after the
-/// first measured one, and the time between that one and the last.
+/// first measured one, and the time from that one to the end message that
+/// follows the last.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Report {
     /// Data messages received in all (warm-up included).
@@ -78,7 +79,7 @@ pub struct Report {
     pub measured: u64,
     /// Their bytes.
     pub bytes: u64,
-    /// Real time from the first measured message to the last, in ns.
+    /// Real time from the first measured message to the end message, in ns.
     pub elapsed_ns: u64,
     /// Virtual time for the same span (simulator), in ns; 0 otherwise.
     pub virtual_ns: u64,
@@ -142,7 +143,8 @@ impl SinkCounter {
     }
 
     /// Counts one data message of `len` bytes; `virtual_now` is the
-    /// simulator's clock, when there is one.
+    /// simulator's clock, when there is one. Only the first measured message
+    /// reads the clocks.
     #[inline]
     pub fn data(&mut self, len: usize, virtual_now: impl FnOnce() -> Option<Duration>) {
         let n = self.report.received;
@@ -150,19 +152,22 @@ impl SinkCounter {
         if n < self.warmup {
             return;
         }
-        let now = std::time::Instant::now();
-        match self.first {
-            None => {
-                self.first = Some(now);
-                self.first_virtual = virtual_now();
-            }
-            Some(t0) => {
-                self.report.measured += 1;
-                self.report.bytes += len as u64;
-                self.report.elapsed_ns = (now - t0).as_nanos() as u64;
-                if let (Some(v0), Some(v)) = (self.first_virtual, virtual_now()) {
-                    self.report.virtual_ns = (v - v0).as_nanos() as u64;
-                }
+        if self.first.is_none() {
+            self.first = Some(std::time::Instant::now());
+            self.first_virtual = virtual_now();
+        } else {
+            self.report.measured += 1;
+            self.report.bytes += len as u64;
+        }
+    }
+
+    /// The end message arrived (right behind the last data message): the
+    /// measured span ends now.
+    pub fn end(&mut self, virtual_now: impl FnOnce() -> Option<Duration>) {
+        if let Some(t0) = self.first {
+            self.report.elapsed_ns = t0.elapsed().as_nanos() as u64;
+            if let (Some(v0), Some(v)) = (self.first_virtual, virtual_now()) {
+                self.report.virtual_ns = (v - v0).as_nanos() as u64;
             }
         }
     }
@@ -226,6 +231,7 @@ mod tests {
         for _ in 0..5 {
             c.data(10, || None);
         }
+        c.end(|| None);
         let r = c.report();
         assert_eq!((r.received, r.measured, r.bytes), (5, 2, 20));
     }

@@ -248,6 +248,8 @@ impl<B: Backend + ?Sized> Handler<B> for Server {
                 c.data(data.len(), || vnow(clock));
             }
             (SrvConn::Sink(c), Some(proto::END)) => {
+                let clock = &self.vclock;
+                c.end(|| vnow(clock));
                 if let Err(e) = send_control(b, remote, &c.report().encode(), self.key) {
                     eprintln!("netio-perf server: cannot report to {remote}: {e}");
                 }
