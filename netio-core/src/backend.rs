@@ -1,10 +1,13 @@
 //! The operations every provider offers: [`Backend`], and [`Provider`], which
 //! ties a backend type to its event loop type.
 
+use std::time::Duration;
+
 use crate::addr::EndpointAddress;
+use crate::conn::ConnId;
 use crate::buffer::NetworkBuffer;
 use crate::error::{
-    BufferError, CloseError, CreateError, OpenActiveError, OpenListenError, SendError,
+    BufferError, CloseError, ConnError, CreateError, OpenActiveError, OpenListenError, SendError,
 };
 use crate::event_loop::EventLoop;
 use crate::handler::Handler;
@@ -26,12 +29,16 @@ pub struct MemoryUsage {
 ///
 /// Every operation returns at once; outcomes arrive through the
 /// [`Handler`] given when the backend was created, on the loop thread.
-/// Active endpoints, whether opened here or accepted by a listener, are named
-/// by their remote address.
+/// Connections, whether opened here or accepted by a listener, are named
+/// by their [`ConnId`]; [`connection_to`](Self::connection_to) finds one by
+/// remote address for code that thinks in addresses.
 ///
 /// In [`ThreadSafety::Unsafe`](crate::ThreadSafety::Unsafe) mode every
 /// operation must be called on the loop thread and fails with `WrongThread`
-/// otherwise.
+/// otherwise, except [`features`](Self::features),
+/// [`memory_usage`](Self::memory_usage), [`now`](Self::now),
+/// [`set_timer`](Self::set_timer) and [`wake`](Self::wake), which work from
+/// any thread in both modes.
 pub trait Backend: Send + Sync {
     /// What this provider supports.
     fn features(&self) -> Features;
@@ -45,35 +52,39 @@ pub trait Backend: Send + Sync {
         params: ConnectionParams,
     ) -> Result<EndpointAddress, OpenListenError>;
 
-    /// Starts connecting to the listener at `address`. Success or refusal is
-    /// reported later (`on_connection_established` on both sides, or
-    /// `on_connection_refused` on this side).
+    /// Starts connecting to the listener at `address` and returns the new
+    /// connection's handle. Success or refusal is reported later
+    /// (`on_connection_established` on both sides, or
+    /// `on_connection_refused` on this side), with this handle. Several
+    /// connections to one address are distinct connections.
     fn open_active_endpoint(
         &self,
         address: EndpointAddress,
         params: ConnectionParams,
-    ) -> Result<(), OpenActiveError>;
+    ) -> Result<ConnId, OpenActiveError>;
 
     /// Closes the listener on `address` and every connection it accepted.
     /// Each such connection reports `on_connection_closed`; the listener
     /// itself reports nothing.
     fn close_listen_endpoint(&self, address: EndpointAddress) -> Result<(), CloseError>;
 
-    /// Closes the active endpoint to `remote` (opened here or accepted).
-    /// Sends in flight are cancelled and their keys reported with
+    /// Closes the connection `conn` (opened here or accepted). Sends in
+    /// flight are cancelled and their keys reported with
     /// `on_connection_closed`; a connection still being opened is reported
-    /// with `on_connection_refused` (reason `Cancelled`).
-    fn close_active_endpoint(&self, remote: EndpointAddress) -> Result<(), CloseError>;
+    /// with `on_connection_refused` (reason `Cancelled`). The handle is
+    /// stale as soon as this returns `Ok`.
+    fn close_active_endpoint(&self, conn: ConnId) -> Result<(), CloseError>;
 
-    /// A free send buffer of the connection to `remote` (or of the shared
-    /// send pool), or `Ok(None)` if every buffer is in flight.
-    fn get_buffer(&self, remote: EndpointAddress) -> Result<Option<NetworkBuffer>, BufferError>;
+    /// A free send buffer of `conn` (or of the shared send pool), or
+    /// `Ok(None)` if every buffer is in flight.
+    fn get_buffer(&self, conn: ConnId) -> Result<Option<NetworkBuffer>, BufferError>;
 
-    /// Sends the bytes written into `buffer`. The completion key is
-    /// `buffer.index()`; the buffer returns to its pool when the send
-    /// completes or is cancelled. On error the buffer returns to its pool at
-    /// once.
-    fn send_buffer(&self, remote: EndpointAddress, buffer: NetworkBuffer) -> Result<(), SendError>;
+    /// Sends the bytes written into `buffer`, completing with `key` (pass
+    /// `buffer.index() as u64` for netio3's buffer-index keys). The buffer
+    /// returns to its pool when the send completes or is cancelled; on error
+    /// it returns to its pool at once.
+    fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64)
+        -> Result<(), SendError>;
 
     /// Sends `header` (at most [`MAX_HEADER_LEN`](crate::MAX_HEADER_LEN)
     /// bytes, copied at once) followed by the bytes of `data`, which must lie
@@ -81,7 +92,7 @@ pub trait Backend: Send + Sync {
     /// completion with `key`. The receiver gets one message.
     fn send_data(
         &self,
-        remote: EndpointAddress,
+        conn: ConnId,
         data: &[RegionSlice],
         header: &[u8],
         key: u64,
@@ -91,18 +102,57 @@ pub trait Backend: Send + Sync {
     /// reuse its memory as soon as this returns. Completes with `key`.
     fn send_data_copy(
         &self,
-        remote: EndpointAddress,
+        conn: ConnId,
         data: &[&[u8]],
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError>;
 
-    /// The smallest number of free send buffers of the connection to
-    /// `remote` since the previous call (a low-water mark for monitoring).
-    fn num_available_buffers(&self, remote: EndpointAddress) -> Result<usize, BufferError>;
+    /// The smallest number of free send buffers of `conn` since the
+    /// previous call (a low-water mark for monitoring).
+    fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError>;
+
+    /// Stops delivering messages of `conn` (receive-side flow control).
+    /// After this returns no `on_data` comes for `conn` until
+    /// [`resume_receive`](Self::resume_receive); the provider stops taking
+    /// the peer's data, so the peer's sends back up until they answer
+    /// `NoResources`. Pausing a paused connection does nothing. Allowed
+    /// while the connection is still opening.
+    fn pause_receive(&self, conn: ConnId) -> Result<(), ConnError>;
+
+    /// Delivers messages of `conn` again, in order, starting with those held
+    /// while it was paused. Resuming a connection that is not paused does
+    /// nothing.
+    fn resume_receive(&self, conn: ConnId) -> Result<(), ConnError>;
+
+    /// The remote address of `conn` (opening, open or accepted).
+    fn remote_address(&self, conn: ConnId) -> Result<EndpointAddress, ConnError>;
+
+    /// A connection (opening, open or accepted) whose remote address is
+    /// `remote`; of several, the one opened or accepted first. For code that
+    /// names peers by address (as netio3 does).
+    fn connection_to(&self, remote: EndpointAddress) -> Result<ConnId, ConnError>;
 
     /// Buffer memory held now.
     fn memory_usage(&self) -> MemoryUsage;
+
+    /// The time on the backend's event loop clock: the time since the loop
+    /// was created on a real loop, virtual time on the simulator. Generic
+    /// code that reads time only here stays deterministic on the
+    /// simulator.
+    fn now(&self) -> Duration;
+
+    /// Calls `Handler::on_timer(token)` once, on the loop thread, `delay`
+    /// from [`now`](Self::now) (virtual time on the simulator). Timers with
+    /// equal deadlines run in the order they were set. There is no cancel:
+    /// a handler ignores tokens it no longer wants (put a generation in
+    /// the token). Callable from any thread.
+    fn set_timer(&self, delay: Duration, token: u64);
+
+    /// Calls `Handler::on_wake(token)` once, on the loop thread, soon;
+    /// never from inside this call. Callable from any thread: this is how
+    /// other threads hand work to the handler.
+    fn wake(&self, token: u64);
 }
 
 macro_rules! forward_backend {
@@ -112,27 +162,38 @@ macro_rules! forward_backend {
             fn open_listen_endpoint(&self, a: EndpointAddress, p: ConnectionParams)
                 -> Result<EndpointAddress, OpenListenError> { (**self).open_listen_endpoint(a, p) }
             fn open_active_endpoint(&self, a: EndpointAddress, p: ConnectionParams)
-                -> Result<(), OpenActiveError> { (**self).open_active_endpoint(a, p) }
+                -> Result<ConnId, OpenActiveError> { (**self).open_active_endpoint(a, p) }
             fn close_listen_endpoint(&self, a: EndpointAddress) -> Result<(), CloseError> {
                 (**self).close_listen_endpoint(a)
             }
-            fn close_active_endpoint(&self, a: EndpointAddress) -> Result<(), CloseError> {
-                (**self).close_active_endpoint(a)
+            fn close_active_endpoint(&self, c: ConnId) -> Result<(), CloseError> {
+                (**self).close_active_endpoint(c)
             }
-            fn get_buffer(&self, a: EndpointAddress) -> Result<Option<NetworkBuffer>, BufferError> {
-                (**self).get_buffer(a)
+            fn get_buffer(&self, c: ConnId) -> Result<Option<NetworkBuffer>, BufferError> {
+                (**self).get_buffer(c)
             }
-            fn send_buffer(&self, a: EndpointAddress, b: NetworkBuffer) -> Result<(), SendError> {
-                (**self).send_buffer(a, b)
+            fn send_buffer(&self, c: ConnId, b: NetworkBuffer, k: u64) -> Result<(), SendError> {
+                (**self).send_buffer(c, b, k)
             }
-            fn send_data(&self, a: EndpointAddress, d: &[RegionSlice], h: &[u8], k: u64)
-                -> Result<(), SendError> { (**self).send_data(a, d, h, k) }
-            fn send_data_copy(&self, a: EndpointAddress, d: &[&[u8]], h: &[u8], k: u64)
-                -> Result<(), SendError> { (**self).send_data_copy(a, d, h, k) }
-            fn num_available_buffers(&self, a: EndpointAddress) -> Result<usize, BufferError> {
-                (**self).num_available_buffers(a)
+            fn send_data(&self, c: ConnId, d: &[RegionSlice], h: &[u8], k: u64)
+                -> Result<(), SendError> { (**self).send_data(c, d, h, k) }
+            fn send_data_copy(&self, c: ConnId, d: &[&[u8]], h: &[u8], k: u64)
+                -> Result<(), SendError> { (**self).send_data_copy(c, d, h, k) }
+            fn num_available_buffers(&self, c: ConnId) -> Result<usize, BufferError> {
+                (**self).num_available_buffers(c)
+            }
+            fn pause_receive(&self, c: ConnId) -> Result<(), ConnError> { (**self).pause_receive(c) }
+            fn resume_receive(&self, c: ConnId) -> Result<(), ConnError> { (**self).resume_receive(c) }
+            fn remote_address(&self, c: ConnId) -> Result<EndpointAddress, ConnError> {
+                (**self).remote_address(c)
+            }
+            fn connection_to(&self, r: EndpointAddress) -> Result<ConnId, ConnError> {
+                (**self).connection_to(r)
             }
             fn memory_usage(&self) -> MemoryUsage { (**self).memory_usage() }
+            fn now(&self) -> Duration { (**self).now() }
+            fn set_timer(&self, d: Duration, t: u64) { (**self).set_timer(d, t) }
+            fn wake(&self, t: u64) { (**self).wake(t) }
         }
     )*};
 }

@@ -8,6 +8,7 @@
 use std::io;
 
 use crate::addr::{AddressError, EndpointAddress};
+use crate::conn::ConnId;
 
 /// The error source carried by `Failed…` variants.
 pub type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -100,9 +101,6 @@ pub enum OpenActiveError {
         /// What is wrong with it.
         reason: AddressError,
     },
-    /// An active endpoint to that address exists already (opening or open).
-    #[error("an active endpoint to {0} exists already")]
-    ActiveEndpointAlreadyExists(EndpointAddress),
     /// The connection parameters conflict with each other or with the
     /// backend configuration.
     #[error("invalid connection parameters: {0}")]
@@ -140,7 +138,6 @@ impl OpenActiveError {
 }
 into_io!(OpenActiveError,
     OpenActiveError::InvalidEndpointAddress { .. } => io::ErrorKind::InvalidInput,
-    OpenActiveError::ActiveEndpointAlreadyExists(_) => io::ErrorKind::AlreadyExists,
     OpenActiveError::InvalidConnectionParameters(_) => io::ErrorKind::InvalidInput,
     OpenActiveError::NotSupported(_) => io::ErrorKind::Unsupported,
     OpenActiveError::NoResources { .. } => io::ErrorKind::WouldBlock);
@@ -150,9 +147,10 @@ into_io!(OpenActiveError,
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CloseError {
-    /// No active endpoint (opening, open or accepted) has that remote address.
-    #[error("no active endpoint to {0}")]
-    UnknownActiveEndpoint(EndpointAddress),
+    /// No connection (opening, open or accepted) has that handle: it was
+    /// never issued by this backend, or the connection is closed.
+    #[error("no connection {0}: never opened here, or closed")]
+    UnknownConnection(ConnId),
     /// No listen endpoint has that address.
     #[error("no listen endpoint on {0}")]
     UnknownListenEndpoint(EndpointAddress),
@@ -160,10 +158,10 @@ pub enum CloseError {
     #[error("called from outside the event loop thread in thread-unsafe mode")]
     WrongThread,
     /// Closing the active endpoint failed.
-    #[error("failed to close the active endpoint to {address}: {source}")]
+    #[error("failed to close connection {conn}: {source}")]
     FailedCloseActiveEndpoint {
-        /// The endpoint.
-        address: EndpointAddress,
+        /// The connection.
+        conn: ConnId,
         /// The underlying error.
         source: Source,
     },
@@ -184,7 +182,7 @@ impl CloseError {
     }
 }
 into_io!(CloseError,
-    CloseError::UnknownActiveEndpoint(_) => io::ErrorKind::NotFound,
+    CloseError::UnknownConnection(_) => io::ErrorKind::NotFound,
     CloseError::UnknownListenEndpoint(_) => io::ErrorKind::NotFound);
 
 /// Errors of [`Backend::get_buffer`](crate::Backend::get_buffer) and
@@ -192,13 +190,14 @@ into_io!(CloseError,
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BufferError {
-    /// No established connection has that remote address.
-    #[error("no established connection to {0}")]
-    UnknownActiveEndpoint(EndpointAddress),
+    /// No established connection has that handle (not yet established,
+    /// closed, or never issued by this backend).
+    #[error("no established connection {0}")]
+    UnknownConnection(ConnId),
     /// The connection has no send buffers (it was opened for zero-copy or
     /// copy sending only).
-    #[error("the connection to {0} has no send buffers allocated")]
-    NoBuffersAllocated(EndpointAddress),
+    #[error("connection {0} has no send buffers allocated")]
+    NoBuffersAllocated(ConnId),
     /// Called from a thread other than the loop thread in thread-unsafe mode.
     #[error("called from outside the event loop thread in thread-unsafe mode")]
     WrongThread,
@@ -211,7 +210,7 @@ impl BufferError {
     }
 }
 into_io!(BufferError,
-    BufferError::UnknownActiveEndpoint(_) => io::ErrorKind::NotFound,
+    BufferError::UnknownConnection(_) => io::ErrorKind::NotFound,
     BufferError::NoBuffersAllocated(_) => io::ErrorKind::Unsupported);
 
 /// Errors of the send operations: `send_buffer`, `send_data` and
@@ -219,9 +218,10 @@ into_io!(BufferError,
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SendError {
-    /// No established connection has that remote address.
-    #[error("no established connection to {0}")]
-    UnknownActiveEndpoint(EndpointAddress),
+    /// No established connection has that handle (not yet established,
+    /// closed, or never issued by this backend).
+    #[error("no established connection {0}")]
+    UnknownConnection(ConnId),
     /// The send cannot be queued now (buffers or queue slots are all in
     /// flight); retrying after a completion is likely to work.
     #[error("no resources to send now; retry after a send completes")]
@@ -267,13 +267,42 @@ impl SendError {
     }
 }
 into_io!(SendError,
-    SendError::UnknownActiveEndpoint(_) => io::ErrorKind::NotFound,
+    SendError::UnknownConnection(_) => io::ErrorKind::NotFound,
     SendError::NoResources => io::ErrorKind::WouldBlock,
     SendError::NotSupported(_) => io::ErrorKind::Unsupported,
     SendError::HeaderTooLong { .. } => io::ErrorKind::InvalidInput,
     SendError::OutsideRegion => io::ErrorKind::InvalidInput,
     SendError::ForeignBuffer => io::ErrorKind::InvalidInput,
     SendError::MessageTooLarge { .. } => io::ErrorKind::InvalidInput);
+
+/// Errors of the per-connection calls that neither send nor close:
+/// [`Backend::pause_receive`](crate::Backend::pause_receive),
+/// [`Backend::resume_receive`](crate::Backend::resume_receive),
+/// [`Backend::remote_address`](crate::Backend::remote_address) and
+/// [`Backend::connection_to`](crate::Backend::connection_to).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnError {
+    /// No connection (opening, open or accepted) has that handle.
+    #[error("no connection {0}: never opened here, or closed")]
+    UnknownConnection(ConnId),
+    /// No connection (opening, open or accepted) has that remote address.
+    #[error("no connection to {0}")]
+    NoConnectionTo(EndpointAddress),
+    /// Called from a thread other than the loop thread in thread-unsafe mode.
+    #[error("called from outside the event loop thread in thread-unsafe mode")]
+    WrongThread,
+}
+
+impl ConnError {
+    /// Always `false`.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
+}
+into_io!(ConnError,
+    ConnError::UnknownConnection(_) => io::ErrorKind::NotFound,
+    ConnError::NoConnectionTo(_) => io::ErrorKind::NotFound);
 
 /// Errors creating a backend.
 #[derive(Debug, thiserror::Error)]
@@ -312,7 +341,8 @@ mod tests {
             source: "emfile".into()
         }
         .is_retryable());
-        assert!(!OpenActiveError::ActiveEndpointAlreadyExists(a).is_retryable());
+        assert!(!OpenActiveError::WrongThread.is_retryable());
+        assert!(!ConnError::UnknownConnection(ConnId::new(0, 0)).is_retryable());
     }
 
     #[test]
@@ -322,5 +352,8 @@ mod tests {
         let e: io::Error = CloseError::UnknownListenEndpoint(EndpointAddress::localhost(1)).into();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert!(e.to_string().contains("127.0.0.1:1"));
+        let e: io::Error = SendError::UnknownConnection(ConnId::new(4, 2)).into();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(e.to_string().contains("conn#4.2"));
     }
 }

@@ -38,6 +38,15 @@ pub trait EventLoop: Send + Sync + 'static {
 
     /// `true` when called on the thread running this loop (inside `run`).
     fn on_loop_thread(&self) -> bool;
+
+    /// The loop's clock: time since the loop was created on a real loop,
+    /// virtual time on the simulator. Code that reads time only here stays
+    /// deterministic on the simulator.
+    fn now(&self) -> Duration;
+
+    /// Runs `f` once on the loop thread, soon; never from inside this call.
+    /// Callable from any thread.
+    fn post<F: FnOnce() + Send + 'static>(&self, f: F);
 }
 
 /// A signal: fired from any thread, its callback runs on the loop thread

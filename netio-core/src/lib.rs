@@ -4,7 +4,8 @@
 //! provider: the deterministic simulator (`netio-sim`), TCP (`netio-tcp`) or
 //! libfabric. This crate holds:
 //!
-//! - value types: [`EndpointAddress`], [`ConnectionParams`],
+//! - value types: [`EndpointAddress`], [`ConnId`] (connection handles),
+//!   [`ConnectionParams`],
 //!   [`Capabilities`], [`BackendConfig`], [`Features`];
 //! - errors, one enum per operation family ([`OpenListenError`],
 //!   [`OpenActiveError`], [`CloseError`], [`BufferError`], [`SendError`]),
@@ -13,7 +14,8 @@
 //!   [`EventLoop`], [`Signal`], [`Timer`], and [`Provider`] (ties a backend to
 //!   its loop);
 //! - shared machinery for providers: [`BufferPool`] and [`NetworkBuffer`],
-//!   [`MemoryRegion`] for zero-copy sends;
+//!   [`MemoryRegion`] for zero-copy sends, [`ConnTable`] (connections by
+//!   handle), [`TimerQueue`] (handler timers);
 //! - the real event loop on mio, [`mio_loop::MioLoop`].
 //!
 //! # For users
@@ -23,19 +25,25 @@
 //! it can reply or close:
 //!
 //! ```
-//! use netio_core::{Backend, Capabilities, EndpointAddress, Handler};
+//! use netio_core::{Backend, Capabilities, ConnId, EndpointAddress, Handler};
 //!
 //! /// Sends a greeting on every new connection and echoes what arrives.
 //! struct App;
 //!
 //! impl<B: Backend + ?Sized> Handler<B> for App {
-//!     fn on_connection_established(&mut self, b: &B, remote: EndpointAddress, caps: Capabilities) {
+//!     fn on_connection_established(
+//!         &mut self,
+//!         b: &B,
+//!         conn: ConnId,
+//!         _remote: EndpointAddress,
+//!         caps: Capabilities,
+//!     ) {
 //!         if caps.send_copy {
-//!             let _ = b.send_data_copy(remote, &[b"hello"], &[], 1);
+//!             let _ = b.send_data_copy(conn, &[b"hello"], &[], 1);
 //!         }
 //!     }
-//!     fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
-//!         let _ = b.send_data_copy(remote, &[data], &[], 2);
+//!     fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
+//!         let _ = b.send_data_copy(conn, &[data], &[], 2);
 //!     }
 //! }
 //! ```
@@ -51,6 +59,7 @@
 mod addr;
 mod backend;
 mod buffer;
+mod conn;
 mod error;
 mod event_loop;
 mod handler;
@@ -58,12 +67,15 @@ pub mod mio_loop;
 mod params;
 mod region;
 mod sync;
+mod timer_queue;
 
 pub use addr::{AddressError, EndpointAddress};
 pub use backend::{Backend, MemoryUsage, Provider};
 pub use buffer::{BufferFull, BufferPool, NetworkBuffer, WireInt};
+pub use conn::{ConnId, ConnTable};
 pub use error::{
-    BufferError, CloseError, CreateError, OpenActiveError, OpenListenError, SendError, Source,
+    BufferError, CloseError, ConnError, CreateError, OpenActiveError, OpenListenError, SendError,
+    Source,
 };
 pub use event_loop::{thread_token, EventLoop, Signal, Timer};
 pub use handler::{CloseReason, DynHandler, Handler, NoopHandler, RefuseReason};
@@ -72,6 +84,7 @@ pub use params::{
     PoolParams, RecvParams, ThreadSafety, DEFAULT_SEND_QUEUE_DEPTH, MAX_HEADER_LEN,
 };
 pub use region::{Lent, MemoryRegion, RegionError, RegionSlice};
+pub use timer_queue::TimerQueue;
 
 /// Locks a std mutex, ignoring poisoning (state is kept consistent before
 /// anything that can panic).

@@ -68,6 +68,12 @@ pub struct BackendConfig {
     /// one connection; one more answers `SendError::NoResources`. Buffered
     /// sends are bounded by their pool instead.
     pub send_queue_depth: usize,
+    /// Liveness: a connection whose peer stops answering for this long is
+    /// closed with [`CloseReason::TimedOut`](crate::CloseReason::TimedOut):
+    /// data it sent stays unacknowledged, or, when idle, its liveness probes
+    /// go unanswered. `None` (the default) leaves it to the transport (on
+    /// TCP, minutes to hours).
+    pub peer_timeout: Option<std::time::Duration>,
 }
 
 impl Default for BackendConfig {
@@ -78,6 +84,7 @@ impl Default for BackendConfig {
             shared_receive_pool: None,
             shared_send_pool: None,
             send_queue_depth: DEFAULT_SEND_QUEUE_DEPTH,
+            peer_timeout: None,
         }
     }
 }
@@ -184,6 +191,9 @@ impl ConnectionParams {
         if config.send_queue_depth == 0 {
             return Err("send_queue_depth of 0 leaves no room for any send".into());
         }
+        if config.peer_timeout == Some(std::time::Duration::ZERO) {
+            return Err("a peer_timeout of 0 would close every connection at once".into());
+        }
         if let Some(p) = config.shared_receive_pool {
             if p.num_buf == 0 || p.buf_size == 0 {
                 return Err("the backend's shared receive pool is empty".into());
@@ -257,3 +267,22 @@ impl Features {
 
 /// The largest header `send_data` and `send_data_copy` accept, in bytes.
 pub const MAX_HEADER_LEN: usize = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_peer_timeout_is_invalid_and_none_or_positive_is_fine() {
+        let p = ConnectionParams::receive(64, 4);
+        let mut c = BackendConfig {
+            peer_timeout: Some(std::time::Duration::ZERO),
+            ..BackendConfig::default()
+        };
+        assert!(p.validate(&c).unwrap_err().contains("peer_timeout"));
+        c.peer_timeout = Some(std::time::Duration::from_millis(1));
+        assert_eq!(p.validate(&c), Ok(()));
+        c.peer_timeout = None;
+        assert_eq!(p.validate(&c), Ok(()));
+    }
+}

@@ -116,6 +116,8 @@ struct Inner {
     signal_queue: SignalQueue<SignalSlot>,
     signals: Mutex<HashMap<usize, Arc<SignalCore<SignalSlot>>>>,
     timers: Mutex<Timers<Callback>>,
+    /// The loop clock's zero (`EventLoop::now`).
+    created: std::time::Instant,
 }
 
 impl MioLoop {
@@ -151,6 +153,7 @@ impl MioLoop {
             signal_queue: SignalQueue::new(),
             signals: Mutex::new(HashMap::new()),
             timers: Mutex::new(Timers::default()),
+            created: std::time::Instant::now(),
         };
         Ok(Self {
             handle: Arc::new(Handle {
@@ -319,6 +322,15 @@ impl EventLoop for MioLoop {
 
     fn on_loop_thread(&self) -> bool {
         self.inner().on_loop_thread()
+    }
+
+    /// Time since the loop was created (monotonic).
+    fn now(&self) -> std::time::Duration {
+        self.inner().created.elapsed()
+    }
+
+    fn post<F: FnOnce() + Send + 'static>(&self, f: F) {
+        MioLoop::post(self, f)
     }
 }
 
