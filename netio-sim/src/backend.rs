@@ -4,10 +4,11 @@
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use netio_core::{
-    Backend, BackendConfig, BufferError, CloseError, ConnectionParams, CreateError,
-    EndpointAddress, Features, Handler, MemoryUsage, NetworkBuffer, OpenActiveError,
+    Backend, BackendConfig, BufferError, CloseError, ConnError, ConnId, ConnectionParams,
+    CreateError, EndpointAddress, Features, Handler, MemoryUsage, NetworkBuffer, OpenActiveError,
     OpenListenError, Provider, RegionSlice, SendError,
 };
 
@@ -100,7 +101,7 @@ impl Backend for SimBackend {
         &self,
         address: EndpointAddress,
         params: ConnectionParams,
-    ) -> Result<(), OpenActiveError> {
+    ) -> Result<ConnId, OpenActiveError> {
         self.with(|w, b| w.op_connect(b, address, params))
     }
 
@@ -108,46 +109,82 @@ impl Backend for SimBackend {
         self.with(|w, b| w.op_close_listen(b, address))
     }
 
-    fn close_active_endpoint(&self, remote: EndpointAddress) -> Result<(), CloseError> {
-        self.with(|w, b| w.op_close(b, remote))
+    fn close_active_endpoint(&self, conn: ConnId) -> Result<(), CloseError> {
+        self.with(|w, b| w.op_close(b, conn))
     }
 
-    fn get_buffer(&self, remote: EndpointAddress) -> Result<Option<NetworkBuffer>, BufferError> {
-        self.with(|w, b| w.op_get_buffer(b, remote))
+    fn get_buffer(&self, conn: ConnId) -> Result<Option<NetworkBuffer>, BufferError> {
+        self.with(|w, b| w.op_get_buffer(b, conn))
     }
 
-    fn send_buffer(&self, remote: EndpointAddress, buffer: NetworkBuffer) -> Result<(), SendError> {
+    fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64) -> Result<(), SendError> {
         // On error the buffer is dropped at once, which returns it to its
         // pool.
-        self.with(|w, b| w.op_send_buffer(b, remote, buffer))
+        self.with(|w, b| w.op_send_buffer(b, conn, buffer, key))
     }
 
     fn send_data(
         &self,
-        remote: EndpointAddress,
+        conn: ConnId,
         data: &[RegionSlice],
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError> {
-        self.with(|w, b| w.op_send_data(b, remote, data, header, key))
+        self.with(|w, b| w.op_send_data(b, conn, data, header, key))
     }
 
     fn send_data_copy(
         &self,
-        remote: EndpointAddress,
+        conn: ConnId,
         data: &[&[u8]],
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError> {
-        self.with(|w, b| w.op_send_copy(b, remote, data, header, key))
+        self.with(|w, b| w.op_send_copy(b, conn, data, header, key))
     }
 
-    fn num_available_buffers(&self, remote: EndpointAddress) -> Result<usize, BufferError> {
-        self.with(|w, b| w.op_available(b, remote))
+    fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError> {
+        self.with(|w, b| w.op_available(b, conn))
+    }
+
+    /// The receiver stops taking the connection's messages into its
+    /// buffers: the peer's sends stop completing, so its buffers and queue
+    /// slots run out (`get_buffer` gives `None`, sends answer
+    /// `NoResources`). Messages already in buffers wait for the resume.
+    fn pause_receive(&self, conn: ConnId) -> Result<(), ConnError> {
+        self.with(|w, b| w.op_pause(b, conn))
+    }
+
+    fn resume_receive(&self, conn: ConnId) -> Result<(), ConnError> {
+        self.with(|w, b| w.op_resume(b, conn))
+    }
+
+    fn remote_address(&self, conn: ConnId) -> Result<EndpointAddress, ConnError> {
+        self.with(|w, b| w.op_remote_address(b, conn))
+    }
+
+    fn connection_to(&self, remote: EndpointAddress) -> Result<ConnId, ConnError> {
+        self.with(|w, b| w.op_connection_to(b, remote))
     }
 
     fn memory_usage(&self) -> MemoryUsage {
         self.with(|w, b| w.memory_usage(b))
+    }
+
+    /// Virtual time ([`Sim::now`]).
+    fn now(&self) -> Duration {
+        self.lp.sim().now()
+    }
+
+    /// On virtual time: `on_timer(token)` runs exactly at now + `delay`.
+    fn set_timer(&self, delay: Duration, token: u64) {
+        self.with(|w, b| w.set_timer(b, delay, token))
+    }
+
+    /// `on_wake(token)` runs at the current virtual time, after the
+    /// backend's earlier wakes.
+    fn wake(&self, token: u64) {
+        self.with(|w, b| w.wake(b, token))
     }
 }
 

@@ -120,6 +120,17 @@ impl EventLoop for SimLoop {
     fn on_loop_thread(&self) -> bool {
         self.sim.driving_here()
     }
+
+    /// Virtual time ([`Sim::now`]).
+    fn now(&self) -> Duration {
+        self.sim.now()
+    }
+
+    /// Schedules `f` at the current virtual time; it runs when the world
+    /// is driven, as this host's callback (held while the loop is paused).
+    fn post<F: FnOnce() + Send + 'static>(&self, f: F) {
+        self.sim.with(|w| w.post(self.ip, Box::new(f)));
+    }
 }
 
 impl SimLoop {

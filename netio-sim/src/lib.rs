@@ -12,24 +12,26 @@
 //! ```
 //! use std::sync::{Arc, Mutex};
 //! use std::time::Duration;
-//! use netio_core::{Backend, BackendConfig, Capabilities, ConnectionParams, EndpointAddress, Handler};
+//! use netio_core::{
+//!     Backend, BackendConfig, Capabilities, ConnId, ConnectionParams, EndpointAddress, Handler,
+//! };
 //! use netio_sim::Sim;
 //!
-//! /// Sends every message back.
+//! /// Sends every message back on the connection it came from.
 //! struct Echo;
 //! impl<B: Backend + ?Sized> Handler<B> for Echo {
-//!     fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
-//!         let _ = b.send_data_copy(remote, &[data], &[], 0);
+//!     fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
+//!         let _ = b.send_data_copy(conn, &[data], &[], 0);
 //!     }
 //! }
 //!
 //! /// Says "ping" once connected and keeps what comes back.
 //! struct Client(Arc<Mutex<Vec<Vec<u8>>>>);
 //! impl<B: Backend + ?Sized> Handler<B> for Client {
-//!     fn on_connection_established(&mut self, b: &B, remote: EndpointAddress, _: Capabilities) {
-//!         b.send_data_copy(remote, &[b"ping"], &[], 1).unwrap();
+//!     fn on_connection_established(&mut self, b: &B, conn: ConnId, _: EndpointAddress, _: Capabilities) {
+//!         b.send_data_copy(conn, &[b"ping"], &[], 1).unwrap();
 //!     }
-//!     fn on_data(&mut self, _: &B, _: EndpointAddress, data: &[u8]) {
+//!     fn on_data(&mut self, _: &B, _: ConnId, data: &[u8]) {
 //!         self.0.lock().unwrap().push(data.to_vec());
 //!     }
 //! }
@@ -43,12 +45,14 @@
 //!
 //! let got = Arc::new(Mutex::new(Vec::new()));
 //! let client = client_host.backend(BackendConfig::default(), Client(got.clone())).unwrap();
-//! client.open_active_endpoint(addr, ConnectionParams::receive(64, 4)).unwrap();
+//! // The handle names this connection in every event and operation.
+//! let conn = client.open_active_endpoint(addr, ConnectionParams::receive(64, 4)).unwrap();
 //!
 //! // Drive the world (on this thread) until the echo is back.
 //! assert!(sim.run_until(Duration::from_secs(1), || !got.lock().unwrap().is_empty()));
 //! assert_eq!(got.lock().unwrap()[0], b"ping");
 //! assert!(sim.now() < Duration::from_millis(1)); // a few link latencies of 10 µs
+//! assert_eq!(client.remote_address(conn).unwrap(), addr);
 //! ```
 //!
 //! # The model
@@ -63,7 +67,13 @@
 //!   [`Sim::run_until_idle`], or [`SimLoop`]'s `run`). Handlers are never
 //!   called from inside a backend call nor with the world locked, so they
 //!   may call back into any backend, close, fire signals.
-//! - **Connections** open with TCP's three-way handshake: the initiator is
+//! - **Connections** are named by [`ConnId`](netio_core::ConnId) handles,
+//!   kept per backend in a [`ConnTable`](netio_core::ConnTable): the
+//!   initiator's is the one `open_active_endpoint` returns, the acceptor
+//!   gets a new one per accepted connection with
+//!   `on_connection_established`. Several connections between the same
+//!   two addresses are distinct; a closed connection's handle stays stale.
+//!   They open with TCP's three-way handshake: the initiator is
 //!   established one round trip after `open_active_endpoint`, the acceptor
 //!   one latency later. Nothing listening, or a refusing host, answers with
 //!   a refusal (`Refused`); a missing, crashed or partitioned host does not
@@ -78,7 +88,22 @@
 //!   pool). A send completes when the receiver has taken the message into a
 //!   receive buffer; until then the sender's buffer or queue slot stays in
 //!   flight. A busy receiver therefore pushes back: senders see
-//!   `get_buffer` = `None` and `SendError::NoResources`.
+//!   `get_buffer` = `None` and `SendError::NoResources`. Completions of
+//!   one connection that happen at one instant (every message one delivery
+//!   takes into buffers) come in one `on_sends_completed` call, in send
+//!   order.
+//! - **Receive flow control.** After `pause_receive` the receiver takes no
+//!   message of that connection into its buffers, so the sender's sends
+//!   stop completing and it feels backpressure; messages already in
+//!   buffers wait. `resume_receive` hands the held ones over first, then
+//!   the rest, in order. The peer's orderly close of a paused connection is
+//!   reported after its held messages (so after the resume); a reset is
+//!   reported at once; a local close drops what was held.
+//! - **Time for handlers.** `Backend::now` and `EventLoop::now` read the
+//!   virtual clock; `set_timer(delay, token)` calls `on_timer` exactly at
+//!   now + `delay` (equal deadlines in the order set); `wake(token)` and
+//!   `EventLoop::post` run at the current virtual time, after whatever the
+//!   current event is doing, never inside the call.
 //! - **Closing.** The closing side reports `Local` at once (as an event),
 //!   the peer `PeerClosed` one latency later; each side's unfinished sends
 //!   are cancelled and never delivered. A message larger than the
@@ -88,7 +113,15 @@
 //! - **Faults**, first-class and reported through the normal callbacks:
 //!   [`Sim::refuse_connections`], [`Sim::reset_connections`],
 //!   [`Sim::partition`] / [`Sim::heal`], [`Sim::crash`],
-//!   [`Sim::slow_receiver`].
+//!   [`Sim::crash_silently`], [`Sim::slow_receiver`].
+//! - **Liveness.** A backend with a
+//!   [`BackendConfig::peer_timeout`](netio_core::BackendConfig::peer_timeout)
+//!   closes an open connection with
+//!   [`CloseReason::TimedOut`](netio_core::CloseReason::TimedOut) (unfinished
+//!   sends cancelled) once its peer has been unreachable that long: cut off
+//!   by [`Sim::partition`], or crashed by [`Sim::crash_silently`]. If the
+//!   cut heals, the peer hears a reset. Without it, a partition never
+//!   times out.
 //! - **Threads.** The world sits behind one mutex, and one event with its
 //!   callbacks runs at a time, whoever drives. The *driver thread* is the
 //!   thread currently (or last) driving the world, initially the one that
@@ -477,8 +510,9 @@ impl Sim {
 
     /// Records one line per event from now on, or stops recording.
     /// Recording is off at first. A line reads `<virtual ns> <host> <event>`,
-    /// for example `21213 127.0.0.2 b1 established 127.0.0.1:61301 caps=rb-c`
-    /// (`b1` is the host's backend number in the world).
+    /// for example `21213 127.0.0.2 b1 established conn#0.0 127.0.0.1:61301 caps=rb-c`
+    /// (`b1` is the host's backend number in the world, `conn#0.0` the
+    /// connection's handle in that backend).
     pub fn enable_trace(&self, on: bool) {
         let mut w = self.world();
         match (on, w.sched.trace.is_some()) {
@@ -522,7 +556,11 @@ impl Sim {
     /// Cuts hosts `a` and `b` apart. Messages and connection packets between
     /// them are held (senders' sends stop completing); connection attempts
     /// across the cut are refused with `Unreachable` after
-    /// [`CONNECT_TIMEOUT`] unless the cut heals first.
+    /// [`CONNECT_TIMEOUT`] unless the cut heals first. An open connection
+    /// whose backend has a
+    /// [`BackendConfig::peer_timeout`](netio_core::BackendConfig::peer_timeout)
+    /// closes with [`CloseReason::TimedOut`](netio_core::CloseReason::TimedOut)
+    /// when the cut lasts that long; without one it waits for the heal.
     pub fn partition(&self, a: IpAddr, b: IpAddr) {
         self.with(|w| w.partition(a, b));
     }
@@ -539,7 +577,19 @@ impl Sim {
     /// attempts to it time out (`Unreachable`). Its loop's signals and
     /// timers keep running; its backends' operations fail.
     pub fn crash(&self, host: IpAddr) {
-        self.with(|w| w.crash(host));
+        self.with(|w| w.crash(host, true));
+    }
+
+    /// Crashes `host` for good without a word to anyone, as a machine that
+    /// loses power or a cable cut for good: like [`crash`](Self::crash),
+    /// but no reset reaches its peers. Their connections stay open and
+    /// their sends stop completing, unless their backend has a
+    /// [`BackendConfig::peer_timeout`](netio_core::BackendConfig::peer_timeout):
+    /// then they close with
+    /// [`CloseReason::TimedOut`](netio_core::CloseReason::TimedOut) that long
+    /// after the crash.
+    pub fn crash_silently(&self, host: IpAddr) {
+        self.with(|w| w.crash(host, false));
     }
 
     /// Makes every receive buffer on `host` stay busy for `per_message` of
@@ -586,13 +636,25 @@ impl Sim {
                 } => {
                     let alive = self.world().host_alive(host);
                     let b = SimBackend::from_parts(SimLoop::new(self.clone(), host), backend);
-                    if let NetEv::Data(remote, buf, pool, conn, side) = ev {
+                    if let NetEv::Data(m) = ev {
                         // Nothing is delivered after the connection was
-                        // closed (by this side's call, or reported closed).
-                        if alive && !self.world().app_closed(conn, side) {
-                            lock(&handler).on_data(&b, remote, buf.as_slice());
+                        // closed (by this side's call, or reported closed);
+                        // nothing while it is paused (held until resumed).
+                        let m = self.with(|w| {
+                            if !alive || w.app_closed(m.wire, m.side) {
+                                w.recv_done(host, m.buf, m.pool);
+                                None
+                            } else if w.rx_blocked(m.wire, m.side) {
+                                w.hold(m);
+                                None
+                            } else {
+                                Some(m)
+                            }
+                        });
+                        if let Some(m) = m {
+                            lock(&handler).on_data(&b, m.conn, m.buf.as_slice());
+                            self.with(|w| w.recv_done(host, m.buf, m.pool));
                         }
-                        self.with(|w| w.recv_done(host, buf, pool));
                         continue;
                     }
                     if !alive {
@@ -600,10 +662,16 @@ impl Sim {
                     }
                     let mut h = lock(&handler);
                     match ev {
-                        NetEv::Established(r, caps) => h.on_connection_established(&b, r, caps),
-                        NetEv::Refused(r, why) => h.on_connection_refused(&b, r, &why),
-                        NetEv::Closed(r, why, keys) => h.on_connection_closed(&b, r, &why, &keys),
-                        NetEv::Completed(r, key) => h.on_send_completed(&b, r, key),
+                        NetEv::Established(c, r, caps) => {
+                            h.on_connection_established(&b, c, r, caps)
+                        }
+                        NetEv::Refused(c, r, why) => h.on_connection_refused(&b, c, r, &why),
+                        NetEv::Closed(c, r, why, keys) => {
+                            h.on_connection_closed(&b, c, r, &why, &keys)
+                        }
+                        NetEv::Completed(c, keys) => h.on_sends_completed(&b, c, &keys),
+                        NetEv::Timer(token) => h.on_timer(&b, token),
+                        NetEv::Wake(token) => h.on_wake(&b, token),
                         NetEv::Data(..) => unreachable!("handled above"),
                     }
                 }
@@ -613,6 +681,7 @@ impl Sim {
                     }
                 }
                 Call::Signal { f, .. } => (lock(&f))(),
+                Call::Post { f, .. } => f(),
             }
         }
     }

@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use netio_core::{
-    BackendConfig, BufferError, BufferPool, Capabilities, CloseError, CloseReason,
-    ConnectionParams, EndpointAddress, Handler, Lent, MemoryRegion, MemoryUsage, NetworkBuffer,
-    OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError, ThreadSafety,
-    MAX_HEADER_LEN,
+    BackendConfig, BufferError, BufferPool, Capabilities, CloseError, CloseReason, ConnError,
+    ConnId, ConnTable, ConnectionParams, EndpointAddress, Handler, Lent, MemoryRegion, MemoryUsage,
+    NetworkBuffer, OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError,
+    ThreadSafety, TimerQueue, MAX_HEADER_LEN,
 };
 
 use crate::backend::SimBackend;
@@ -28,7 +28,9 @@ use crate::LinkConfig;
 
 /// Index of a backend in [`World::backends`].
 pub(crate) type BackendId = usize;
-type ConnId = u64;
+/// A connection in the world (both sides); applications see per-backend
+/// [`ConnId`] handles instead.
+type WireId = u64;
 type ListenerId = u64;
 type PoolId = u64;
 
@@ -36,6 +38,8 @@ type PoolId = u64;
 pub(crate) type HandlerCell = Arc<Mutex<Box<dyn Handler<SimBackend>>>>;
 /// A signal or timer callback.
 pub(crate) type UserFn = Arc<Mutex<Box<dyn FnMut() + Send>>>;
+/// A closure given to `EventLoop::post`.
+pub(crate) type PostFn = Box<dyn FnOnce() + Send>;
 
 /// First port handed out for listen port 0 and for the local side of
 /// outgoing connections (the IANA dynamic range).
@@ -52,13 +56,13 @@ pub(crate) fn nanos(d: Duration) -> u64 {
 /// Something that happens at a virtual instant.
 pub(crate) enum Ev {
     /// A control packet reaches side `to` of a connection.
-    Ctrl { conn: ConnId, to: usize, pkt: Ctrl },
+    Ctrl { conn: WireId, to: usize, pkt: Ctrl },
     /// The initiator gives up connecting.
-    ConnectTimeout { conn: ConnId },
+    ConnectTimeout { conn: WireId },
     /// A side that is `Closing` reports its end.
-    Finish { conn: ConnId, side: usize },
+    Finish { conn: WireId, side: usize },
     /// Messages of pipe `dir` (from side `dir` to the other) may arrive.
-    Deliver { conn: ConnId, dir: usize },
+    Deliver { conn: WireId, dir: usize },
     /// A slow receiver frees a receive buffer.
     Release { buf: NetworkBuffer, pool: PoolId },
     /// A timer period elapsed.
@@ -67,6 +71,23 @@ pub(crate) enum Ev {
     Signal { id: u64 },
     /// A paused host's loop resumes: the callbacks held for it run.
     Resume { host: IpAddr },
+    /// Handler timers of backend `b` may be due.
+    HandlerTimer { b: BackendId },
+    /// The oldest pending `wake` of backend `b` is reported.
+    Wake { b: BackendId },
+    /// A closure posted to `host`'s loop runs.
+    Post { host: IpAddr, f: PostFn },
+    /// Side `side`, whose receiving was resumed, gets what it held back.
+    Unhold { conn: WireId, side: usize },
+    /// Side `side` reports the orderly close its peer made while it was
+    /// paused, if it is still not paused.
+    DeferredClose { conn: WireId, side: usize },
+    /// Side `side` times out if its peer has been unreachable since `since`.
+    PeerTimeout {
+        conn: WireId,
+        side: usize,
+        since: u64,
+    },
 }
 
 /// Connection management packets. Opening is TCP's three-way handshake:
@@ -128,27 +149,47 @@ pub(crate) enum Call {
         host: IpAddr,
         f: UserFn,
     },
+    Post {
+        host: IpAddr,
+        f: PostFn,
+    },
 }
 
 impl Call {
     /// The host whose loop runs this callback.
     fn host(&self) -> IpAddr {
         match self {
-            Self::Net { host, .. } | Self::Timer { host, .. } | Self::Signal { host, .. } => *host,
+            Self::Net { host, .. }
+            | Self::Timer { host, .. }
+            | Self::Signal { host, .. }
+            | Self::Post { host, .. } => *host,
         }
     }
 }
 
 /// The handler method to call.
 pub(crate) enum NetEv {
-    Established(EndpointAddress, Capabilities),
-    Refused(EndpointAddress, RefuseReason),
-    Closed(EndpointAddress, CloseReason, Vec<u64>),
-    /// The message sits in a receive buffer of pool `.2` until `on_data`
-    /// returns (and a slow receiver's delay has passed). It is delivered
-    /// only while side `.4` of connection `.3` is still open.
-    Data(EndpointAddress, NetworkBuffer, PoolId, ConnId, usize),
-    Completed(EndpointAddress, u64),
+    Established(ConnId, EndpointAddress, Capabilities),
+    Refused(ConnId, EndpointAddress, RefuseReason),
+    Closed(ConnId, EndpointAddress, CloseReason, Vec<u64>),
+    Data(DataMsg),
+    /// Sends of one connection completed together, in send order.
+    Completed(ConnId, Vec<u64>),
+    Timer(u64),
+    Wake(u64),
+}
+
+/// A message in a receive buffer of pool `pool` until `on_data` returns
+/// (and a slow receiver's delay has passed). It is delivered only while
+/// side `side` of connection `wire` is open and receiving; while that side
+/// is paused it is held back.
+pub(crate) struct DataMsg {
+    pub(crate) conn: ConnId,
+    pub(crate) remote: EndpointAddress,
+    pub(crate) buf: NetworkBuffer,
+    pub(crate) pool: PoolId,
+    pub(crate) wire: WireId,
+    pub(crate) side: usize,
 }
 
 /// Clock, random numbers, event queue, trace and pending callbacks.
@@ -184,23 +225,29 @@ impl Sched {
         let be = &backends[b];
         if self.trace.is_some() {
             let text = match &ev {
-                NetEv::Established(r, c) => format!(
-                    "established {r} caps={}{}{}{}",
+                NetEv::Established(id, r, c) => format!(
+                    "established {id} {r} caps={}{}{}{}",
                     if c.receive { 'r' } else { '-' },
                     if c.send_buffered { 'b' } else { '-' },
                     if c.send_zero_copy { 'z' } else { '-' },
                     if c.send_copy { 'c' } else { '-' },
                 ),
-                NetEv::Refused(r, why) => format!("refused {r} ({why})"),
-                NetEv::Closed(r, why, keys) => format!("closed {r} ({why}) cancelled={keys:?}"),
-                NetEv::Data(r, buf, ..) => {
+                NetEv::Refused(id, r, why) => format!("refused {id} {r} ({why})"),
+                NetEv::Closed(id, r, why, keys) => {
+                    format!("closed {id} {r} ({why}) cancelled={keys:?}")
+                }
+                NetEv::Data(m) => {
                     format!(
-                        "data from {r} len={} fnv={:016x}",
-                        buf.len(),
-                        fnv(buf.as_slice())
+                        "data {} from {} len={} fnv={:016x}",
+                        m.conn,
+                        m.remote,
+                        m.buf.len(),
+                        fnv(m.buf.as_slice())
                     )
                 }
-                NetEv::Completed(r, k) => format!("completed {r} key={k}"),
+                NetEv::Completed(id, keys) => format!("completed {id} keys={keys:?}"),
+                NetEv::Timer(t) => format!("on_timer {t}"),
+                NetEv::Wake(t) => format!("on_wake {t}"),
             };
             self.log(be.host, format_args!("b{b} {text}"));
         }
@@ -246,11 +293,27 @@ pub(crate) struct Host {
     accepted_ports: BTreeMap<u16, usize>,
 }
 
+/// A backend's entry for one of its connections.
+struct Endpoint {
+    wire: WireId,
+    side: usize,
+    /// Order of opening or accepting, for `connection_to`.
+    seq: u64,
+}
+
 pub(crate) struct BackendState {
     pub(crate) host: IpAddr,
     pub(crate) config: BackendConfig,
     handler: HandlerCell,
-    endpoints: BTreeMap<EndpointAddress, (ConnId, usize)>,
+    /// Connections by handle: opened here (from `open_active_endpoint` on)
+    /// or accepted (from the SYN on; named to the application once
+    /// established).
+    conns: ConnTable<Endpoint>,
+    next_seq: u64,
+    /// Handler timers (`Backend::set_timer`).
+    timers: TimerQueue,
+    /// Tokens of `Backend::wake` calls not yet reported, oldest first.
+    wakes: VecDeque<u64>,
     listens: BTreeMap<EndpointAddress, ListenerId>,
     shared_recv: Option<Pool>,
     shared_send: Option<Pool>,
@@ -282,13 +345,33 @@ enum SideState {
     Gone,
 }
 
+/// Receive flow control of a side (`pause_receive` / `resume_receive`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rx {
+    Running,
+    Paused,
+    /// Resumed; what was held is reported by the pending `Ev::Unhold`
+    /// before anything newer.
+    Resuming,
+}
+
 struct Side {
     backend: BackendId,
     host: IpAddr,
     local: EndpointAddress,
-    /// The endpoint's name in its backend.
+    /// The peer's address.
     remote: EndpointAddress,
+    /// The handle of this side in its backend.
+    handle: ConnId,
     state: SideState,
+    rx: Rx,
+    /// Messages taken into receive buffers but held back while paused.
+    held: VecDeque<(NetworkBuffer, PoolId)>,
+    /// The peer closed in an orderly way while this side was paused: it is
+    /// reported after the held messages.
+    deferred_close: bool,
+    /// When the peer's host crashed without a word (`Sim::crash_silently`).
+    peer_lost: Option<u64>,
     caps: Capabilities,
     recv: Option<Pool>,
     send: Option<Pool>,
@@ -373,13 +456,22 @@ impl Conn {
     }
 }
 
+/// The two ends of a pipe, for reporting a delivery.
+struct Delivered {
+    tx_b: BackendId,
+    tx_id: ConnId,
+    rx_b: BackendId,
+    rx_id: ConnId,
+    rx_remote: EndpointAddress,
+}
+
 struct Link {
     cfg: LinkConfig,
     free_at: u64,
 }
 
 struct Held {
-    conn: ConnId,
+    conn: WireId,
     to: usize,
     pkt: Ctrl,
 }
@@ -398,15 +490,16 @@ pub(crate) struct World {
     pub(crate) hosts: BTreeMap<IpAddr, Host>,
     pub(crate) next_auto_host: u32,
     pub(crate) backends: Vec<BackendState>,
-    conns: BTreeMap<ConnId, Conn>,
-    next_conn: ConnId,
+    conns: BTreeMap<WireId, Conn>,
+    next_conn: WireId,
     listeners: BTreeMap<ListenerId, Listener>,
     next_listener: ListenerId,
     next_pool: PoolId,
     links: BTreeMap<(IpAddr, IpAddr), Link>,
-    partitions: BTreeSet<(IpAddr, IpAddr)>,
+    /// Cut host pairs, with the time of the cut.
+    partitions: BTreeMap<(IpAddr, IpAddr), u64>,
     held: Vec<Held>,
-    blocked: BTreeMap<PoolId, BTreeSet<(ConnId, usize)>>,
+    blocked: BTreeMap<PoolId, BTreeSet<(WireId, usize)>>,
     timers: BTreeMap<u64, TimerState>,
     signals: BTreeMap<u64, (IpAddr, UserFn)>,
     next_user_id: u64,
@@ -429,6 +522,27 @@ fn failed(kind: io::ErrorKind, msg: String) -> netio_core::Source {
     Box::new(io::Error::new(kind, msg))
 }
 
+/// Why a handle did not lead to a connection.
+#[derive(Debug)]
+enum Lookup {
+    WrongThread,
+    Unknown(ConnId),
+}
+
+macro_rules! from_lookup {
+    ($($t:ty),*) => {$(
+        impl From<Lookup> for $t {
+            fn from(e: Lookup) -> Self {
+                match e {
+                    Lookup::WrongThread => Self::WrongThread,
+                    Lookup::Unknown(id) => Self::UnknownConnection(id),
+                }
+            }
+        }
+    )*};
+}
+from_lookup!(CloseError, BufferError, SendError, ConnError);
+
 impl World {
     pub(crate) fn new(seed: u64, driver: u64) -> Self {
         Self {
@@ -449,7 +563,7 @@ impl World {
             next_listener: 1,
             next_pool: 1,
             links: BTreeMap::new(),
-            partitions: BTreeSet::new(),
+            partitions: BTreeMap::new(),
             held: Vec::new(),
             blocked: BTreeMap::new(),
             timers: BTreeMap::new(),
@@ -520,7 +634,225 @@ impl World {
                     self.sched.calls.extend(held);
                 }
             }
+            Ev::HandlerTimer { b } => {
+                let now = self.sched.now;
+                while let Some(token) = self.backends[b].timers.pop_due(Duration::from_nanos(now)) {
+                    self.sched.emit(&self.backends, b, NetEv::Timer(token));
+                }
+            }
+            Ev::Wake { b } => {
+                if let Some(token) = self.backends[b].wakes.pop_front() {
+                    self.sched.emit(&self.backends, b, NetEv::Wake(token));
+                }
+            }
+            Ev::Post { host, f } => {
+                self.sched.log(host, format_args!("post"));
+                self.sched.calls.push(Call::Post { host, f });
+            }
+            Ev::Unhold { conn, side } => self.unhold(conn, side),
+            Ev::DeferredClose { conn, side } => {
+                let due = self.side(conn, side).is_some_and(|s| {
+                    s.deferred_close && s.rx == Rx::Running && matches!(s.state, SideState::Open)
+                });
+                if due {
+                    self.end_side(conn, side, Some(Ending::Closed(CloseReason::PeerClosed)));
+                }
+            }
+            Ev::PeerTimeout { conn, side, since } => self.peer_timeout(conn, side, since),
         }
+    }
+
+    // -- handler timers, wakes and posts ----------------------------------------
+
+    /// `Backend::set_timer`: `on_timer(token)` at now + `delay`.
+    pub(crate) fn set_timer(&mut self, b: BackendId, delay: Duration, token: u64) {
+        let at = self.sched.now.saturating_add(nanos(delay));
+        self.backends[b]
+            .timers
+            .push(Duration::from_nanos(at), token);
+        self.sched.log(
+            self.backends[b].host,
+            format_args!("b{b} set_timer {token} at={at}"),
+        );
+        self.sched.schedule(at, Ev::HandlerTimer { b });
+    }
+
+    /// `Backend::wake`: `on_wake(token)` soon, after earlier wakes.
+    pub(crate) fn wake(&mut self, b: BackendId, token: u64) {
+        self.backends[b].wakes.push_back(token);
+        let now = self.sched.now;
+        self.sched.schedule(now, Ev::Wake { b });
+    }
+
+    /// `EventLoop::post`: `f` runs on `host`'s loop at the current time.
+    pub(crate) fn post(&mut self, host: IpAddr, f: PostFn) {
+        let now = self.sched.now;
+        self.sched.schedule(now, Ev::Post { host, f });
+    }
+
+    // -- receive flow control ----------------------------------------------------
+
+    /// `true` while side `side` of `conn` is open but must not be handed
+    /// messages (paused, or resuming with held messages still to report).
+    pub(crate) fn rx_blocked(&self, conn: WireId, side: usize) -> bool {
+        self.side(conn, side)
+            .is_some_and(|s| s.rx != Rx::Running && !matches!(s.state, SideState::Gone))
+    }
+
+    /// Keeps a message that reached a paused side until it resumes.
+    pub(crate) fn hold(&mut self, m: DataMsg) {
+        if let Some(s) = self.side_mut(m.wire, m.side) {
+            s.held.push_back((m.buf, m.pool));
+        } else {
+            self.release_recv(m.buf, m.pool);
+        }
+    }
+
+    /// Reports what side `side` held while paused, then lets its peer's
+    /// messages flow again.
+    fn unhold(&mut self, conn: WireId, side: usize) {
+        let Some(s) = self.side_mut(conn, side) else {
+            return;
+        };
+        if s.rx != Rx::Resuming || !matches!(s.state, SideState::Open) {
+            return;
+        }
+        s.rx = Rx::Running;
+        let held = std::mem::take(&mut s.held);
+        let (b, handle, remote, deferred) = (s.backend, s.handle, s.remote, s.deferred_close);
+        for (buf, pool) in held {
+            let m = DataMsg {
+                conn: handle,
+                remote,
+                buf,
+                pool,
+                wire: conn,
+                side,
+            };
+            self.sched.emit(&self.backends, b, NetEv::Data(m));
+        }
+        let now = self.sched.now;
+        if deferred {
+            self.sched.schedule(now, Ev::DeferredClose { conn, side });
+        }
+        if let Some(c) = self.conns.get_mut(&conn) {
+            Self::kick(&mut self.sched, conn, c, 1 - side, now);
+        }
+    }
+
+    pub(crate) fn op_pause(&mut self, b: BackendId, id: ConnId) -> Result<(), ConnError> {
+        let (conn, side) = self.conn_of(b, id).map_err(ConnError::from)?;
+        let s = self.side_mut(conn, side).expect("side of a live handle");
+        if s.rx == Rx::Paused {
+            return Ok(());
+        }
+        s.rx = Rx::Paused;
+        let host = s.host;
+        self.sched.log(host, format_args!("b{b} pause {id}"));
+        Ok(())
+    }
+
+    pub(crate) fn op_resume(&mut self, b: BackendId, id: ConnId) -> Result<(), ConnError> {
+        let (conn, side) = self.conn_of(b, id).map_err(ConnError::from)?;
+        let s = self.side_mut(conn, side).expect("side of a live handle");
+        if s.rx != Rx::Paused {
+            return Ok(());
+        }
+        s.rx = Rx::Resuming;
+        let host = s.host;
+        self.sched.log(host, format_args!("b{b} resume {id}"));
+        let now = self.sched.now;
+        self.sched.schedule(now, Ev::Unhold { conn, side });
+        Ok(())
+    }
+
+    pub(crate) fn op_remote_address(
+        &mut self,
+        b: BackendId,
+        id: ConnId,
+    ) -> Result<EndpointAddress, ConnError> {
+        let (conn, side) = self.conn_of(b, id).map_err(ConnError::from)?;
+        Ok(self.side(conn, side).expect("side of a live handle").remote)
+    }
+
+    pub(crate) fn op_connection_to(
+        &mut self,
+        b: BackendId,
+        remote: EndpointAddress,
+    ) -> Result<ConnId, ConnError> {
+        if !self.thread_ok(b) {
+            return Err(ConnError::WrongThread);
+        }
+        self.backends[b]
+            .conns
+            .iter()
+            .filter(|(_, e)| {
+                self.side(e.wire, e.side)
+                    .is_some_and(|s| s.remote == remote && Self::named(s, e.side))
+            })
+            .min_by_key(|(_, e)| e.seq)
+            .map(|(id, _)| id)
+            .ok_or(ConnError::NoConnectionTo(remote))
+    }
+
+    // -- liveness (peer_timeout) --------------------------------------------------
+
+    /// Since when the peer of side `side` has been unreachable (partition,
+    /// or a silent crash of its host), if it is.
+    fn unreachable_since(&self, conn: WireId, side: usize) -> Option<u64> {
+        let c = self.conns.get(&conn)?;
+        if let Some(t) = c.sides[side].as_ref()?.peer_lost {
+            return Some(t);
+        }
+        if c.hosts[0] == c.hosts[1] {
+            return None;
+        }
+        self.partitions.get(&pair(c.hosts[0], c.hosts[1])).copied()
+    }
+
+    /// Arms side `side`'s peer timeout, if its backend has one and the
+    /// side is open, for a peer unreachable since
+    /// [`unreachable_since`](Self::unreachable_since).
+    fn arm_peer_timeout(&mut self, conn: WireId, side: usize) {
+        let Some(since) = self.unreachable_since(conn, side) else {
+            return;
+        };
+        let Some(s) = self.side(conn, side) else {
+            return;
+        };
+        if !matches!(s.state, SideState::Open) {
+            return;
+        }
+        let Some(t) = self.backends[s.backend].config.peer_timeout else {
+            return;
+        };
+        let at = since.saturating_add(nanos(t)).max(self.sched.now);
+        self.sched
+            .schedule(at, Ev::PeerTimeout { conn, side, since });
+    }
+
+    fn peer_timeout(&mut self, conn: WireId, side: usize, since: u64) {
+        if self.unreachable_since(conn, side) != Some(since) {
+            return; // healed (and maybe cut again later) in between
+        }
+        let Some(s) = self.side(conn, side) else {
+            return;
+        };
+        if !matches!(s.state, SideState::Open) {
+            return;
+        }
+        let (b, host, id) = (s.backend, s.host, s.handle);
+        self.sched.log(host, format_args!("b{b} peer timeout {id}"));
+        // The peer, if it still exists, hears a reset once the cut heals,
+        // as a TCP peer would on its next segment.
+        let other = 1 - side;
+        if matches!(
+            self.side(conn, other).map(|s| &s.state),
+            Some(SideState::Open | SideState::Connecting)
+        ) {
+            self.send_ctrl(conn, other, Ctrl::Close(CloseReason::Reset));
+        }
+        self.end_side(conn, side, Some(Ending::Closed(CloseReason::TimedOut)));
     }
 
     /// Takes the callbacks of the last event out of the queue, keeping back
@@ -628,7 +960,10 @@ impl World {
             host,
             config,
             handler,
-            endpoints: BTreeMap::new(),
+            conns: ConnTable::new(),
+            next_seq: 0,
+            timers: TimerQueue::new(),
+            wakes: VecDeque::new(),
             listens: BTreeMap::new(),
             shared_recv,
             shared_send,
@@ -646,17 +981,20 @@ impl World {
 
     // -- connections -----------------------------------------------------------
 
-    fn side(&self, conn: ConnId, side: usize) -> Option<&Side> {
+    fn side(&self, conn: WireId, side: usize) -> Option<&Side> {
         self.conns.get(&conn)?.sides[side].as_ref()
     }
 
-    fn side_mut(&mut self, conn: ConnId, side: usize) -> Option<&mut Side> {
+    fn side_mut(&mut self, conn: WireId, side: usize) -> Option<&mut Side> {
         self.conns.get_mut(&conn)?.sides[side].as_mut()
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn make_side(
         &mut self,
         b: BackendId,
+        wire: WireId,
+        side: usize,
         local: EndpointAddress,
         remote: EndpointAddress,
         params: &ConnectionParams,
@@ -676,13 +1014,21 @@ impl World {
             }
             None => None,
         };
-        let be = &self.backends[b];
+        let be = &mut self.backends[b];
+        let seq = be.next_seq;
+        be.next_seq += 1;
+        let handle = be.conns.insert(Endpoint { wire, side, seq });
         Side {
             backend: b,
             host: be.host,
             local,
             remote,
+            handle,
             state: SideState::Connecting,
+            rx: Rx::Running,
+            held: VecDeque::new(),
+            deferred_close: false,
+            peer_lost: None,
             caps: params.capabilities(&be.config, true),
             recv,
             send,
@@ -721,12 +1067,12 @@ impl World {
     }
 
     fn partitioned(&self, a: IpAddr, b: IpAddr) -> bool {
-        a != b && self.partitions.contains(&pair(a, b))
+        a != b && self.partitions.contains_key(&pair(a, b))
     }
 
     /// Sends a control packet towards side `to`; packets of one direction
     /// of one connection arrive in the order sent.
-    fn send_ctrl(&mut self, conn: ConnId, to: usize, pkt: Ctrl) {
+    fn send_ctrl(&mut self, conn: WireId, to: usize, pkt: Ctrl) {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
@@ -740,7 +1086,7 @@ impl World {
     }
 
     /// Makes sure pipe `dir` of `conn` is looked at no later than `at`.
-    fn kick(sched: &mut Sched, conn: ConnId, c: &mut Conn, dir: usize, at: u64) {
+    fn kick(sched: &mut Sched, conn: WireId, c: &mut Conn, dir: usize, at: u64) {
         let p = &mut c.pipes[dir];
         if p.wake.is_none_or(|w| at < w) {
             p.wake = Some(at);
@@ -748,7 +1094,7 @@ impl World {
         }
     }
 
-    fn on_ctrl(&mut self, conn: ConnId, to: usize, pkt: Ctrl) {
+    fn on_ctrl(&mut self, conn: WireId, to: usize, pkt: Ctrl) {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
@@ -776,20 +1122,29 @@ impl World {
                     self.end_side(conn, 0, Some(Ending::Refused(reason)));
                 }
             }
-            Ctrl::Close(reason) => match self.side(conn, to).map(|s| &s.state) {
-                Some(SideState::Open) => self.end_side(conn, to, Some(Ending::Closed(reason))),
+            Ctrl::Close(reason) => match self.side(conn, to).map(|s| (&s.state, s.rx)) {
+                // An orderly close comes after the messages a paused side
+                // holds: reported once it resumes and has handed them over.
+                Some((SideState::Open, Rx::Paused | Rx::Resuming))
+                    if reason == CloseReason::PeerClosed =>
+                {
+                    if let Some(s) = self.side_mut(conn, to) {
+                        s.deferred_close = true;
+                    }
+                }
+                Some((SideState::Open, _)) => self.end_side(conn, to, Some(Ending::Closed(reason))),
                 // The initiator hears a refusal; an acceptor that never
                 // reported the connection drops it silently.
-                Some(SideState::Connecting) if to == 0 => {
+                Some((SideState::Connecting, _)) if to == 0 => {
                     self.end_side(conn, 0, Some(Ending::Refused(RefuseReason::Refused)))
                 }
-                Some(SideState::Connecting) => self.end_side(conn, 1, None),
+                Some((SideState::Connecting, _)) => self.end_side(conn, 1, None),
                 _ => {}
             },
         }
     }
 
-    fn on_syn(&mut self, conn: ConnId) {
+    fn on_syn(&mut self, conn: WireId) {
         let c = &self.conns[&conn];
         let target = c.target;
         let Some(s0) = c.sides[0].as_ref() else {
@@ -816,17 +1171,12 @@ impl World {
         };
         let l = &self.listeners[&lid];
         let (lb, params, pool) = (l.backend, l.params.clone(), l.pool.clone());
-        if self.backends[lb].endpoints.contains_key(&key) {
-            self.send_ctrl(conn, 0, Ctrl::Refuse(RefuseReason::Refused));
-            return;
-        }
-        let side = self.make_side(lb, target, key, &params, pool);
+        let side = self.make_side(lb, conn, 1, target, key, &params, pool);
         *self
             .host_mut(target.ip())
             .accepted_ports
             .entry(target.port())
             .or_default() += 1;
-        self.backends[lb].endpoints.insert(key, (conn, 1));
         let c = self.conns.get_mut(&conn).expect("exists");
         c.sides[1] = Some(side);
         c.listener = Some(lid);
@@ -835,7 +1185,7 @@ impl World {
         self.send_ctrl(conn, 0, Ctrl::SynAck);
     }
 
-    fn on_connect_timeout(&mut self, conn: ConnId) {
+    fn on_connect_timeout(&mut self, conn: WireId) {
         if !matches!(
             self.side(conn, 0).map(|s| &s.state),
             Some(SideState::Connecting)
@@ -855,7 +1205,7 @@ impl World {
     /// Opens `side` of a connection that is still connecting: reports it
     /// established and lets the other side's queued messages flow towards
     /// it. Returns `false` (and does nothing) if the side is gone or open.
-    fn establish_side(&mut self, conn: ConnId, side: usize) -> bool {
+    fn establish_side(&mut self, conn: WireId, side: usize) -> bool {
         let Some(s) = self.side_mut(conn, side) else {
             return false;
         };
@@ -863,18 +1213,21 @@ impl World {
             return false;
         }
         s.state = SideState::Open;
-        let (b, remote, caps) = (s.backend, s.remote, s.caps);
+        let (b, id, remote, caps) = (s.backend, s.handle, s.remote, s.caps);
         self.sched
-            .emit(&self.backends, b, NetEv::Established(remote, caps));
+            .emit(&self.backends, b, NetEv::Established(id, remote, caps));
         let now = self.sched.now;
         let c = self.conns.get_mut(&conn).expect("side exists");
         Self::kick(&mut self.sched, conn, c, 1 - side, now);
+        // Opened towards a peer already lost (it crashed silently after
+        // answering): the peer timeout applies from the loss on.
+        self.arm_peer_timeout(conn, side);
         true
     }
 
     /// Ends `side`: its unfinished sends are cancelled, its endpoint name is
     /// freed, and `ending` (if any: a crash ends silently) is reported.
-    fn end_side(&mut self, conn: ConnId, side: usize, ending: Option<Ending>) {
+    fn end_side(&mut self, conn: WireId, side: usize, ending: Option<Ending>) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -886,7 +1239,8 @@ impl World {
         }
         s.state = SideState::Gone;
         s.unbuffered = 0;
-        let (b, host, local, remote) = (s.backend, s.host, s.local, s.remote);
+        let held = std::mem::take(&mut s.held);
+        let (b, host, local, remote, id) = (s.backend, s.host, s.local, s.remote, s.handle);
         // Nothing more arrives here: stop waiting for this side's buffers.
         if let Some(pool) = s.recv.as_ref().map(|p| p.id) {
             if let Some(w) = self.blocked.get_mut(&pool) {
@@ -904,9 +1258,10 @@ impl World {
         if all_gone {
             self.conns.remove(&conn);
         }
-        let be = &mut self.backends[b];
-        if be.endpoints.get(&remote) == Some(&(conn, side)) {
-            be.endpoints.remove(&remote);
+        self.backends[b].conns.remove(id);
+        // Held messages are dropped with the connection.
+        for (buf, pool) in held {
+            self.release_recv(buf, pool);
         }
         let h = self.host_mut(host);
         let ports = if side == 0 {
@@ -923,21 +1278,22 @@ impl World {
         match ending {
             Some(Ending::Closed(reason)) => {
                 self.sched
-                    .emit(&self.backends, b, NetEv::Closed(remote, reason, keys))
+                    .emit(&self.backends, b, NetEv::Closed(id, remote, reason, keys))
             }
             Some(Ending::Refused(reason)) => {
                 self.sched
-                    .emit(&self.backends, b, NetEv::Refused(remote, reason))
+                    .emit(&self.backends, b, NetEv::Refused(id, remote, reason))
             }
-            None => self
-                .sched
-                .log(host, format_args!("b{b} vanished {remote} lost={keys:?}")),
+            None => self.sched.log(
+                host,
+                format_args!("b{b} vanished {id} {remote} lost={keys:?}"),
+            ),
         }
     }
 
     /// Marks `side` as ending with `ending` and reports it at once (as an
     /// event, never from inside the caller); tells the peer with `peer`.
-    fn begin_end(&mut self, conn: ConnId, side: usize, ending: Ending, peer: Option<CloseReason>) {
+    fn begin_end(&mut self, conn: WireId, side: usize, ending: Ending, peer: Option<CloseReason>) {
         let Some(s) = self.side_mut(conn, side) else {
             return;
         };
@@ -958,7 +1314,7 @@ impl World {
         }
     }
 
-    fn deliver(&mut self, conn: ConnId, dir: usize) {
+    fn deliver(&mut self, conn: WireId, dir: usize) {
         let now = self.sched.now;
         let Some(c) = self.conns.get(&conn) else {
             return;
@@ -972,11 +1328,24 @@ impl World {
         let (Some(tx), Some(rx)) = (c.sides[dir].as_ref(), c.sides[1 - dir].as_ref()) else {
             return;
         };
-        if !matches!(tx.state, SideState::Open) || !matches!(rx.state, SideState::Open) || cut {
-            return; // resumed by establishment or heal, or purged by close
+        if !matches!(tx.state, SideState::Open)
+            || !matches!(rx.state, SideState::Open)
+            || rx.rx != Rx::Running
+            || cut
+        {
+            // Resumed by establishment, heal or resume_receive, or purged
+            // by close.
+            return;
         }
         c.pipes[dir].blocked = false;
-        let (tx_b, tx_remote, rx_b, rx_remote) = (tx.backend, tx.remote, rx.backend, rx.remote);
+        let ends = Delivered {
+            tx_b: tx.backend,
+            tx_id: tx.handle,
+            rx_b: rx.backend,
+            rx_id: rx.handle,
+            rx_remote: rx.remote,
+        };
+        let (rx_b, rx_remote) = (ends.rx_b, ends.rx_remote);
         let Some(pool) = rx.recv.clone() else {
             if !c.pipes[dir].queue.is_empty() {
                 let reason =
@@ -1007,15 +1376,7 @@ impl World {
                     c.hosts[1 - dir],
                     format_args!("b{rx_b} too large from {rx_remote} len={len}"),
                 );
-                for (buf, key) in done.drain(..) {
-                    self.sched.emit(
-                        &self.backends,
-                        rx_b,
-                        NetEv::Data(rx_remote, buf, pool.id, conn, 1 - dir),
-                    );
-                    self.sched
-                        .emit(&self.backends, tx_b, NetEv::Completed(tx_remote, key));
-                }
+                self.emit_delivered(&ends, conn, dir, pool.id, done);
                 self.begin_end(
                     conn,
                     1 - dir,
@@ -1038,15 +1399,40 @@ impl World {
             }
             done.push((buf, msg.key));
         }
-        for (buf, key) in done {
-            self.sched.emit(
-                &self.backends,
-                rx_b,
-                NetEv::Data(rx_remote, buf, pool.id, conn, 1 - dir),
-            );
-            self.sched
-                .emit(&self.backends, tx_b, NetEv::Completed(tx_remote, key));
+        self.emit_delivered(&ends, conn, dir, pool.id, done);
+    }
+
+    /// Reports messages of pipe `dir` taken into receive buffers at this
+    /// instant: `on_data` for each, then their completions in one batch.
+    fn emit_delivered(
+        &mut self,
+        ends: &Delivered,
+        conn: WireId,
+        dir: usize,
+        pool: PoolId,
+        done: Vec<(NetworkBuffer, u64)>,
+    ) {
+        if done.is_empty() {
+            return;
         }
+        let mut keys = Vec::with_capacity(done.len());
+        for (buf, key) in done {
+            keys.push(key);
+            let m = DataMsg {
+                conn: ends.rx_id,
+                remote: ends.rx_remote,
+                buf,
+                pool,
+                wire: conn,
+                side: 1 - dir,
+            };
+            self.sched.emit(&self.backends, ends.rx_b, NetEv::Data(m));
+        }
+        self.sched.emit(
+            &self.backends,
+            ends.tx_b,
+            NetEv::Completed(ends.tx_id, keys),
+        );
     }
 
     /// A receive buffer of `pool` is free again: pipes waiting for one
@@ -1176,7 +1562,7 @@ impl World {
         b: BackendId,
         addr: EndpointAddress,
         params: ConnectionParams,
-    ) -> Result<(), OpenActiveError> {
+    ) -> Result<ConnId, OpenActiveError> {
         if !self.thread_ok(b) {
             return Err(OpenActiveError::WrongThread);
         }
@@ -1197,9 +1583,6 @@ impl World {
             ));
         }
         let ip = be.host;
-        if be.endpoints.contains_key(&addr) {
-            return Err(OpenActiveError::ActiveEndpointAlreadyExists(addr));
-        }
         if !self.host_alive(ip) {
             return Err(OpenActiveError::FailedOpenActiveEndpoint {
                 address: addr,
@@ -1216,10 +1599,11 @@ impl World {
                 source: failed(io::ErrorKind::AddrInUse, "no free local port left".into()),
             })?;
         let local = EndpointAddress::new(ip, port);
-        let side = self.make_side(b, local, addr, &params, None);
-        *self.host_mut(ip).ports.entry(port).or_default() += 1;
         self.next_conn += 1;
         let conn = self.next_conn;
+        let side = self.make_side(b, conn, 0, local, addr, &params, None);
+        let id = side.handle;
+        *self.host_mut(ip).ports.entry(port).or_default() += 1;
         self.conns.insert(
             conn,
             Conn {
@@ -1231,13 +1615,12 @@ impl World {
                 listener: None,
             },
         );
-        self.backends[b].endpoints.insert(addr, (conn, 0));
         self.sched
-            .log(ip, format_args!("b{b} connect {addr} from {local}"));
+            .log(ip, format_args!("b{b} connect {id} {addr} from {local}"));
         let at = self.sched.now + self.connect_timeout;
         self.sched.schedule(at, Ev::ConnectTimeout { conn });
         self.send_ctrl(conn, 1, Ctrl::Syn);
-        Ok(())
+        Ok(id)
     }
 
     pub(crate) fn op_close_listen(
@@ -1256,7 +1639,7 @@ impl World {
         self.host_mut(l.host).listeners.remove(&l.addr.port());
         self.sched
             .log(l.host, format_args!("b{b} close listen {addr}"));
-        let accepted: Vec<ConnId> = self
+        let accepted: Vec<WireId> = self
             .conns
             .iter()
             .filter(|(_, c)| c.listener == Some(lid))
@@ -1284,98 +1667,90 @@ impl World {
         Ok(())
     }
 
-    fn endpoint(&self, b: BackendId, remote: EndpointAddress) -> Option<(ConnId, usize)> {
-        self.backends[b].endpoints.get(&remote).copied()
+    /// `true` if the application knows side `side` by its handle: an
+    /// accepted side is named from its establishment on.
+    fn named(s: &Side, side: usize) -> bool {
+        side == 0 || !matches!(s.state, SideState::Connecting)
     }
 
-    pub(crate) fn op_close(
-        &mut self,
-        b: BackendId,
-        remote: EndpointAddress,
-    ) -> Result<(), CloseError> {
+    /// The connection backend `b` names `id` (opening, open or accepted;
+    /// still ending after a fault is fine), checking the calling thread.
+    fn conn_of(&self, b: BackendId, id: ConnId) -> Result<(WireId, usize), Lookup> {
         if !self.thread_ok(b) {
-            return Err(CloseError::WrongThread);
+            return Err(Lookup::WrongThread);
         }
-        let (conn, side) = self
-            .endpoint(b, remote)
-            .ok_or(CloseError::UnknownActiveEndpoint(remote))?;
-        let s = self.side(conn, side).expect("endpoint of a live side");
+        let e = self.backends[b].conns.get(id).ok_or(Lookup::Unknown(id))?;
+        match self.side(e.wire, e.side) {
+            Some(s) if Self::named(s, e.side) => Ok((e.wire, e.side)),
+            _ => Err(Lookup::Unknown(id)),
+        }
+    }
+
+    /// The open side backend `b` names `id` (not one still opening).
+    fn open_side(&self, b: BackendId, id: ConnId) -> Result<(WireId, usize), Lookup> {
+        let (conn, side) = self.conn_of(b, id)?;
+        match self.side(conn, side).map(|s| &s.state) {
+            Some(SideState::Open) => Ok((conn, side)),
+            _ => Err(Lookup::Unknown(id)),
+        }
+    }
+
+    pub(crate) fn op_close(&mut self, b: BackendId, id: ConnId) -> Result<(), CloseError> {
+        let (conn, side) = self.conn_of(b, id)?;
+        let s = self.side(conn, side).expect("side of a live handle");
         let host = s.host;
         let ending = match s.state {
-            // An accepted connection not yet reported has no name yet.
-            SideState::Connecting if side == 1 => {
-                return Err(CloseError::UnknownActiveEndpoint(remote))
-            }
             SideState::Connecting => Ending::Refused(RefuseReason::Cancelled),
             SideState::Open => Ending::Closed(CloseReason::Local),
             _ => {
-                // Already ending (the peer closed it); reported once. The
-                // name is free from now on all the same.
-                self.backends[b].endpoints.remove(&remote);
+                // Already ending (a fault or a protocol error); reported
+                // once. The handle is dead from now on all the same.
+                self.app_close(conn, side);
+                self.backends[b].conns.remove(id);
                 return Ok(());
             }
         };
-        self.sched.log(host, format_args!("b{b} close {remote}"));
+        self.sched.log(host, format_args!("b{b} close {id}"));
         self.app_close(conn, side);
         self.begin_end(conn, side, ending, Some(CloseReason::PeerClosed));
-        // The endpoint is gone for the application at the call: further
-        // operations on the name fail, and it may be opened again at once
-        // (this connection's report comes first, being due now).
-        self.backends[b].endpoints.remove(&remote);
+        // The handle is dead for the application at the call: further
+        // operations with it fail (this connection's report comes later,
+        // as an event).
+        self.backends[b].conns.remove(id);
         Ok(())
-    }
-
-    /// The open side named `remote` of backend `b`.
-    fn open_side(&mut self, b: BackendId, remote: EndpointAddress) -> Option<(ConnId, usize)> {
-        let (conn, side) = self.endpoint(b, remote)?;
-        matches!(self.side(conn, side)?.state, SideState::Open).then_some((conn, side))
     }
 
     pub(crate) fn op_get_buffer(
         &mut self,
         b: BackendId,
-        remote: EndpointAddress,
+        id: ConnId,
     ) -> Result<Option<NetworkBuffer>, BufferError> {
-        Ok(self.send_pool(b, remote)?.pool.get())
+        Ok(self.send_pool(b, id)?.pool.get())
     }
 
-    pub(crate) fn op_available(
-        &mut self,
-        b: BackendId,
-        remote: EndpointAddress,
-    ) -> Result<usize, BufferError> {
-        Ok(self.send_pool(b, remote)?.pool.take_low_water())
+    pub(crate) fn op_available(&mut self, b: BackendId, id: ConnId) -> Result<usize, BufferError> {
+        Ok(self.send_pool(b, id)?.pool.take_low_water())
     }
 
-    fn send_pool(&mut self, b: BackendId, remote: EndpointAddress) -> Result<Pool, BufferError> {
-        if !self.thread_ok(b) {
-            return Err(BufferError::WrongThread);
-        }
-        let (conn, side) = self
-            .open_side(b, remote)
-            .ok_or(BufferError::UnknownActiveEndpoint(remote))?;
+    fn send_pool(&mut self, b: BackendId, id: ConnId) -> Result<Pool, BufferError> {
+        let (conn, side) = self.open_side(b, id)?;
         self.side(conn, side)
             .and_then(|s| s.send.clone())
-            .ok_or(BufferError::NoBuffersAllocated(remote))
+            .ok_or(BufferError::NoBuffersAllocated(id))
     }
 
     pub(crate) fn op_send_buffer(
         &mut self,
         b: BackendId,
-        remote: EndpointAddress,
+        id: ConnId,
         buf: NetworkBuffer,
+        key: u64,
     ) -> Result<(), SendError> {
-        if !self.thread_ok(b) {
-            return Err(SendError::WrongThread);
-        }
-        let (conn, side) = self
-            .open_side(b, remote)
-            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        let (conn, side) = self.open_side(b, id)?;
         let s = self.side(conn, side).expect("open side");
         if !s.send.as_ref().is_some_and(|p| p.pool.owns(&buf)) {
             return Err(SendError::ForeignBuffer);
         }
-        let key = buf.index();
         self.enqueue(conn, side, key, Body::Buffer(buf));
         Ok(())
     }
@@ -1383,17 +1758,12 @@ impl World {
     pub(crate) fn op_send_data(
         &mut self,
         b: BackendId,
-        remote: EndpointAddress,
+        id: ConnId,
         data: &[RegionSlice],
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError> {
-        if !self.thread_ok(b) {
-            return Err(SendError::WrongThread);
-        }
-        let (conn, side) = self
-            .open_side(b, remote)
-            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        let (conn, side) = self.open_side(b, id)?;
         let max_len = MAX_HEADER_LEN;
         if header.len() > max_len {
             return Err(SendError::HeaderTooLong {
@@ -1427,17 +1797,12 @@ impl World {
     pub(crate) fn op_send_copy(
         &mut self,
         b: BackendId,
-        remote: EndpointAddress,
+        id: ConnId,
         data: &[&[u8]],
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError> {
-        if !self.thread_ok(b) {
-            return Err(SendError::WrongThread);
-        }
-        let (conn, side) = self
-            .open_side(b, remote)
-            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
+        let (conn, side) = self.open_side(b, id)?;
         if header.len() > MAX_HEADER_LEN {
             return Err(SendError::HeaderTooLong {
                 len: header.len(),
@@ -1461,7 +1826,7 @@ impl World {
     /// Puts a message on the wire: it arrives after the link's queue, its
     /// serialisation time and latency, never before earlier messages of the
     /// same connection.
-    fn enqueue(&mut self, conn: ConnId, side: usize, key: u64, body: Body) {
+    fn enqueue(&mut self, conn: WireId, side: usize, key: u64, body: Body) {
         let c = &self.conns[&conn];
         let (src, dst) = (c.hosts[side], c.hosts[1 - side]);
         let len = body.len();
@@ -1485,7 +1850,7 @@ impl World {
         if !matches!(body, Body::Buffer(_)) {
             s.unbuffered += 1;
         }
-        let (host, remote, b) = (s.host, s.remote, s.backend);
+        let (host, id, b) = (s.host, s.handle, s.backend);
         let p = &mut c.pipes[side];
         let arrival = (start.saturating_add(tx).saturating_add(lat)).max(p.last_arrival);
         p.last_arrival = arrival;
@@ -1495,24 +1860,29 @@ impl World {
         }
         self.sched.log(
             host,
-            format_args!("b{b} send {remote} key={key} len={len} arrives={arrival}"),
+            format_args!("b{b} send {id} key={key} len={len} arrives={arrival}"),
         );
     }
 
     /// `true` if the application closed side `side` of `conn`: messages
     /// not yet delivered to it are dropped.
-    pub(crate) fn app_closed(&self, conn: ConnId, side: usize) -> bool {
+    pub(crate) fn app_closed(&self, conn: WireId, side: usize) -> bool {
         self.side(conn, side).is_some_and(|s| s.app_closed)
     }
 
     /// Marks a side closed by the application and drops the messages its
     /// paused loop still holds for it.
-    fn app_close(&mut self, conn: ConnId, side: usize) {
+    fn app_close(&mut self, conn: WireId, side: usize) {
         let Some(s) = self.side_mut(conn, side) else {
             return;
         };
         s.app_closed = true;
         let host = s.host;
+        // What a paused side held is dropped.
+        let held = std::mem::take(&mut s.held);
+        for (buf, pool) in held {
+            self.release_recv(buf, pool);
+        }
         let h = self.host_mut(host);
         if h.held_calls.is_empty() {
             return;
@@ -1520,17 +1890,16 @@ impl World {
         let (dropped, kept): (Vec<Call>, Vec<Call>) = std::mem::take(&mut h.held_calls)
             .into_iter()
             .partition(|call| {
-                matches!(call, Call::Net { ev: NetEv::Data(_, _, _, c, sd), .. }
-                        if *c == conn && *sd == side)
+                matches!(call, Call::Net { ev: NetEv::Data(m), .. }
+                        if m.wire == conn && m.side == side)
             });
         h.held_calls = kept;
         for call in dropped {
             if let Call::Net {
-                ev: NetEv::Data(_, buf, pool, ..),
-                ..
+                ev: NetEv::Data(m), ..
             } = call
             {
-                self.release_recv(buf, pool);
+                self.release_recv(m.buf, m.pool);
             }
         }
     }
@@ -1554,8 +1923,8 @@ impl World {
         for lid in be.listens.values() {
             add(&mut recv, &self.listeners[lid].pool);
         }
-        for &(conn, side) in be.endpoints.values() {
-            if let Some(s) = self.side(conn, side) {
+        for (_, e) in be.conns.iter() {
+            if let Some(s) = self.side(e.wire, e.side) {
                 add(&mut recv, &s.recv);
                 add(&mut send, &s.send);
             }
@@ -1580,7 +1949,7 @@ impl World {
             .log(host, format_args!("fault slow_receiver {per_message:?}"));
     }
 
-    fn conns_between(&self, a: IpAddr, b: IpAddr) -> Vec<ConnId> {
+    fn conns_between(&self, a: IpAddr, b: IpAddr) -> Vec<WireId> {
         self.conns
             .iter()
             .filter(|(_, c)| c.between(a, b))
@@ -1609,14 +1978,21 @@ impl World {
     }
 
     pub(crate) fn partition(&mut self, a: IpAddr, b: IpAddr) {
-        if a != b {
-            self.partitions.insert(pair(a, b));
-            self.sched.log(a, format_args!("fault partition {b}"));
+        if a == b || self.partitions.contains_key(&pair(a, b)) {
+            return;
+        }
+        let now = self.sched.now;
+        self.partitions.insert(pair(a, b), now);
+        self.sched.log(a, format_args!("fault partition {b}"));
+        for conn in self.conns_between(a, b) {
+            for side in 0..2 {
+                self.arm_peer_timeout(conn, side);
+            }
         }
     }
 
     pub(crate) fn heal(&mut self, a: IpAddr, b: IpAddr) {
-        if !self.partitions.remove(&pair(a, b)) {
+        if self.partitions.remove(&pair(a, b)).is_none() {
             return;
         }
         self.sched.log(a, format_args!("fault heal {b}"));
@@ -1653,20 +2029,25 @@ impl World {
         }
     }
 
-    pub(crate) fn crash(&mut self, host: IpAddr) {
+    /// Crashes `host`; its peers hear a reset if `reset`, else nothing
+    /// (they time out if they have a `peer_timeout`).
+    pub(crate) fn crash(&mut self, host: IpAddr, reset: bool) {
         let h = self.host_mut(host);
         if h.crashed {
             return;
         }
         h.crashed = true;
         let lids: Vec<ListenerId> = std::mem::take(&mut h.listeners).into_values().collect();
-        self.sched.log(host, format_args!("fault crash"));
+        self.sched.log(
+            host,
+            format_args!("fault crash{}", if reset { "" } else { " silently" }),
+        );
         for lid in lids {
             if let Some(l) = self.listeners.remove(&lid) {
                 self.backends[l.backend].listens.remove(&l.addr);
             }
         }
-        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        let ids: Vec<WireId> = self.conns.keys().copied().collect();
         for conn in ids {
             for side in 0..2 {
                 if self.side(conn, side).is_some_and(|s| s.host == host) {
@@ -1675,7 +2056,22 @@ impl World {
                     if self.side(conn, other).is_some_and(|s| {
                         s.host != host && matches!(s.state, SideState::Open | SideState::Connecting)
                     }) {
-                        self.send_ctrl(conn, other, Ctrl::Close(CloseReason::Reset));
+                        if reset {
+                            self.send_ctrl(conn, other, Ctrl::Close(CloseReason::Reset));
+                        } else if other == 1
+                            && self
+                                .side(conn, other)
+                                .is_some_and(|s| matches!(s.state, SideState::Connecting))
+                        {
+                            // Never named to its application: dropped.
+                            self.end_side(conn, other, None);
+                        } else {
+                            let now = self.sched.now;
+                            if let Some(s) = self.side_mut(conn, other) {
+                                s.peer_lost = Some(now);
+                            }
+                            self.arm_peer_timeout(conn, other);
+                        }
                     }
                 }
             }

@@ -8,7 +8,9 @@
 //! - every accepted send ends exactly once: completed or cancelled, never
 //!   both, never twice (unless its own host crashed: then it just vanishes);
 //! - every delivered message was sent, and is delivered at most once;
-//! - messages of one connection arrive in the order they were sent;
+//! - messages of one connection arrive in the order they were sent, and
+//!   its sends complete in that order (batches included), each with the
+//!   caller's key;
 //! - between hosts that did not crash, a send is delivered if and only if it
 //!   completed.
 
@@ -19,16 +21,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use netio_core::{
-    Backend, BackendConfig, Capabilities, CloseReason, ConnectionParams, EndpointAddress, Handler,
-    MemoryRegion,
+    Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
+    Handler, MemoryRegion,
 };
 use netio_sim::{Sim, SimBackend};
 use quickcheck::{Arbitrary, Gen, QuickCheck, TestResult};
 
 const CLIENTS: usize = 3;
 const SERVER: usize = 0;
-/// Keys of copy and zero-copy sends; buffered keys are buffer indices,
-/// below 2^32.
+/// Keys are the message id with this bit set, whatever the send mode.
 const OWN_KEY: u64 = 1 << 40;
 /// Zero-copy message slots per region.
 const SLOTS: u64 = 256;
@@ -149,12 +150,16 @@ struct SendRec {
 struct Model {
     next_id: u64,
     sends: BTreeMap<u64, SendRec>,
-    /// (sender node, remote, key) of sends not yet ended.
-    outstanding: BTreeMap<(usize, EndpointAddress, u64), u64>,
-    /// Last message id delivered on (receiver node, remote).
-    last: BTreeMap<(usize, EndpointAddress), u64>,
-    /// The server's name for each client's current connection.
-    server_names: BTreeMap<IpAddr, EndpointAddress>,
+    /// (sender node, connection, key) of sends not yet ended.
+    outstanding: BTreeMap<(usize, ConnId, u64), u64>,
+    /// Last message id delivered on (receiver node, connection).
+    last: BTreeMap<(usize, ConnId), u64>,
+    /// Last message id completed on (sender node, connection).
+    last_done: BTreeMap<(usize, ConnId), u64>,
+    /// The server's handle of each client's newest connection.
+    server_names: BTreeMap<IpAddr, ConnId>,
+    /// Every connection the server has, with the client's address.
+    server_conns: BTreeMap<ConnId, IpAddr>,
     ips: Vec<IpAddr>,
     regions: Vec<MemoryRegion>,
     crashed: BTreeSet<usize>,
@@ -168,17 +173,15 @@ fn lock(m: &Shared) -> std::sync::MutexGuard<'_, Model> {
 }
 
 impl Model {
-    fn node_of(&self, ip: IpAddr) -> usize {
-        self.ips.iter().position(|&x| x == ip).expect("known host")
-    }
-
-    /// Sends a fresh message from `node` to `remote`; records it if the
-    /// backend accepts it.
+    /// Sends a fresh message from `node` on `conn` to node `to`; records it
+    /// if the backend accepts it.
+    #[allow(clippy::too_many_arguments)]
     fn send(
         &mut self,
         node: usize,
         b: &SimBackend,
-        remote: EndpointAddress,
+        conn: ConnId,
+        to: usize,
         mode: Mode,
         len: usize,
         echo: bool,
@@ -190,20 +193,18 @@ impl Model {
         msg.resize(10 + len, 0xa5);
         // Header: the first two bytes; payload: the rest.
         let (header, payload) = msg.split_at(2);
-        let key = match mode {
+        let key = OWN_KEY | id;
+        let sent = match mode {
             Mode::Buffered => {
-                let Ok(Some(mut buf)) = b.get_buffer(remote) else {
+                let Ok(Some(mut buf)) = b.get_buffer(conn) else {
                     return;
                 };
                 if buf.write(&msg).is_err() {
                     return;
                 }
-                let key = buf.index();
-                b.send_buffer(remote, buf).map(|()| key)
+                b.send_buffer(conn, buf, key)
             }
-            Mode::Copy => b
-                .send_data_copy(remote, &[payload], header, OWN_KEY | id)
-                .map(|()| OWN_KEY | id),
+            Mode::Copy => b.send_data_copy(conn, &[payload], header, key),
             Mode::ZeroCopy => {
                 let region = &self.regions[node];
                 let at = (id % SLOTS) as usize * SLOT;
@@ -211,14 +212,12 @@ impl Model {
                     return; // that slot is still in flight
                 }
                 let s = region.slice(at, payload.len()).expect("in bounds");
-                b.send_data(remote, &[s], header, OWN_KEY | id)
-                    .map(|()| OWN_KEY | id)
+                b.send_data(conn, &[s], header, key)
             }
         };
-        let Ok(key) = key else {
+        if sent.is_err() {
             return;
-        };
-        let to = self.node_of(remote.ip());
+        }
         self.sends.insert(
             id,
             SendRec {
@@ -229,17 +228,27 @@ impl Model {
                 delivered: 0,
             },
         );
-        if let Some(old) = self.outstanding.insert((node, remote, key), id) {
+        if let Some(old) = self.outstanding.insert((node, conn, key), id) {
             self.errors.push(format!(
-                "node {node}: key {key} to {remote} accepted for message {id} while message {old} still holds it"
+                "node {node}: key {key} on {conn} accepted for message {id} while message {old} still holds it"
             ));
         }
     }
 
-    fn end(&mut self, node: usize, remote: EndpointAddress, key: u64, cancelled: bool) {
+    fn end(&mut self, node: usize, conn: ConnId, key: u64, cancelled: bool) {
         let what = if cancelled { "cancelled" } else { "completed" };
-        match self.outstanding.remove(&(node, remote, key)) {
+        match self.outstanding.remove(&(node, conn, key)) {
             Some(id) => {
+                if !cancelled {
+                    let last = self.last_done.entry((node, conn)).or_insert(0);
+                    if id <= *last {
+                        let prev = *last;
+                        self.errors.push(format!(
+                            "node {node}: message {id} on {conn} completed after message {prev}"
+                        ));
+                    }
+                    *last = id;
+                }
                 let r = self.sends.get_mut(&id).expect("recorded");
                 if cancelled {
                     r.cancelled += 1;
@@ -248,7 +257,7 @@ impl Model {
                 }
             }
             None => self.errors.push(format!(
-                "node {node}: key {key} to {remote} {what} but no such send is outstanding"
+                "node {node}: key {key} on {conn} {what} but no such send is outstanding"
             )),
         }
     }
@@ -264,52 +273,66 @@ impl Handler<SimBackend> for Probe {
     fn on_connection_established(
         &mut self,
         _: &SimBackend,
+        conn: ConnId,
         remote: EndpointAddress,
         _: Capabilities,
     ) {
         if self.node == SERVER {
-            lock(&self.model).server_names.insert(remote.ip(), remote);
+            let mut m = lock(&self.model);
+            m.server_names.insert(remote.ip(), conn);
+            m.server_conns.insert(conn, remote.ip());
         }
     }
 
     fn on_connection_closed(
         &mut self,
         _: &SimBackend,
+        conn: ConnId,
         remote: EndpointAddress,
         _: &CloseReason,
         keys: &[u64],
     ) {
         let mut m = lock(&self.model);
         for &k in keys {
-            m.end(self.node, remote, k, true);
+            m.end(self.node, conn, k, true);
         }
         let node = self.node;
         let left: Vec<u64> = m
             .outstanding
             .keys()
-            .filter(|(n, r, _)| *n == node && *r == remote)
+            .filter(|(n, c, _)| *n == node && *c == conn)
             .map(|k| k.2)
             .collect();
         if !left.is_empty() {
             m.errors.push(format!(
-                "node {node}: close of {remote} left keys {left:?} neither completed nor cancelled"
+                "node {node}: close of {conn} ({remote}) left keys {left:?} neither completed nor cancelled"
             ));
         }
-        if node == SERVER && m.server_names.get(&remote.ip()) == Some(&remote) {
-            m.server_names.remove(&remote.ip());
+        if node == SERVER {
+            m.server_conns.remove(&conn);
+            if m.server_names.get(&remote.ip()) == Some(&conn) {
+                m.server_names.remove(&remote.ip());
+            }
         }
     }
 
-    fn on_send_completed(&mut self, _: &SimBackend, remote: EndpointAddress, key: u64) {
-        lock(&self.model).end(self.node, remote, key, false);
+    fn on_sends_completed(&mut self, _: &SimBackend, conn: ConnId, keys: &[u64]) {
+        let mut m = lock(&self.model);
+        if keys.is_empty() {
+            m.errors
+                .push(format!("node {}: empty completion batch", self.node));
+        }
+        for &k in keys {
+            m.end(self.node, conn, k, false);
+        }
     }
 
-    fn on_data(&mut self, b: &SimBackend, remote: EndpointAddress, data: &[u8]) {
+    fn on_data(&mut self, b: &SimBackend, conn: ConnId, data: &[u8]) {
         let mut m = lock(&self.model);
         let node = self.node;
         if data.len() < 10 {
             m.errors
-                .push(format!("node {node}: short message {data:?} from {remote}"));
+                .push(format!("node {node}: short message {data:?} on {conn}"));
             return;
         }
         let from = usize::from(data[0]);
@@ -326,17 +349,17 @@ impl Handler<SimBackend> for Probe {
                 "node {node}: message {id} from node {from} delivered but never sent to it"
             )),
         }
-        let last = m.last.entry((node, remote)).or_insert(0);
+        let last = m.last.entry((node, conn)).or_insert(0);
         if id <= *last {
             let prev = *last;
             m.errors.push(format!(
-                "node {node}: message {id} from {remote} after message {prev}: out of order"
+                "node {node}: message {id} on {conn} after message {prev}: out of order"
             ));
         } else {
             *last = id;
         }
         if node == SERVER && data[1] == 1 {
-            m.send(SERVER, b, remote, Mode::Copy, data.len() - 10, false);
+            m.send(SERVER, b, conn, from, Mode::Copy, data.len() - 10, false);
         }
     }
 }
@@ -385,11 +408,14 @@ fn conserves(s: Scenario) -> TestResult {
         .open_listen_endpoint(EndpointAddress::new(ips[SERVER], 0), params(&server_region))
         .expect("listen");
     let client_params = |c: usize| params(&lock(&model).regions[c + 1]);
-    for c in 0..CLIENTS {
-        backends[c + 1]
-            .open_active_endpoint(listen, client_params(c))
-            .expect("connect");
-    }
+    // Every connection each client opened; the newest is the one it uses.
+    let mut client_conns: Vec<Vec<ConnId>> = (0..CLIENTS)
+        .map(|c| {
+            vec![backends[c + 1]
+                .open_active_endpoint(listen, client_params(c))
+                .expect("connect")]
+        })
+        .collect();
     sim.run_for(Duration::from_millis(1));
 
     for op in &s.ops {
@@ -403,9 +429,26 @@ fn conserves(s: Scenario) -> TestResult {
             } => {
                 let mut m = lock(&model);
                 if to_server {
-                    m.send(client + 1, &backends[client + 1], listen, mode, len, echo);
-                } else if let Some(&name) = m.server_names.get(&ips[client + 1]) {
-                    m.send(SERVER, &backends[SERVER], name, mode, len, false);
+                    let conn = *client_conns[client].last().expect("one at least");
+                    m.send(
+                        client + 1,
+                        &backends[client + 1],
+                        conn,
+                        SERVER,
+                        mode,
+                        len,
+                        echo,
+                    );
+                } else if let Some(&conn) = m.server_names.get(&ips[client + 1]) {
+                    m.send(
+                        SERVER,
+                        &backends[SERVER],
+                        conn,
+                        client + 1,
+                        mode,
+                        len,
+                        false,
+                    );
                 }
             }
             Op::Close { client, by_server } => {
@@ -415,11 +458,18 @@ fn conserves(s: Scenario) -> TestResult {
                         let _ = backends[SERVER].close_active_endpoint(name);
                     }
                 } else {
-                    let _ = backends[client + 1].close_active_endpoint(listen);
+                    let conn = *client_conns[client].last().expect("one at least");
+                    let _ = backends[client + 1].close_active_endpoint(conn);
                 }
             }
             Op::Reconnect { client } => {
-                let _ = backends[client + 1].open_active_endpoint(listen, client_params(client));
+                // A second connection to the same listener is a distinct
+                // connection; the old one stays open until closed.
+                if let Ok(conn) =
+                    backends[client + 1].open_active_endpoint(listen, client_params(client))
+                {
+                    client_conns[client].push(conn);
+                }
             }
             Op::Run { micros } => sim.run_for(Duration::from_micros(micros)),
             Op::Reset { client } => sim.reset_connections(ips[client + 1], ips[SERVER]),
@@ -444,9 +494,11 @@ fn conserves(s: Scenario) -> TestResult {
     }
     sim.run_for(Duration::from_millis(100));
     for c in 0..CLIENTS {
-        let _ = backends[c + 1].close_active_endpoint(listen);
+        for &conn in &client_conns[c] {
+            let _ = backends[c + 1].close_active_endpoint(conn);
+        }
     }
-    let names: Vec<EndpointAddress> = lock(&model).server_names.values().copied().collect();
+    let names: Vec<ConnId> = lock(&model).server_conns.keys().copied().collect();
     for name in names {
         let _ = backends[SERVER].close_active_endpoint(name);
     }
@@ -458,10 +510,10 @@ fn conserves(s: Scenario) -> TestResult {
 
     let m = lock(&model);
     errors.extend(m.errors.iter().cloned());
-    for ((node, remote, key), id) in &m.outstanding {
+    for ((node, conn, key), id) in &m.outstanding {
         if !m.crashed.contains(node) {
             errors.push(format!(
-                "node {node}: message {id} (key {key} to {remote}) never completed nor cancelled"
+                "node {node}: message {id} (key {key} on {conn}) never completed nor cancelled"
             ));
         }
     }

@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{connect, listen, node, run_until};
-use netio_conformance::{Event, React};
+use common::{connect, listen, node, run_until, Event, React};
 use netio_core::{Backend, BackendConfig, ConnectionParams, EventLoop, SendError, Timer};
 use netio_sim::{LinkConfig, Sim, SimBackend};
 
@@ -40,7 +39,7 @@ fn latency_and_bandwidth_shape_delivery_time() {
     );
     let addr = listen(&server, ConnectionParams::receive(2000, 4));
     let t0 = sim.now();
-    let acc = connect(&sim, &server, &client, addr, ConnectionParams::default());
+    let (conn, acc) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     // Three-way handshake: the client is established after a round trip,
     // the server one latency later.
     assert_eq!(ct.lock().unwrap()[0].0 - t0, 2 * ms);
@@ -50,7 +49,7 @@ fn latency_and_bandwidth_shape_delivery_time() {
     for k in 0..2u64 {
         client
             .b
-            .send_data_copy(addr, &[&[k as u8; 1000]], &[], k)
+            .send_data_copy(conn, &[&[k as u8; 1000]], &[], k)
             .unwrap();
     }
     let sl = server.log.clone();
@@ -79,13 +78,13 @@ fn latency_and_bandwidth_shape_delivery_time() {
     // A default link: 10 µs plus at most 1 µs of jitter, 10 GB/s.
     let other = node(&sim, BackendConfig::default(), None);
     let addr2 = listen(&server, ConnectionParams::receive(2000, 64));
-    let acc2 = connect(&sim, &server, &other, addr2, ConnectionParams::default());
+    let (conn2, acc2) = connect(&sim, &server, &other, addr2, ConnectionParams::default());
     let before = st.lock().unwrap().len();
     let sent_at = sim.now();
     for k in 0..50u64 {
         other
             .b
-            .send_data_copy(addr2, &[&[0; 1000]], &[], k)
+            .send_data_copy(conn2, &[&[0; 1000]], &[], k)
             .unwrap();
     }
     run_until(&sim, "the burst arrives", || sl.data_from(acc2).len() == 50);
@@ -120,7 +119,7 @@ fn backpressure_never_grows_queue_unboundedly() {
         None,
     );
     let addr = listen(&server, ConnectionParams::receive(64, 2));
-    let acc = connect(
+    let (conn, acc) = connect(
         &sim,
         &server,
         &client,
@@ -145,15 +144,16 @@ fn backpressure_never_grows_queue_unboundedly() {
     );
     let timer = client.host.event_loop().timer(move || {
         for k in 0..100 {
-            match b.send_data_copy(addr, &[b"copy"], &[], k) {
+            match b.send_data_copy(conn, &[b"copy"], &[], k) {
                 Ok(()) => acc_n.fetch_add(1, Ordering::Relaxed),
                 Err(SendError::NoResources) => ref_n.fetch_add(1, Ordering::Relaxed),
                 Err(e) => panic!("{e}"),
             };
-            match b.get_buffer(addr).unwrap() {
+            match b.get_buffer(conn).unwrap() {
                 Some(mut buf) => {
                     buf.write(b"buffered").unwrap();
-                    b.send_buffer(addr, buf).unwrap();
+                    let key = buf.index();
+                    b.send_buffer(conn, buf, key).unwrap();
                     acc_n.fetch_add(1, Ordering::Relaxed);
                 }
                 None => {
@@ -161,7 +161,7 @@ fn backpressure_never_grows_queue_unboundedly() {
                 }
             }
         }
-        let in_flight = acc_n.load(Ordering::Relaxed) - log.completed_to(addr).len();
+        let in_flight = acc_n.load(Ordering::Relaxed) - log.completed_to(conn).len();
         max_n.fetch_max(in_flight, Ordering::Relaxed);
     });
     timer.start(Duration::from_millis(1));
@@ -196,7 +196,7 @@ fn backpressure_never_grows_queue_unboundedly() {
     sim.slow_receiver(server.host.ip(), Duration::ZERO);
     sim.run_until_idle(100_000);
     assert_eq!(
-        client.log.completed_to(addr).len(),
+        client.log.completed_to(conn).len(),
         accepted.load(Ordering::Relaxed)
     );
     assert_eq!(

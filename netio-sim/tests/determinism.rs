@@ -7,16 +7,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{connect, listen, node};
-use netio_conformance::{full_params, Event, React};
+use common::{connect, full_params, listen, node, Event, React};
 use netio_core::{Backend, BackendConfig, EventLoop, Timer};
 use netio_sim::{Sim, SimBackend};
 
 /// A server that echoes every message.
 fn echo() -> Option<React<SimBackend>> {
     Some(Box::new(|b: &SimBackend, e: &Event| {
-        if let Event::Data { remote, data } = e {
-            let _ = b.send_data_copy(*remote, &[data], &[], data.len() as u64);
+        if let Event::Data { conn, data } = e {
+            let _ = b.send_data_copy(*conn, &[data], &[], data.len() as u64);
         }
     }))
 }
@@ -31,20 +30,21 @@ fn scenario(seed: u64) -> String {
     let clients: Vec<_> = (0..3)
         .map(|_| node(&sim, BackendConfig::default(), None))
         .collect();
-    for c in &clients {
-        connect(&sim, &server, c, addr, full_params(256, 8));
-    }
+    let conns: Vec<_> = clients
+        .iter()
+        .map(|c| connect(&sim, &server, c, addr, full_params(256, 8)).0)
+        .collect();
     for round in 0..20u32 {
-        for (i, c) in clients.iter().enumerate() {
+        for (i, (c, &conn)) in clients.iter().zip(&conns).enumerate() {
             let msg = vec![i as u8; 10 + (round as usize * 7 + i * 13) % 200];
             if round % 2 == 0 {
-                if let Ok(Some(mut buf)) = c.b.get_buffer(addr) {
+                if let Ok(Some(mut buf)) = c.b.get_buffer(conn) {
                     buf.write(&msg).unwrap();
-                    let _ = c.b.send_buffer(addr, buf);
+                    let _ = c.b.send_buffer(conn, buf, 1000 + u64::from(round));
                 }
             } else {
                 let _ =
-                    c.b.send_data_copy(addr, &[&msg], &round.to_le_bytes(), u64::from(round));
+                    c.b.send_data_copy(conn, &[&msg], &round.to_le_bytes(), u64::from(round));
             }
         }
         if round == 5 {
@@ -72,7 +72,7 @@ fn same_seed_gives_identical_trace() {
     );
     for word in [
         "established",
-        "data from",
+        "data conn#",
         "completed",
         "fault partition",
         "fault heal",
@@ -119,12 +119,12 @@ fn simulated_minutes_run_in_well_under_a_second() {
     let server = node(&sim, BackendConfig::default(), echo());
     let client = node(&sim, BackendConfig::default(), None);
     let addr = listen(&server, full_params(64, 4));
-    connect(&sim, &server, &client, addr, full_params(64, 4));
+    let (conn, _) = connect(&sim, &server, &client, addr, full_params(64, 4));
     // A client timer sends one message every 10 ms of virtual time.
     let sent = Arc::new(AtomicU64::new(0));
     let (b, n) = (client.b.clone(), sent.clone());
     let timer = client.host.event_loop().timer(move || {
-        if b.send_data_copy(addr, &[b"tick"], &[], 0).is_ok() {
+        if b.send_data_copy(conn, &[b"tick"], &[], 0).is_ok() {
             n.fetch_add(1, Ordering::Relaxed);
         }
     });

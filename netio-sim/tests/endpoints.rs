@@ -4,8 +4,7 @@ mod common;
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use common::{connect, listen, node};
-use netio_conformance::full_params;
+use common::{connect, full_params, listen, node};
 use netio_core::{Backend, BackendConfig, EndpointAddress, OpenListenError};
 use netio_sim::Sim;
 
@@ -89,10 +88,10 @@ fn memory_of_a_closed_connection_is_released() {
     let server = node(&sim, BackendConfig::default(), None);
     let client = node(&sim, BackendConfig::default(), None);
     let addr = listen(&server, full_params(100, 2));
-    connect(&sim, &server, &client, addr, full_params(100, 3));
+    let (conn, _) = connect(&sim, &server, &client, addr, full_params(100, 3));
     let used = client.b.memory_usage();
     assert_eq!((used.receive_bytes, used.send_bytes), (300, 300));
-    client.b.close_active_endpoint(addr).unwrap();
+    client.b.close_active_endpoint(conn).unwrap();
     sim.run_until_idle(1000);
     let used = client.b.memory_usage();
     assert_eq!((used.receive_bytes, used.send_bytes), (0, 0));

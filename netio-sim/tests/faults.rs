@@ -6,8 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{connect, listen, node, run_until};
-use netio_conformance::full_params;
+use common::{connect, full_params, listen, node, run_until};
 use netio_core::{
     Backend, BackendConfig, CloseReason, ConnectionParams, EndpointAddress, RefuseReason, SendError,
 };
@@ -20,13 +19,16 @@ fn refused_host_reports_on_connection_refused_to_initiator_only() {
     let client = node(&sim, BackendConfig::default(), None);
     let addr = listen(&server, full_params(64, 2));
     sim.refuse_connections(server.host.ip(), true);
-    client
+    let conn = client
         .b
         .open_active_endpoint(addr, full_params(64, 2))
         .unwrap();
     let log = client.log.clone();
     run_until(&sim, "the refusal", || !log.refused().is_empty());
-    assert_eq!(client.log.refused(), vec![(addr, RefuseReason::Refused)]);
+    assert_eq!(
+        client.log.refused(),
+        vec![(conn, addr, RefuseReason::Refused)]
+    );
     sim.run_until_idle(1000);
     assert!(server.log.is_empty(), "the refusing side hears nothing");
     assert!(client.log.established().is_empty());
@@ -41,16 +43,16 @@ fn reset_closes_both_sides_with_their_cancelled_keys() {
     let server = node(&sim, BackendConfig::default(), None);
     let client = node(&sim, BackendConfig::default(), None);
     let addr = listen(&server, full_params(64, 8));
-    let acc = connect(&sim, &server, &client, addr, full_params(64, 8));
+    let (conn, acc) = connect(&sim, &server, &client, addr, full_params(64, 8));
     // Sends in flight both ways (one link latency is 10 µs).
     for k in 0..5u64 {
-        client.b.send_data_copy(addr, &[b"c"], &[], k).unwrap();
+        client.b.send_data_copy(conn, &[b"c"], &[], k).unwrap();
         server.b.send_data_copy(acc, &[b"s"], &[], 100 + k).unwrap();
     }
     sim.reset_connections(client.host.ip(), server.host.ip());
     let (cl, sl) = (client.log.clone(), server.log.clone());
     run_until(&sim, "both sides closed", || {
-        cl.closed_count(addr) == 1 && sl.closed_count(acc) == 1
+        cl.closed_count(conn) == 1 && sl.closed_count(acc) == 1
     });
     sim.run_until_idle(1000);
     let (_, why, keys) = client.log.closed()[0].clone();
@@ -59,7 +61,7 @@ fn reset_closes_both_sides_with_their_cancelled_keys() {
     let (_, why, keys) = server.log.closed()[0].clone();
     assert_eq!(why, CloseReason::Reset);
     assert_eq!(keys, vec![100, 101, 102, 103, 104]);
-    assert!(client.log.completed_to(addr).is_empty());
+    assert!(client.log.completed_to(conn).is_empty());
     assert!(server.log.data().is_empty() && client.log.data().is_empty());
     // The connection can be opened again.
     connect(&sim, &server, &client, addr, full_params(64, 8));
@@ -71,18 +73,18 @@ fn partition_holds_messages_and_heal_delivers_them_in_order() {
     let server = node(&sim, BackendConfig::default(), None);
     let client = node(&sim, BackendConfig::default(), None);
     let addr = listen(&server, ConnectionParams::receive(64, 16));
-    let acc = connect(&sim, &server, &client, addr, ConnectionParams::default());
+    let (conn, acc) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     sim.partition(client.host.ip(), server.host.ip());
     for k in 0..10u64 {
         client
             .b
-            .send_data_copy(addr, &[&k.to_le_bytes()], &[], k)
+            .send_data_copy(conn, &[&k.to_le_bytes()], &[], k)
             .unwrap();
     }
     sim.run_for(Duration::from_secs(30));
     assert!(server.log.data().is_empty(), "nothing crosses a partition");
     assert!(
-        client.log.completed_to(addr).is_empty(),
+        client.log.completed_to(conn).is_empty(),
         "held sends do not complete"
     );
     assert!(client.log.closed().is_empty() && server.log.closed().is_empty());
@@ -101,7 +103,7 @@ fn partition_holds_messages_and_heal_delivers_them_in_order() {
         .collect();
     assert_eq!(got, (0..10).collect::<Vec<_>>(), "in order, once each");
     sim.run_until_idle(1000);
-    assert_eq!(client.log.completed_to(addr), (0..10).collect::<Vec<_>>());
+    assert_eq!(client.log.completed_to(conn), (0..10).collect::<Vec<_>>());
 }
 
 #[test]
@@ -112,7 +114,7 @@ fn connect_across_partition_is_unreachable_after_connect_timeout() {
     let addr = listen(&server, full_params(64, 2));
     sim.partition(client.host.ip(), server.host.ip());
     let start = sim.now();
-    client
+    let conn = client
         .b
         .open_active_endpoint(addr, full_params(64, 2))
         .unwrap();
@@ -120,7 +122,7 @@ fn connect_across_partition_is_unreachable_after_connect_timeout() {
     run_until(&sim, "the refusal", || !log.refused().is_empty());
     assert_eq!(
         client.log.refused(),
-        vec![(addr, RefuseReason::Unreachable)]
+        vec![(conn, addr, RefuseReason::Unreachable)]
     );
     assert!(sim.now() - start >= CONNECT_TIMEOUT);
     sim.heal(client.host.ip(), server.host.ip());
@@ -152,11 +154,11 @@ fn crash_closes_peers_with_reset_and_silences_the_host() {
     let c1 = node(&sim, BackendConfig::default(), None);
     let c2 = node(&sim, BackendConfig::default(), None);
     let addr = listen(&server, full_params(64, 8));
-    let a1 = connect(&sim, &server, &c1, addr, full_params(64, 8));
-    connect(&sim, &server, &c2, addr, full_params(64, 8));
+    let (k1, a1) = connect(&sim, &server, &c1, addr, full_params(64, 8));
+    let (k2, _) = connect(&sim, &server, &c2, addr, full_params(64, 8));
     sim.slow_receiver(server.host.ip(), Duration::from_secs(1));
     for k in 0..12u64 {
-        let _ = c1.b.send_data_copy(addr, &[b"x"], &[], k);
+        let _ = c1.b.send_data_copy(k1, &[b"x"], &[], k);
     }
     server.b.send_data_copy(a1, &[b"to c1"], &[], 7).unwrap();
     // Eight messages fill the server's eight busy receive buffers.
@@ -166,12 +168,12 @@ fn crash_closes_peers_with_reset_and_silences_the_host() {
     sim.crash(server.host.ip());
     let (l1, l2) = (c1.log.clone(), c2.log.clone());
     run_until(&sim, "both clients see the reset", || {
-        l1.closed_count(addr) == 1 && l2.closed_count(addr) == 1
+        l1.closed_count(k1) == 1 && l2.closed_count(k2) == 1
     });
     sim.run_for(Duration::from_secs(10));
     let (_, why, cancelled) = c1.log.closed()[0].clone();
     assert_eq!(why, CloseReason::Reset);
-    let done = c1.log.completed_to(addr);
+    let done = c1.log.completed_to(k1);
     let mut all: Vec<u64> = done.iter().chain(&cancelled).copied().collect();
     all.sort_unstable();
     assert_eq!(
@@ -191,10 +193,13 @@ fn crash_closes_peers_with_reset_and_silences_the_host() {
     );
     assert!(server.b.send_data_copy(a1, &[b"x"], &[], 8).is_err());
     // Connection attempts to the crashed host time out.
-    c1.b.open_active_endpoint(addr, full_params(64, 8)).unwrap();
+    let again = c1.b.open_active_endpoint(addr, full_params(64, 8)).unwrap();
     let l1 = c1.log.clone();
     run_until(&sim, "the attempt gives up", || !l1.refused().is_empty());
-    assert_eq!(c1.log.refused(), vec![(addr, RefuseReason::Unreachable)]);
+    assert_eq!(
+        c1.log.refused(),
+        vec![(again, addr, RefuseReason::Unreachable)]
+    );
 }
 
 #[test]
@@ -210,7 +215,7 @@ fn slow_receiver_makes_sender_see_no_resources_and_no_buffers() {
         None,
     );
     let addr = listen(&server, ConnectionParams::receive(64, 2));
-    let acc = connect(
+    let (conn, acc) = connect(
         &sim,
         &server,
         &client,
@@ -222,17 +227,17 @@ fn slow_receiver_makes_sender_see_no_resources_and_no_buffers() {
     let mut no_resources = 0;
     let mut no_buffer = 0;
     for k in 0..50u64 {
-        match client.b.send_data_copy(addr, &[b"copy"], &[], 1000 + k) {
+        match client.b.send_data_copy(conn, &[b"copy"], &[], 1000 + k) {
             Ok(()) => {
                 accepted.insert(1000 + k);
             }
             Err(SendError::NoResources) => no_resources += 1,
             Err(e) => panic!("{e}"),
         }
-        match client.b.get_buffer(addr).unwrap() {
+        match client.b.get_buffer(conn).unwrap() {
             Some(mut buf) => {
                 buf.write(b"buf").unwrap();
-                client.b.send_buffer(addr, buf).unwrap();
+                client.b.send_buffer(conn, buf, k).unwrap();
             }
             None => no_buffer += 1,
         }
@@ -251,17 +256,17 @@ fn slow_receiver_makes_sender_see_no_resources_and_no_buffers() {
     sim.run_for(Duration::from_secs(2));
     let done: BTreeSet<u64> = client
         .log
-        .completed_to(addr)
+        .completed_to(conn)
         .into_iter()
         .filter(|k| *k >= 1000)
         .collect();
     assert_eq!(done, accepted, "every accepted copy send completes");
     assert_eq!(
-        client.b.num_available_buffers(addr).unwrap(),
+        client.b.num_available_buffers(conn).unwrap(),
         0,
         "the low-water mark saw the pool empty"
     );
-    assert_eq!(client.b.num_available_buffers(addr).unwrap(), 4);
+    assert_eq!(client.b.num_available_buffers(conn).unwrap(), 4);
 }
 
 #[test]
@@ -291,12 +296,12 @@ fn a_paused_loop_holds_its_callbacks_and_pushes_back_until_resumed() {
     };
     let client = node(&sim, cfg, None);
     let addr = listen(&server, ConnectionParams::receive(64, 2));
-    let acc = connect(&sim, &server, &client, addr, ConnectionParams::default());
+    let (conn, acc) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     let seen = server.log.len();
     sim.pause_loop(server.host.ip());
     let mut accepted = Vec::new();
     for k in 0..20u64 {
-        match client.b.send_data_copy(addr, &[&k.to_le_bytes()], &[], k) {
+        match client.b.send_data_copy(conn, &[&k.to_le_bytes()], &[], k) {
             Ok(()) => accepted.push(k),
             Err(SendError::NoResources) => {}
             Err(e) => panic!("{e}"),
@@ -318,7 +323,7 @@ fn a_paused_loop_holds_its_callbacks_and_pushes_back_until_resumed() {
         "two messages in the receiver's buffers and four in flight, then NoResources"
     );
     assert_eq!(
-        client.log.completed_to(addr),
+        client.log.completed_to(conn),
         vec![0, 1],
         "the two messages taken into receive buffers complete"
     );
@@ -342,10 +347,10 @@ fn closing_drops_what_a_paused_loop_still_holds_for_the_connection() {
     let server = node(&sim, BackendConfig::default(), None);
     let client = node(&sim, BackendConfig::default(), None);
     let addr = listen(&server, ConnectionParams::receive(64, 4));
-    let acc = connect(&sim, &server, &client, addr, ConnectionParams::default());
+    let (conn, acc) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     sim.pause_loop(server.host.ip());
     for k in 0..3u64 {
-        client.b.send_data_copy(addr, &[b"m"], &[], k).unwrap();
+        client.b.send_data_copy(conn, &[b"m"], &[], k).unwrap();
     }
     sim.run_until_idle(10_000);
     server.b.close_active_endpoint(acc).unwrap();
@@ -361,8 +366,121 @@ fn closing_drops_what_a_paused_loop_still_holds_for_the_connection() {
     assert!(
         matches!(
             server.b.close_active_endpoint(acc),
-            Err(netio_core::CloseError::UnknownActiveEndpoint(_))
+            Err(netio_core::CloseError::UnknownConnection(c)) if c == acc
         ),
-        "the endpoint is gone"
+        "the handle is stale"
+    );
+}
+
+fn with_peer_timeout(t: Duration) -> BackendConfig {
+    BackendConfig {
+        peer_timeout: Some(t),
+        ..BackendConfig::default()
+    }
+}
+
+#[test]
+fn peer_timeout_closes_a_partitioned_connection_with_timed_out() {
+    let sim = Sim::with_seed(71);
+    let t = Duration::from_secs(2);
+    let server = node(&sim, BackendConfig::default(), None);
+    let client = node(&sim, with_peer_timeout(t), None);
+    let addr = listen(&server, full_params(64, 4));
+    let (conn, acc) = connect(&sim, &server, &client, addr, full_params(64, 4));
+    sim.partition(client.host.ip(), server.host.ip());
+    let cut_at = sim.now();
+    for k in 0..3u64 {
+        client.b.send_data_copy(conn, &[b"x"], &[], k).unwrap();
+    }
+    let cl = client.log.clone();
+    run_until(&sim, "the timeout", || cl.closed_count(conn) == 1);
+    assert_eq!(sim.now() - cut_at, t, "exactly peer_timeout after the cut");
+    let (_, why, cancelled) = client.log.closed()[0].clone();
+    assert_eq!(why, CloseReason::TimedOut);
+    assert_eq!(cancelled, vec![0, 1, 2], "unfinished keys are cancelled");
+    assert!(client.b.send_data_copy(conn, &[b"x"], &[], 9).is_err());
+    // The side without a peer_timeout waits; after the heal it hears a
+    // reset, as a TCP peer would.
+    sim.run_for(Duration::from_secs(60));
+    assert_eq!(server.log.closed_count(acc), 0);
+    sim.heal(client.host.ip(), server.host.ip());
+    let sl = server.log.clone();
+    run_until(&sim, "the reset after the heal", || {
+        sl.closed_count(acc) == 1
+    });
+    assert_eq!(server.log.closed()[0].1, CloseReason::Reset);
+    assert!(server.log.data().is_empty());
+    sim.run_until_idle(1000);
+    assert_eq!(sim.live_objects(), 1, "only the listener is left");
+}
+
+#[test]
+fn a_partition_healed_before_peer_timeout_does_not_time_out() {
+    let sim = Sim::with_seed(72);
+    let t = Duration::from_secs(2);
+    let server = node(&sim, with_peer_timeout(t), None);
+    let client = node(&sim, with_peer_timeout(t), None);
+    let addr = listen(&server, full_params(64, 4));
+    let (conn, acc) = connect(&sim, &server, &client, addr, full_params(64, 4));
+    sim.partition(client.host.ip(), server.host.ip());
+    sim.run_for(t / 2);
+    sim.heal(client.host.ip(), server.host.ip());
+    // Cut again: the timeout counts from the new cut.
+    sim.run_for(t / 2);
+    sim.partition(client.host.ip(), server.host.ip());
+    let cut_at = sim.now();
+    sim.run_for(t - Duration::from_millis(1));
+    assert!(client.log.closed().is_empty() && server.log.closed().is_empty());
+    let (cl, sl) = (client.log.clone(), server.log.clone());
+    run_until(&sim, "both sides time out", || {
+        cl.closed_count(conn) == 1 && sl.closed_count(acc) == 1
+    });
+    assert_eq!(sim.now() - cut_at, t);
+    assert_eq!(client.log.closed()[0].1, CloseReason::TimedOut);
+    assert_eq!(server.log.closed()[0].1, CloseReason::TimedOut);
+}
+
+#[test]
+fn without_peer_timeout_a_partition_never_times_out() {
+    let sim = Sim::with_seed(73);
+    let server = node(&sim, BackendConfig::default(), None);
+    let client = node(&sim, BackendConfig::default(), None);
+    let addr = listen(&server, full_params(64, 4));
+    let (conn, acc) = connect(&sim, &server, &client, addr, full_params(64, 4));
+    sim.partition(client.host.ip(), server.host.ip());
+    client.b.send_data_copy(conn, &[b"late"], &[], 1).unwrap();
+    sim.run_for(Duration::from_secs(3600));
+    assert!(client.log.closed().is_empty() && server.log.closed().is_empty());
+    sim.heal(client.host.ip(), server.host.ip());
+    let sl = server.log.clone();
+    run_until(&sim, "the message after an hour", || {
+        sl.data_from(acc).len() == 1
+    });
+}
+
+#[test]
+fn peer_timeout_closes_connections_to_a_silently_crashed_host() {
+    let sim = Sim::with_seed(74);
+    let t = Duration::from_millis(500);
+    let server = node(&sim, BackendConfig::default(), None);
+    let c1 = node(&sim, with_peer_timeout(t), None);
+    let c2 = node(&sim, BackendConfig::default(), None);
+    let addr = listen(&server, full_params(64, 4));
+    let (k1, _) = connect(&sim, &server, &c1, addr, full_params(64, 4));
+    let (k2, _) = connect(&sim, &server, &c2, addr, full_params(64, 4));
+    sim.crash_silently(server.host.ip());
+    let crashed_at = sim.now();
+    c1.b.send_data_copy(k1, &[b"x"], &[], 5).unwrap();
+    c2.b.send_data_copy(k2, &[b"x"], &[], 6).unwrap();
+    let l1 = c1.log.clone();
+    run_until(&sim, "the timeout", || l1.closed_count(k1) == 1);
+    assert_eq!(sim.now() - crashed_at, t);
+    assert_eq!(c1.log.closed(), vec![(k1, CloseReason::TimedOut, vec![5])]);
+    // Without a peer_timeout nothing is ever reported: no reset comes.
+    sim.run_for(Duration::from_secs(600));
+    assert!(c2.log.closed().is_empty());
+    assert!(
+        c2.log.completed_to(k2).is_empty(),
+        "its send never completes"
     );
 }

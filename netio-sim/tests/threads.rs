@@ -7,8 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{connect, listen, node};
-use netio_conformance::{full_params, Event};
+use common::{connect, full_params, listen, node, Event};
 use netio_core::{Backend, BackendConfig, EventLoop, SendError, Signal, ThreadSafety};
 use netio_sim::{Sim, SimBackend};
 
@@ -39,7 +38,7 @@ fn loop_run_drives_every_host_and_waits_for_other_threads_when_idle() {
     });
     wait_ready.recv_timeout(Duration::from_secs(10)).unwrap();
     // The world is idle and the runner blocked; calls from here wake it.
-    client
+    let conn = client
         .b
         .open_active_endpoint(addr, full_params(64, 4))
         .unwrap();
@@ -48,7 +47,7 @@ fn loop_run_drives_every_host_and_waits_for_other_threads_when_idle() {
         assert!(std::time::Instant::now() < deadline, "never established");
         std::thread::yield_now();
     }
-    client.b.send_data_copy(addr, &[b"bye"], &[], 1).unwrap();
+    client.b.send_data_copy(conn, &[b"bye"], &[], 1).unwrap();
     runner.join().expect("run returned after stop");
     assert_eq!(server.log.data().len(), 1);
     assert!(!server.host.event_loop().on_loop_thread());
@@ -62,10 +61,10 @@ fn thread_unsafe_backends_accept_calls_from_the_driver_thread_only() {
     let client = node(&sim, unsafe_cfg, None);
     let addr = listen(&server, full_params(64, 4));
     // This thread created the world and drives it: calls work.
-    connect(&sim, &server, &client, addr, full_params(64, 4));
-    client.b.send_data_copy(addr, &[b"ok"], &[], 1).unwrap();
+    let (conn, _) = connect(&sim, &server, &client, addr, full_params(64, 4));
+    client.b.send_data_copy(conn, &[b"ok"], &[], 1).unwrap();
     let b = client.b.clone();
-    let off = std::thread::spawn(move || b.send_data_copy(addr, &[b"no"], &[], 2))
+    let off = std::thread::spawn(move || b.send_data_copy(conn, &[b"no"], &[], 2))
         .join()
         .unwrap();
     assert!(matches!(off, Err(SendError::WrongThread)), "{off:?}");
@@ -73,12 +72,12 @@ fn thread_unsafe_backends_accept_calls_from_the_driver_thread_only() {
     let (s2, b2) = (sim.clone(), client.b.clone());
     let there = std::thread::spawn(move || {
         s2.step();
-        b2.send_data_copy(addr, &[b"there"], &[], 3)
+        b2.send_data_copy(conn, &[b"there"], &[], 3)
     })
     .join()
     .unwrap();
     assert!(there.is_ok(), "{there:?}");
-    let here = client.b.send_data_copy(addr, &[b"here"], &[], 4);
+    let here = client.b.send_data_copy(conn, &[b"here"], &[], 4);
     assert!(matches!(here, Err(SendError::WrongThread)), "{here:?}");
 }
 
