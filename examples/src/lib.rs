@@ -1,20 +1,28 @@
 //! Application logic shared by the example programs, written once against
 //! the `netio-core` traits so it runs on every provider.
 //!
-//! - [`EchoServer`] echoes every message back; [`EchoClient`] sends
-//!   numbered messages one at a time and checks each echo; [`PingClient`]
-//!   does the same with messages of a chosen size and records each round
-//!   trip's latency ([`LatencySummary`]).
+//! - [`EchoServer`] echoes every message back, and pauses receiving from a
+//!   connection whose peer does not read its echoes until they can be sent
+//!   (receive-side flow control: nothing dropped, memory bounded);
+//!   [`EchoClient`] sends numbered messages one at a time and checks each
+//!   echo; [`PingClient`] does the same with messages of a chosen size and
+//!   records each round trip's latency ([`LatencySummary`]) on the
+//!   backend's clock.
+//! - Connections are named by their handle ([`ConnId`]); per-connection
+//!   state is keyed by it.
 //! - These handlers are generic over the backend: the `echo` program and
 //!   `tests/echo_under_faults.rs` run them on the simulator, [`tcp`] runs
 //!   them over TCP (the `echo_tcp` and `pingpong` programs, with the
 //!   command line of [`cli`]).
 
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use netio_core::{Backend, Capabilities, CloseReason, EndpointAddress, Handler, SendError};
+use netio_core::{
+    Backend, Capabilities, CloseReason, ConnId, EndpointAddress, Handler, RefuseReason, SendError,
+};
 
 pub mod cli;
 pub mod tcp;
@@ -25,26 +33,26 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Sends `data` to `remote` by copy when the connection can, otherwise
-/// through a pool buffer.
+/// Sends `data` on `conn` by copy when the connection can, otherwise
+/// through a pool buffer (`NoResources` when none is free).
 pub fn send<B: Backend + ?Sized>(
     b: &B,
-    remote: EndpointAddress,
+    conn: ConnId,
     data: &[u8],
     key: u64,
 ) -> Result<(), SendError> {
-    match b.send_data_copy(remote, &[data], &[], key) {
+    match b.send_data_copy(conn, &[data], &[], key) {
         Err(SendError::NotSupported(_)) => {}
         other => return other,
     }
     let Some(mut buf) = b
-        .get_buffer(remote)
+        .get_buffer(conn)
         .map_err(|e| SendError::Failed(e.into()))?
     else {
         return Err(SendError::NoResources);
     };
     buf.write(data).map_err(|e| SendError::Failed(e.into()))?;
-    b.send_buffer(remote, buf)
+    b.send_buffer(conn, buf, key)
 }
 
 /// What an [`EchoServer`] did, shared with the program that runs it.
@@ -54,15 +62,33 @@ pub struct ServerStats {
     pub connections: u64,
     /// Connections closed since.
     pub closed: u64,
-    /// Messages echoed.
+    /// Messages echoed (handed to the backend).
     pub echoed: u64,
-    /// Messages that could not be echoed (the send failed).
+    /// Messages that could not be echoed (the send failed for another
+    /// reason than a lack of resources, or the connection closed while the
+    /// echo was held).
     pub failed: u64,
+    /// Times a connection was paused because its echo could not be sent
+    /// yet (see [`EchoServer`]).
+    pub paused: u64,
+    /// Echoes held, unsent, right now (one per paused connection: a paused
+    /// connection delivers no more messages).
+    pub held: u64,
+    /// The largest number of echoes held at once.
+    pub max_held: u64,
 }
 
 type ClosedCallback = Box<dyn FnMut(&ServerStats) + Send>;
 
 /// Echoes every message back to its sender.
+///
+/// Flow control: when an echo cannot be sent now (`NoResources`: the send
+/// queue or the buffer pool of the connection is full because the peer does
+/// not read), the server keeps that echo, pauses receiving from the
+/// connection ([`Backend::pause_receive`]) and, once sends of the
+/// connection complete, sends the kept echo and resumes receiving
+/// ([`Backend::resume_receive`]). No echo is dropped, and the server holds
+/// at most one unsent echo per connection however fast the peer sends.
 ///
 /// `EchoServer::default()` keeps its count in [`echoed`](Self::echoed);
 /// [`EchoServer::with_stats`] also shares [`ServerStats`] and reports each
@@ -71,6 +97,8 @@ type ClosedCallback = Box<dyn FnMut(&ServerStats) + Send>;
 pub struct EchoServer {
     /// Messages echoed so far.
     pub echoed: u64,
+    /// The echoes held back on each paused connection, in order.
+    held: HashMap<ConnId, VecDeque<Vec<u8>>>,
     stats: Arc<Mutex<ServerStats>>,
     on_closed: Option<ClosedCallback>,
 }
@@ -83,10 +111,57 @@ impl EchoServer {
         on_closed: impl FnMut(&ServerStats) + Send + 'static,
     ) -> Self {
         Self {
-            echoed: 0,
             stats,
             on_closed: Some(Box::new(on_closed)),
+            ..Self::default()
         }
+    }
+
+    /// Sends the echo of `data` on `conn`; `false` when it cannot be sent
+    /// now (`NoResources`) and must be kept for later.
+    fn echo<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId, data: &[u8]) -> bool {
+        match send(b, conn, data, self.echoed) {
+            Ok(()) => {
+                self.echoed += 1;
+                lock(&self.stats).echoed += 1;
+                true
+            }
+            Err(SendError::NoResources) => false,
+            Err(e) => {
+                lock(&self.stats).failed += 1;
+                eprintln!("echo server: cannot echo on {conn}: {e}");
+                true
+            }
+        }
+    }
+
+    /// Sends what `conn` holds, in order; resumes receiving once it is all
+    /// sent.
+    fn flush<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId) {
+        let Some(mut queue) = self.held.remove(&conn) else {
+            return;
+        };
+        while let Some(data) = queue.front() {
+            if !self.echo(b, conn, data) {
+                break;
+            }
+            queue.pop_front();
+        }
+        if queue.is_empty() {
+            if let Err(e) = b.resume_receive(conn) {
+                eprintln!("echo server: cannot resume {conn}: {e}");
+            }
+        } else {
+            self.held.insert(conn, queue);
+        }
+        self.count_held();
+    }
+
+    fn count_held(&self) {
+        let held = self.held.values().map(|q| q.len() as u64).sum();
+        let mut s = lock(&self.stats);
+        s.held = held;
+        s.max_held = s.max_held.max(held);
     }
 }
 
@@ -94,32 +169,54 @@ impl fmt::Debug for EchoServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EchoServer")
             .field("echoed", &self.echoed)
+            .field("paused_connections", &self.held.len())
             .field("stats", &*lock(&self.stats))
             .finish_non_exhaustive()
     }
 }
 
 impl<B: Backend + ?Sized> Handler<B> for EchoServer {
-    fn on_connection_established(&mut self, _: &B, _: EndpointAddress, _: Capabilities) {
+    fn on_connection_established(&mut self, _: &B, _: ConnId, _: EndpointAddress, _: Capabilities) {
         lock(&self.stats).connections += 1;
     }
 
-    fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
-        match send(b, remote, data, self.echoed) {
-            Ok(()) => {
-                self.echoed += 1;
-                lock(&self.stats).echoed += 1;
+    fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
+        if !self.held.is_empty() {
+            if let Some(queue) = self.held.get_mut(&conn) {
+                // A paused connection gets no data; should some come anyway,
+                // its echo goes after the held ones.
+                queue.push_back(data.to_vec());
+                self.count_held();
+                return;
             }
-            Err(e) => {
-                lock(&self.stats).failed += 1;
-                eprintln!("echo server: cannot echo to {remote}: {e}");
+        }
+        if !self.echo(b, conn, data) {
+            if let Err(e) = b.pause_receive(conn) {
+                eprintln!("echo server: cannot pause {conn}: {e}");
             }
+            self.held.insert(conn, VecDeque::from([data.to_vec()]));
+            lock(&self.stats).paused += 1;
+            self.count_held();
+        }
+    }
+
+    fn on_sends_completed(&mut self, b: &B, conn: ConnId, _: &[u64]) {
+        if self.held.is_empty() {
+            return;
+        }
+        self.flush(b, conn);
+        // With a send pool shared by several connections, a completion on
+        // one frees a buffer for the others: let them try too.
+        let others: Vec<ConnId> = self.held.keys().copied().filter(|&c| c != conn).collect();
+        for c in others {
+            self.flush(b, c);
         }
     }
 
     fn on_connection_closed(
         &mut self,
         _: &B,
+        conn: ConnId,
         remote: EndpointAddress,
         why: &CloseReason,
         _: &[u64],
@@ -128,11 +225,14 @@ impl<B: Backend + ?Sized> Handler<B> for EchoServer {
             why,
             CloseReason::PeerClosed | CloseReason::Local | CloseReason::ListenerClosed
         ) {
-            eprintln!("echo server: connection from {remote} closed: {why}");
+            eprintln!("echo server: connection {conn} from {remote} closed: {why}");
         }
+        let dropped = self.held.remove(&conn).map_or(0, |q| q.len() as u64);
+        self.count_held();
         let stats = {
             let mut s = lock(&self.stats);
             s.closed += 1;
+            s.failed += dropped;
             s.clone()
         };
         if let Some(f) = self.on_closed.as_mut() {
@@ -182,41 +282,48 @@ impl EchoClient {
         format!("message {i}").into_bytes()
     }
 
-    fn next<B: Backend + ?Sized>(&mut self, b: &B, remote: EndpointAddress) {
+    fn next<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId) {
         let mut r = self.report.lock().unwrap();
         if r.sent == self.count {
             drop(r);
-            if let Err(e) = b.close_active_endpoint(remote) {
+            if let Err(e) = b.close_active_endpoint(conn) {
                 eprintln!("echo client: close failed: {e}");
             }
             return;
         }
-        match send(b, remote, &Self::message(r.sent), r.sent) {
+        match send(b, conn, &Self::message(r.sent), r.sent) {
             Ok(()) => r.sent += 1,
             Err(e) => {
                 eprintln!("echo client: send failed: {e}");
-                let _ = b.close_active_endpoint(remote);
+                let _ = b.close_active_endpoint(conn);
             }
         }
     }
 }
 
 impl<B: Backend + ?Sized> Handler<B> for EchoClient {
-    fn on_connection_established(&mut self, b: &B, remote: EndpointAddress, _: Capabilities) {
-        self.next(b, remote);
+    fn on_connection_established(
+        &mut self,
+        b: &B,
+        conn: ConnId,
+        _: EndpointAddress,
+        _: Capabilities,
+    ) {
+        self.next(b, conn);
     }
 
     fn on_connection_refused(
         &mut self,
         _: &B,
+        _: ConnId,
         _: EndpointAddress,
-        reason: &netio_core::RefuseReason,
+        reason: &RefuseReason,
     ) {
         self.report.lock().unwrap().refused = Some(reason.to_string());
         (self.done)();
     }
 
-    fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
+    fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
         {
             let mut r = self.report.lock().unwrap();
             let expected = Self::message(r.matched + r.mismatched);
@@ -226,10 +333,17 @@ impl<B: Backend + ?Sized> Handler<B> for EchoClient {
                 r.mismatched += 1;
             }
         }
-        self.next(b, remote);
+        self.next(b, conn);
     }
 
-    fn on_connection_closed(&mut self, _: &B, _: EndpointAddress, why: &CloseReason, _: &[u64]) {
+    fn on_connection_closed(
+        &mut self,
+        _: &B,
+        _: ConnId,
+        _: EndpointAddress,
+        why: &CloseReason,
+        _: &[u64],
+    ) {
         self.report.lock().unwrap().closed = Some(why.to_string());
         (self.done)();
     }
@@ -245,9 +359,11 @@ pub struct PingReport {
     /// Echoes that did not match.
     pub mismatched: u64,
     /// Round-trip time of every echo received, in order: from just before
-    /// the send call to the start of `on_data` for its echo.
+    /// the send call to the start of `on_data` for its echo, on the
+    /// backend's clock ([`Backend::now`]: virtual time on the simulator).
     pub round_trips: Vec<Duration>,
-    /// From just before the first send to the last echo received.
+    /// From just before the first send to the last echo received, on the
+    /// same clock.
     pub elapsed: Duration,
     /// Why the connection closed, once it did.
     pub closed: Option<String>,
@@ -353,8 +469,8 @@ pub struct PingClient {
     report: Arc<Mutex<PingReport>>,
     done: Box<dyn FnMut() + Send>,
     message: Vec<u8>,
-    started: Option<Instant>,
-    sent_at: Option<Instant>,
+    started: Option<Duration>,
+    sent_at: Option<Duration>,
 }
 
 impl PingClient {
@@ -382,46 +498,53 @@ impl PingClient {
         }
     }
 
-    fn next<B: Backend + ?Sized>(&mut self, b: &B, remote: EndpointAddress) {
+    fn next<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId) {
         let i = lock(&self.report).sent;
         if i == self.count {
-            if let Err(e) = b.close_active_endpoint(remote) {
+            if let Err(e) = b.close_active_endpoint(conn) {
                 eprintln!("ping client: close failed: {e}");
             }
             return;
         }
         ping_message(&mut self.message, i, self.size);
-        let now = Instant::now();
+        let now = b.now();
         self.started.get_or_insert(now);
         self.sent_at = Some(now);
-        match send(b, remote, &self.message, i) {
+        match send(b, conn, &self.message, i) {
             Ok(()) => lock(&self.report).sent += 1,
             Err(e) => {
                 eprintln!("ping client: send failed: {e}");
                 self.sent_at = None;
-                let _ = b.close_active_endpoint(remote);
+                let _ = b.close_active_endpoint(conn);
             }
         }
     }
 }
 
 impl<B: Backend + ?Sized> Handler<B> for PingClient {
-    fn on_connection_established(&mut self, b: &B, remote: EndpointAddress, _: Capabilities) {
-        self.next(b, remote);
+    fn on_connection_established(
+        &mut self,
+        b: &B,
+        conn: ConnId,
+        _: EndpointAddress,
+        _: Capabilities,
+    ) {
+        self.next(b, conn);
     }
 
     fn on_connection_refused(
         &mut self,
         _: &B,
+        _: ConnId,
         _: EndpointAddress,
-        reason: &netio_core::RefuseReason,
+        reason: &RefuseReason,
     ) {
         lock(&self.report).refused = Some(reason.to_string());
         (self.done)();
     }
 
-    fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
-        let now = Instant::now();
+    fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
+        let now = b.now();
         {
             let mut r = lock(&self.report);
             if let Some(t) = self.sent_at.take() {
@@ -436,10 +559,17 @@ impl<B: Backend + ?Sized> Handler<B> for PingClient {
                 r.mismatched += 1;
             }
         }
-        self.next(b, remote);
+        self.next(b, conn);
     }
 
-    fn on_connection_closed(&mut self, _: &B, _: EndpointAddress, why: &CloseReason, _: &[u64]) {
+    fn on_connection_closed(
+        &mut self,
+        _: &B,
+        _: ConnId,
+        _: EndpointAddress,
+        why: &CloseReason,
+        _: &[u64],
+    ) {
         lock(&self.report).closed = Some(why.to_string());
         (self.done)();
     }

@@ -9,11 +9,11 @@
 //!
 //! - Accepting side: one backend, one listener (`ConnectionParams` per
 //!   connection, or the listener's shared receive pool); the connecting
-//!   side opens one backend per connection, on one loop.
+//!   side is one backend opening every connection.
 //! - Connecting side: one backend opening every connection (per-connection
-//!   receive buffers, or `BackendConfig::shared_receive_pool`), to as many
-//!   listeners of one backend here (a backend names its connections by the
-//!   remote address, so each needs its own).
+//!   receive buffers, or `BackendConfig::shared_receive_pool`), all to one
+//!   listener of one backend here: connections are named by their handle
+//!   ([`ConnId`](netio::ConnId)), so many to one address are distinct.
 //!
 //! On the simulator both sides live in the child (one world), so the
 //! figures cover both ends of each connection.
@@ -26,8 +26,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use netio::{
-    AnyLoop, Backend, BackendConfig, Capabilities, ConnectionParams, EndpointAddress, EventLoop,
-    Handler, PoolParams,
+    AnyLoop, Backend, BackendConfig, Capabilities, ConnId, ConnectionParams, EndpointAddress,
+    EventLoop, Handler, PoolParams,
 };
 
 use crate::cli::TestKind;
@@ -57,10 +57,16 @@ pub fn rss_bytes() -> Option<u64> {
 struct Counter(Arc<AtomicU64>, Arc<AtomicU64>);
 
 impl<B: Backend + ?Sized> Handler<B> for Counter {
-    fn on_connection_established(&mut self, _: &B, _: EndpointAddress, _: Capabilities) {
+    fn on_connection_established(&mut self, _: &B, _: ConnId, _: EndpointAddress, _: Capabilities) {
         self.0.fetch_add(1, Ordering::SeqCst);
     }
-    fn on_connection_refused(&mut self, _: &B, _: EndpointAddress, _: &netio::RefuseReason) {
+    fn on_connection_refused(
+        &mut self,
+        _: &B,
+        _: ConnId,
+        _: EndpointAddress,
+        _: &netio::RefuseReason,
+    ) {
         self.1.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -262,7 +268,13 @@ fn run_variant(variant: &str, o: &Options) -> Result<Figures, String> {
             .ok_or("the measuring process did not say where it listens")?;
         let lp = new_loop(o.busy_poll).map_err(|e| e.to_string())?;
         let counter = Counter::default();
-        let mut clients = Vec::with_capacity(n);
+        let client = netio::create_backend(
+            &o.provider,
+            &AnyLoop::Mio(lp.clone()),
+            BackendConfig::default(),
+            counter.clone(),
+        )
+        .map_err(|e| format!("cannot create the client backend: {e}"))?;
         let runner = lp.clone();
         let t = thread::spawn(move || runner.run(|| {}));
         let mut total = 0u64;
@@ -270,16 +282,9 @@ fn run_variant(variant: &str, o: &Options) -> Result<Figures, String> {
             for k in halves {
                 let started = Instant::now();
                 for _ in 0..k {
-                    let b = netio::create_backend(
-                        &o.provider,
-                        &AnyLoop::Mio(lp.clone()),
-                        BackendConfig::default(),
-                        counter.clone(),
-                    )
-                    .map_err(|e| format!("cannot create a client backend: {e}"))?;
-                    b.open_active_endpoint(addr, ConnectionParams::default())
+                    client
+                        .open_active_endpoint(addr, ConnectionParams::default())
                         .map_err(|e| format!("cannot connect: {e}"))?;
-                    clients.push(b);
                 }
                 total += k as u64;
                 counter.wait_for(total, o.timeout)?;
@@ -292,9 +297,9 @@ fn run_variant(variant: &str, o: &Options) -> Result<Figures, String> {
             Ok::<(), String>(())
         })();
         drop(child);
-        drop(clients);
         lp.stop();
         let _ = t.join();
+        drop(client);
         result?;
     } else {
         let lp = new_loop(o.busy_poll).map_err(|e| e.to_string())?;
@@ -305,20 +310,16 @@ fn run_variant(variant: &str, o: &Options) -> Result<Figures, String> {
             Counter::default(),
         )
         .map_err(|e| format!("cannot create the server backend: {e}"))?;
+        let listen = server
+            .open_listen_endpoint(EndpointAddress::localhost(0), per_conn_params())
+            .map_err(|e| format!("cannot listen: {e}"))?;
         let runner = lp.clone();
         let t = thread::spawn(move || runner.run(|| {}));
         let result = (|| {
             let mut total = 0;
             for k in halves {
-                let mut addrs = Vec::with_capacity(k);
-                for _ in 0..k {
-                    let a = server
-                        .open_listen_endpoint(EndpointAddress::localhost(0), per_conn_params())
-                        .map_err(|e| format!("cannot listen: {e}"))?;
-                    addrs.push(a.to_string());
-                }
                 total += k;
-                child.send(&format!("CONNECT {}", addrs.join(" ")))?;
+                child.send(&format!("CONNECT {listen} {k}"))?;
                 setup += Duration::from_nanos(num(&child.expect("CONNECTED")?, 0)? as u64);
                 child.send(&format!("MEASURE {total}"))?;
                 let v = child.expect("RSS")?;
@@ -470,22 +471,19 @@ fn child_inner(variant: &str, o: &Options, out: &dyn Fn(String)) -> Result<(), R
             Some("CONNECT") => {
                 let started = Instant::now();
                 let before = counter.0.load(Ordering::SeqCst);
-                let mut k = 0;
-                for w in words {
-                    let a: EndpointAddress = match w.parse() {
-                        Ok(a) => a,
-                        Err(e) => {
-                            result = Err(fail(format!("bad address {w}: {e}")));
-                            break;
-                        }
-                    };
-                    if let Err(e) = backend.open_active_endpoint(a, params.clone()) {
-                        result = Err(fail(format!("cannot connect: {e}")));
-                        break;
-                    }
-                    k += 1;
-                }
-                if result.is_err() {
+                let (Some(Ok(a)), Some(Ok(k))) = (
+                    words.next().map(str::parse::<EndpointAddress>),
+                    words.next().map(str::parse::<u64>),
+                ) else {
+                    result = Err(fail(format!("bad command: {line}")));
+                    break;
+                };
+                // Every connection goes to the same listener: each is a
+                // connection of its own, with its own handle.
+                if let Err(e) = (0..k)
+                    .try_for_each(|_| backend.open_active_endpoint(a, params.clone()).map(drop))
+                {
+                    result = Err(fail(format!("cannot connect: {e}")));
                     break;
                 }
                 if let Err(e) = counter.wait_for(before + k, o.timeout) {
@@ -505,7 +503,8 @@ fn child_inner(variant: &str, o: &Options, out: &dyn Fn(String)) -> Result<(), R
 
 /// The simulator variant: one world, a server host with one listener
 /// (per-connection pools or the listener's shared pool) and a client host
-/// with one backend per connection, without receive buffers; replies
+/// with one backend opening every connection, without receive buffers;
+/// replies
 /// `FIGURES setup_ns virtual_setup_ns rss0 rss_half rss_full buffer_bytes`.
 fn sim_child(shared: bool, o: &Options, out: &dyn Fn(String)) -> Result<(), RunError> {
     let fail = |e: String| RunError::Failed(e);
@@ -540,23 +539,24 @@ fn sim_child(shared: bool, o: &Options, out: &dyn Fn(String)) -> Result<(), RunE
     let n = o.connections as usize;
     let rss0 = rss_bytes().unwrap_or(0);
     let (t0, v0) = (Instant::now(), sim.now());
-    let mut clients = Vec::with_capacity(n);
+    let client = netio::create_backend(
+        "sim",
+        &AnyLoop::Sim(hc.event_loop().clone()),
+        client_config,
+        counter.clone(),
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    let mut opened = 0;
     let mut rss_half = 0;
     for (i, k) in [n / 2, n - n / 2].into_iter().enumerate() {
         for _ in 0..k {
-            let b = netio::create_backend(
-                "sim",
-                &AnyLoop::Sim(hc.event_loop().clone()),
-                client_config.clone(),
-                counter.clone(),
-            )
-            .map_err(|e| fail(e.to_string()))?;
-            b.open_active_endpoint(addr, client_params.clone())
+            client
+                .open_active_endpoint(addr, client_params.clone())
                 .map_err(|e| fail(e.to_string()))?;
-            clients.push(b);
         }
+        opened += k as u64;
         // Both ends report each connection.
-        let want = 2 * clients.len() as u64;
+        let want = 2 * opened;
         let deadline = sim.now() + Duration::from_secs(60);
         if !sim.run_until(deadline, || counter.0.load(Ordering::SeqCst) >= want) {
             return Err(fail("connections not established in virtual time".into()));
@@ -567,12 +567,10 @@ fn sim_child(shared: bool, o: &Options, out: &dyn Fn(String)) -> Result<(), RunE
     }
     let (setup, vsetup) = (t0.elapsed(), sim.now() - v0);
     let rss_full = rss_bytes().unwrap_or(0);
-    let m = server.memory_usage();
-    let mut buffers = m.receive_bytes + m.send_bytes;
-    for c in &clients {
-        let m = c.memory_usage();
-        buffers += m.receive_bytes + m.send_bytes;
-    }
+    let buffers = [server.memory_usage(), client.memory_usage()]
+        .iter()
+        .map(|m| m.receive_bytes + m.send_bytes)
+        .sum::<usize>();
     out(format!(
         "FIGURES {} {} {rss0} {rss_half} {rss_full} {buffers}",
         setup.as_nanos(),

@@ -6,7 +6,6 @@
 //! own thread; the simulator runs both virtual hosts of one world, driven on
 //! the calling thread.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
@@ -15,8 +14,8 @@ use std::time::{Duration, Instant};
 use netio::mio_loop::{LoopConfig, MioLoop};
 use netio::sim::Sim;
 use netio::{
-    AnyLoop, Backend, BackendConfig, Capabilities, CloseReason, ConnectionParams, EndpointAddress,
-    EventLoop, Features, Handler, MemoryRegion, RefuseReason, SendError,
+    AnyLoop, Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams,
+    EndpointAddress, EventLoop, Features, Handler, MemoryRegion, RefuseReason, SendError,
 };
 
 use crate::cli::{SendMode, TestKind};
@@ -138,47 +137,77 @@ pub fn server_params(
     p
 }
 
-/// The simulator's clock for handlers; emptied after the run so the
-/// world is freed.
-pub type VClock = Arc<Mutex<Option<Sim>>>;
+/// Per-connection state of a handler, indexed by the slot of the
+/// connection's handle: finding a connection's entry is an index and a
+/// compare, no hashing.
+pub struct ByConn<T> {
+    slots: Vec<Option<(ConnId, T)>>,
+}
 
-fn vnow(c: &Option<VClock>) -> Option<Duration> {
-    c.as_ref().and_then(|c| {
-        c.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(Sim::now)
-    })
+impl<T> Default for ByConn<T> {
+    fn default() -> Self {
+        Self { slots: Vec::new() }
+    }
+}
+
+impl<T> ByConn<T> {
+    /// Sets the entry of `conn`.
+    pub fn insert(&mut self, conn: ConnId, value: T) {
+        let i = conn.index() as usize;
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, || None);
+        }
+        self.slots[i] = Some((conn, value));
+    }
+
+    /// The entry of `conn`, if it has one (not one of an earlier handle of
+    /// the same slot).
+    #[inline]
+    pub fn get_mut(&mut self, conn: ConnId) -> Option<&mut T> {
+        match self.slots.get_mut(conn.index() as usize) {
+            Some(Some((c, v))) if *c == conn => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Removes the entry of `conn`.
+    pub fn remove(&mut self, conn: ConnId) -> Option<T> {
+        let slot = self.slots.get_mut(conn.index() as usize)?;
+        match slot {
+            Some((c, _)) if *c == conn => slot.take().map(|(_, v)| v),
+            _ => None,
+        }
+    }
 }
 
 /// Sends `data` in `mode` (zero-copy: the first `data.len()` bytes of
 /// `region`, which hold a data message).
 fn send_msg<B: Backend + ?Sized>(
     b: &B,
-    remote: EndpointAddress,
+    conn: ConnId,
     mode: SendMode,
     data: &[u8],
     region: Option<&MemoryRegion>,
     key: u64,
 ) -> Result<(), SendError> {
     match mode {
-        SendMode::Copy => b.send_data_copy(remote, &[data], &[], key),
+        SendMode::Copy => b.send_data_copy(conn, &[data], &[], key),
         SendMode::Buffered => {
             let Some(mut buf) = b
-                .get_buffer(remote)
+                .get_buffer(conn)
                 .map_err(|e| SendError::Failed(e.into()))?
             else {
                 return Err(SendError::NoResources);
             };
             buf.write(data).map_err(|e| SendError::Failed(e.into()))?;
-            b.send_buffer(remote, buf)
+            b.send_buffer(conn, buf, key)
         }
         SendMode::ZeroCopy => {
             let region = region.ok_or(SendError::NotSupported("no region registered"))?;
             let s = region
                 .slice(0, data.len())
                 .map_err(|e| SendError::Failed(e.into()))?;
-            b.send_data(remote, &[s], &[], key)
+            b.send_data(conn, &[s], &[], key)
         }
         SendMode::Async => Err(SendError::NotSupported("asynchronous sends")),
     }
@@ -188,12 +217,12 @@ fn send_msg<B: Backend + ?Sized>(
 /// provider cannot copy.
 fn send_control<B: Backend + ?Sized>(
     b: &B,
-    remote: EndpointAddress,
+    conn: ConnId,
     data: &[u8],
     key: u64,
 ) -> Result<(), SendError> {
-    match b.send_data_copy(remote, &[data], &[], key) {
-        Err(SendError::NotSupported(_)) => send_msg(b, remote, SendMode::Buffered, data, None, key),
+    match b.send_data_copy(conn, &[data], &[], key) {
+        Err(SendError::NotSupported(_)) => send_msg(b, conn, SendMode::Buffered, data, None, key),
         other => other,
     }
 }
@@ -207,70 +236,82 @@ enum SrvConn {
 /// The server: echoes (ping-pong) or counts (one-way tests) on each
 /// connection, as the client's set-up message says.
 pub struct Server {
-    conns: HashMap<EndpointAddress, SrvConn>,
+    conns: ByConn<SrvConn>,
     region: Option<MemoryRegion>,
-    vclock: Option<VClock>,
+    virtual_time: bool,
     key: u64,
 }
 
 impl Server {
-    /// A server that sends zero-copy echoes from `region`.
-    pub fn new(region: Option<MemoryRegion>, vclock: Option<VClock>) -> Self {
+    /// A server that sends zero-copy echoes from `region`; with
+    /// `virtual_time` (on the simulator) its one-way reports also carry
+    /// times on the backend's clock.
+    pub fn new(region: Option<MemoryRegion>, virtual_time: bool) -> Self {
         Self {
-            conns: HashMap::new(),
+            conns: ByConn::default(),
             region,
-            vclock,
+            virtual_time,
             key: 0,
         }
     }
 }
 
 impl<B: Backend + ?Sized> Handler<B> for Server {
-    fn on_connection_established(&mut self, _: &B, remote: EndpointAddress, _: Capabilities) {
-        self.conns.insert(remote, SrvConn::Await);
+    fn on_connection_established(
+        &mut self,
+        _: &B,
+        conn: ConnId,
+        _: EndpointAddress,
+        _: Capabilities,
+    ) {
+        self.conns.insert(conn, SrvConn::Await);
     }
 
-    fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
-        let Some(conn) = self.conns.get_mut(&remote) else {
+    fn on_data(&mut self, b: &B, id: ConnId, data: &[u8]) {
+        let Some(conn) = self.conns.get_mut(id) else {
             return;
         };
         self.key = self.key.wrapping_add(1);
         let tag = data.first().copied();
+        let vnow = || self.virtual_time.then(|| b.now());
         match (conn, tag) {
             (SrvConn::Echo(mode), Some(proto::DATA)) => {
-                if let Err(e) = send_msg(b, remote, *mode, data, self.region.as_ref(), self.key) {
-                    eprintln!("netio-perf server: cannot echo to {remote}: {e}");
-                    let _ = b.close_active_endpoint(remote);
+                if let Err(e) = send_msg(b, id, *mode, data, self.region.as_ref(), self.key) {
+                    eprintln!("netio-perf server: cannot echo on {id}: {e}");
+                    let _ = b.close_active_endpoint(id);
                 }
             }
-            (SrvConn::Sink(c), Some(proto::DATA)) => {
-                let clock = &self.vclock;
-                c.data(data.len(), || vnow(clock));
-            }
+            (SrvConn::Sink(c), Some(proto::DATA)) => c.data(data.len(), vnow),
             (SrvConn::Sink(c), Some(proto::END)) => {
-                let clock = &self.vclock;
-                c.end(|| vnow(clock));
-                if let Err(e) = send_control(b, remote, &c.report().encode(), self.key) {
-                    eprintln!("netio-perf server: cannot report to {remote}: {e}");
+                c.end(vnow);
+                if let Err(e) = send_control(b, id, &c.report().encode(), self.key) {
+                    eprintln!("netio-perf server: cannot report on {id}: {e}");
                 }
             }
             (conn @ SrvConn::Await, Some(proto::SETUP)) => match proto::parse_setup(data) {
                 Some((Role::Echo, mode, _)) => *conn = SrvConn::Echo(mode),
                 Some((Role::Sink, _, warmup)) => *conn = SrvConn::Sink(SinkCounter::new(warmup)),
                 None => {
-                    eprintln!("netio-perf server: bad set-up message from {remote}");
-                    let _ = b.close_active_endpoint(remote);
+                    eprintln!("netio-perf server: bad set-up message on {id}");
+                    let _ = b.close_active_endpoint(id);
                 }
             },
             _ => {
-                eprintln!("netio-perf server: unexpected message from {remote}");
-                let _ = b.close_active_endpoint(remote);
+                eprintln!("netio-perf server: unexpected message on {id}");
+                let _ = b.close_active_endpoint(id);
             }
         }
     }
 
-    fn on_connection_closed(&mut self, _: &B, remote: EndpointAddress, _: &CloseReason, _: &[u64]) {
-        self.conns.remove(&remote);
+    fn on_connection_closed(
+        &mut self,
+        _: &B,
+        conn: ConnId,
+        _: EndpointAddress,
+        _: &CloseReason,
+        _: &[u64],
+    ) {
+        self.conns.remove(conn);
     }
 }
 
@@ -291,7 +332,7 @@ pub struct Client {
     spec: Spec,
     msg: Vec<u8>,
     region: Option<MemoryRegion>,
-    vclock: Option<VClock>,
+    virtual_time: bool,
     // ping-pong
     i: u64,
     sent_at: Instant,
@@ -316,7 +357,7 @@ impl Client {
     fn new(
         spec: Spec,
         region: Option<MemoryRegion>,
-        vclock: Option<VClock>,
+        virtual_time: bool,
         outcome: Outcome,
         done: Arc<AtomicBool>,
         notify: mpsc::Sender<()>,
@@ -324,12 +365,11 @@ impl Client {
         let mut msg = Vec::new();
         proto::data_message(&mut msg, spec.size);
         let reserve = spec.count.unwrap_or(1 << 16).min(1 << 22) as usize;
-        let sim = vclock.is_some();
         Self {
             window: window(spec.size),
             msg,
             region,
-            vclock,
+            virtual_time,
             i: 0,
             sent_at: Instant::now(),
             vsent_at: None,
@@ -338,7 +378,7 @@ impl Client {
             } else {
                 0
             }),
-            vsamples: Vec::with_capacity(if sim && spec.role() == Role::Echo {
+            vsamples: Vec::with_capacity(if virtual_time && spec.role() == Role::Echo {
                 reserve
             } else {
                 0
@@ -373,7 +413,7 @@ impl Client {
         self.key
     }
 
-    fn ping<B: Backend + ?Sized>(&mut self, b: &B, remote: EndpointAddress) {
+    fn ping<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId) {
         if self.i == self.spec.warmup {
             self.measure_start = Some(Instant::now());
         }
@@ -382,13 +422,13 @@ impl Client {
             proto::set_seq(&mut self.msg, self.i);
         }
         let key = self.next_key();
-        if self.vclock.is_some() {
-            self.vsent_at = vnow(&self.vclock);
+        if self.virtual_time {
+            self.vsent_at = Some(b.now());
         }
         self.sent_at = Instant::now();
         if let Err(e) = send_msg(
             b,
-            remote,
+            conn,
             self.spec.mode,
             &self.msg,
             self.region.as_ref(),
@@ -408,7 +448,7 @@ impl Client {
         }
     }
 
-    fn pump<B: Backend + ?Sized>(&mut self, b: &B, remote: EndpointAddress) {
+    fn pump<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId) {
         while !self.end_sent && !self.finished && self.inflight < self.window {
             let key = self.next_key();
             let r = if self.more_data() {
@@ -419,7 +459,7 @@ impl Client {
                 }
                 send_msg(
                     b,
-                    remote,
+                    conn,
                     self.spec.mode,
                     &self.msg,
                     self.region.as_ref(),
@@ -427,7 +467,7 @@ impl Client {
                 )
                 .map(|()| self.data_sent += 1)
             } else {
-                send_control(b, remote, &proto::end(), key).map(|()| self.end_sent = true)
+                send_control(b, conn, &proto::end(), key).map(|()| self.end_sent = true)
             };
             match r {
                 Ok(()) => self.inflight += 1,
@@ -442,29 +482,48 @@ impl Client {
 }
 
 impl<B: Backend + ?Sized> Handler<B> for Client {
-    fn on_connection_established(&mut self, b: &B, remote: EndpointAddress, _: Capabilities) {
+    fn on_connection_established(
+        &mut self,
+        b: &B,
+        conn: ConnId,
+        _: EndpointAddress,
+        _: Capabilities,
+    ) {
         let setup = proto::setup(self.spec.role(), self.spec.mode, self.spec.warmup);
         let key = self.next_key();
-        if let Err(e) = send_control(b, remote, &setup, key) {
+        if let Err(e) = send_control(b, conn, &setup, key) {
             self.finish(b, Err(format!("cannot send the set-up message: {e}")));
             return;
         }
         self.inflight += 1;
         match self.spec.role() {
-            Role::Echo => self.ping(b, remote),
-            Role::Sink => self.pump(b, remote),
+            Role::Echo => self.ping(b, conn),
+            Role::Sink => self.pump(b, conn),
         }
     }
 
-    fn on_connection_refused(&mut self, b: &B, remote: EndpointAddress, reason: &RefuseReason) {
+    fn on_connection_refused(
+        &mut self,
+        b: &B,
+        _: ConnId,
+        remote: EndpointAddress,
+        reason: &RefuseReason,
+    ) {
         self.finish(b, Err(format!("connecting to {remote} failed: {reason}")));
     }
 
-    fn on_connection_closed(&mut self, b: &B, _: EndpointAddress, why: &CloseReason, _: &[u64]) {
+    fn on_connection_closed(
+        &mut self,
+        b: &B,
+        _: ConnId,
+        _: EndpointAddress,
+        why: &CloseReason,
+        _: &[u64],
+    ) {
         self.finish(b, Err(format!("connection closed before the end: {why}")));
     }
 
-    fn on_data(&mut self, b: &B, remote: EndpointAddress, data: &[u8]) {
+    fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
         if self.finished {
             return;
         }
@@ -482,8 +541,8 @@ impl<B: Backend + ?Sized> Handler<B> for Client {
                 }
                 if self.i >= self.spec.warmup {
                     self.samples.push(rtt);
-                    if let (Some(v0), Some(v)) = (self.vsent_at, vnow(&self.vclock)) {
-                        self.vsamples.push((v - v0).as_nanos() as u64);
+                    if let Some(v0) = self.vsent_at {
+                        self.vsamples.push((b.now() - v0).as_nanos() as u64);
                     }
                 }
                 self.i += 1;
@@ -499,7 +558,7 @@ impl<B: Backend + ?Sized> Handler<B> for Client {
                     let v = std::mem::take(&mut self.vsamples);
                     self.finish(b, Ok(ClientResult::PingPong(s, v, now - start)));
                 } else {
-                    self.ping(b, remote);
+                    self.ping(b, conn);
                 }
             }
             Role::Sink => match Report::decode(data) {
@@ -509,10 +568,10 @@ impl<B: Backend + ?Sized> Handler<B> for Client {
         }
     }
 
-    fn on_send_completed(&mut self, b: &B, remote: EndpointAddress, _: u64) {
-        self.inflight = self.inflight.saturating_sub(1);
+    fn on_sends_completed(&mut self, b: &B, conn: ConnId, keys: &[u64]) {
+        self.inflight = self.inflight.saturating_sub(keys.len());
         if self.spec.role() == Role::Sink && !self.finished {
-            self.pump(b, remote);
+            self.pump(b, conn);
         }
     }
 }
@@ -615,7 +674,7 @@ pub fn run_socket(
                 provider,
                 &AnyLoop::Mio(lp.clone()),
                 BackendConfig::default(),
-                Server::new(region.clone(), None),
+                Server::new(region.clone(), false),
             )
             .map_err(|e| failed("cannot create the server backend", e))?;
             check_mode(provider, backend.features(), spec.mode)?;
@@ -653,7 +712,7 @@ pub fn run_socket(
         Client::new(
             spec.clone(),
             region.clone(),
-            None,
+            false,
             outcome.clone(),
             Arc::default(),
             tx,
@@ -662,11 +721,11 @@ pub fn run_socket(
     .map_err(|e| failed("cannot create the client backend", e))?;
     check_mode(provider, client.features(), spec.mode)?;
     let client_thread = LoopThread::start(lp, "perf-client")?;
-    client
+    let conn = client
         .open_active_endpoint(addr, client_params(spec, region.as_ref()))
         .map_err(|e| failed("cannot connect", e))?;
     let got = rx.recv_timeout(spec.timeout);
-    let _ = client.close_active_endpoint(addr);
+    let _ = client.close_active_endpoint(conn);
     drop(client_thread);
     drop(client);
     drop(server);
@@ -685,14 +744,13 @@ pub fn run_socket(
 pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
     let sim = Sim::with_seed(1);
     let (hs, hc) = (sim.next_host(), sim.next_host());
-    let vclock: VClock = Arc::new(Mutex::new(Some(sim.clone())));
     let region = (spec.mode == SendMode::ZeroCopy).then(|| data_region(spec.size));
-    let result = (|| {
+    (|| {
         let server = netio::create_backend(
             "sim",
             &AnyLoop::Sim(hs.event_loop().clone()),
             BackendConfig::default(),
-            Server::new(region.clone(), Some(vclock.clone())),
+            Server::new(region.clone(), true),
         )
         .map_err(|e| failed("cannot create the server backend", e))?;
         check_mode("sim", server.features(), spec.mode)?;
@@ -725,7 +783,7 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
             Client::new(
                 spec.clone(),
                 region.clone(),
-                Some(vclock.clone()),
+                true,
                 outcome.clone(),
                 done.clone(),
                 tx,
@@ -756,11 +814,7 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
             Some(Err(e)) => Err(RunError::Failed(e)),
             None => Err(RunError::Failed("the client reported nothing".into())),
         }
-    })();
-    // The handlers hold the clock, a handle to the world: empty it so the
-    // world is freed.
-    *vclock.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    result
+    })()
 }
 
 /// Serves every test on `address` with a socket provider until `limit`
@@ -780,7 +834,7 @@ pub fn serve(
         provider,
         &AnyLoop::Mio(lp.clone()),
         BackendConfig::default(),
-        Server::new(Some(region.clone()), None),
+        Server::new(Some(region.clone()), false),
     )
     .map_err(|e| failed("cannot create the server backend", e))?;
     let params = server_params(
@@ -804,4 +858,28 @@ pub fn serve(
     drop(t);
     drop(backend);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn by_conn_finds_a_connection_by_its_handle_and_never_by_a_stale_one() {
+        let mut m = ByConn::default();
+        let (a, b) = (ConnId::new(3, 0), ConnId::new(0, 0));
+        m.insert(a, "a");
+        m.insert(b, "b");
+        assert_eq!(m.get_mut(a), Some(&mut "a"));
+        assert_eq!(m.get_mut(b), Some(&mut "b"));
+        assert_eq!(m.get_mut(ConnId::new(1, 0)), None);
+        assert_eq!(m.remove(a), Some("a"));
+        // The slot serves a new connection: the old handle finds nothing.
+        let a2 = ConnId::new(3, 1);
+        m.insert(a2, "a2");
+        assert_eq!(m.get_mut(a), None);
+        assert_eq!(m.remove(a), None);
+        assert_eq!(m.get_mut(a2), Some(&mut "a2"));
+        assert_eq!(m.get_mut(ConnId::new(100, 0)), None);
+    }
 }

@@ -2,7 +2,10 @@
 //! contract, over whichever provider is compiled in.
 //!
 //! This crate re-exports [`netio_core`] (the traits and types every
-//! application uses) and the provider crates behind Cargo features:
+//! application uses: [`Backend`], [`Handler`], connection handles
+//! [`ConnId`] and the [`ConnTable`] to keep per-connection state in, the
+//! errors including [`ConnError`], [`TimerQueue`], …) and the provider
+//! crates behind Cargo features:
 //!
 //! | feature | provider | loop |
 //! |---|---|---|
@@ -11,7 +14,9 @@
 //!
 //! Applications are written generically (`fn app<B: Backend>`) for static
 //! dispatch, or pick a provider by name at run time with [`create_backend`]
-//! and use it as `Box<dyn Backend>`:
+//! and use it as `Box<dyn Backend>`. Connections are named by the
+//! [`ConnId`] handle that `open_active_endpoint` returns (or that comes with
+//! `on_connection_established` on the accepting side):
 //!
 //! ```
 //! # #[cfg(feature = "sim")] {
@@ -25,6 +30,12 @@
 //!     .open_listen_endpoint(EndpointAddress::new(ip, 0), ConnectionParams::receive(64, 4))
 //!     .unwrap();
 //! assert_ne!(addr.port(), 0);
+//! // Two connections to one address are two connections, with two handles.
+//! let a = backend.open_active_endpoint(addr, ConnectionParams::receive(64, 4)).unwrap();
+//! let b = backend.open_active_endpoint(addr, ConnectionParams::receive(64, 4)).unwrap();
+//! assert_ne!(a, b);
+//! assert_eq!(backend.remote_address(b).unwrap(), addr);
+//! assert_eq!(backend.connection_to(addr).unwrap(), a); // the oldest
 //! assert!(netio::create_backend("nope", &lp, BackendConfig::default(), NoopHandler).is_err());
 //! # }
 //! ```

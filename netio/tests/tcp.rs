@@ -7,8 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use netio::{
-    AnyLoop, Backend, BackendConfig, Capabilities, CloseReason, ConnectionParams, EndpointAddress,
-    Handler,
+    AnyLoop, Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams,
+    EndpointAddress, Handler,
 };
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -16,15 +16,15 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// Echoes through `dyn Backend`.
 struct Echo;
 impl Handler<dyn Backend> for Echo {
-    fn on_data(&mut self, b: &dyn Backend, remote: EndpointAddress, data: &[u8]) {
-        b.send_data_copy(remote, &[data], &[], 0).unwrap();
+    fn on_data(&mut self, b: &dyn Backend, conn: ConnId, data: &[u8]) {
+        b.send_data_copy(conn, &[data], &[], 0).unwrap();
     }
 }
 
 /// What the client saw, in order.
 #[derive(Debug, PartialEq, Eq)]
 enum Seen {
-    Established(Capabilities),
+    Established(ConnId, Capabilities),
     Data(Vec<u8>),
     Closed(CloseReason),
 }
@@ -38,7 +38,7 @@ struct Client {
 }
 
 impl Client {
-    fn next(&mut self, b: &dyn Backend, r: EndpointAddress) {
+    fn next(&mut self, b: &dyn Backend, r: ConnId) {
         if self.sent == self.count {
             b.close_active_endpoint(r).unwrap();
         } else {
@@ -51,17 +51,24 @@ impl Client {
 }
 
 impl Handler<dyn Backend> for Client {
-    fn on_connection_established(&mut self, b: &dyn Backend, r: EndpointAddress, c: Capabilities) {
-        let _ = self.events.send(Seen::Established(c));
+    fn on_connection_established(
+        &mut self,
+        b: &dyn Backend,
+        r: ConnId,
+        _: EndpointAddress,
+        c: Capabilities,
+    ) {
+        let _ = self.events.send(Seen::Established(r, c));
         self.next(b, r);
     }
-    fn on_data(&mut self, b: &dyn Backend, r: EndpointAddress, data: &[u8]) {
+    fn on_data(&mut self, b: &dyn Backend, r: ConnId, data: &[u8]) {
         let _ = self.events.send(Seen::Data(data.to_vec()));
         self.next(b, r);
     }
     fn on_connection_closed(
         &mut self,
         _: &dyn Backend,
+        _: ConnId,
         _: EndpointAddress,
         why: &CloseReason,
         _: &[u64],
@@ -100,7 +107,7 @@ fn tcp_selected_by_name_runs_an_echo_through_dyn_backend() {
 
     let runner = lp.clone();
     let loop_thread = thread::spawn(move || runner.run(|| {}));
-    client.open_active_endpoint(listen, params).unwrap();
+    let conn = client.open_active_endpoint(listen, params).unwrap();
 
     let deadline = Instant::now() + LIMIT;
     let mut seen = Vec::new();
@@ -122,7 +129,7 @@ fn tcp_selected_by_name_runs_an_echo_through_dyn_backend() {
     outcome.unwrap_or_else(|e| panic!("{e} after {seen:?}"));
 
     assert!(
-        matches!(seen.first(), Some(Seen::Established(c)) if c.receive && c.send_copy),
+        matches!(seen.first(), Some(Seen::Established(id, c)) if *id == conn && c.receive && c.send_copy),
         "{seen:?}"
     );
     let echoes: Vec<_> = seen[1..seen.len() - 1].iter().collect();

@@ -26,8 +26,8 @@ usage: echo_tcp [--listen [ADDR] | --connect ADDR] [--count N] [--clients N] [--
 
 fn server_line(s: &ServerStats) -> String {
     format!(
-        "server: {} connection(s), {} closed, echoed {}, failed {}",
-        s.connections, s.closed, s.echoed, s.failed
+        "server: {} connection(s), {} closed, echoed {}, failed {}, paused {} time(s)",
+        s.connections, s.closed, s.echoed, s.failed, s.paused
     )
 }
 
