@@ -4,21 +4,26 @@
 
 use std::net::IpAddr;
 use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use netio_core::{
-    Backend, BackendConfig, ConnectionParams, EndpointAddress, MemoryRegion, SendError,
+    Backend, BackendConfig, ConnId, ConnectionParams, EndpointAddress, MemoryRegion, SendError,
     ThreadSafety,
 };
 
 use crate::harness::{Harness, NodeId};
-use crate::recorder::{Log, React, Recorder};
+use crate::recorder::{Log, PerKey, React, Recorder};
 use crate::watch::{Watch, WatchdogGuard};
 
 /// Wall time the suite waits for a posted call to run on a loop thread.
 const POST_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The first key [`Ctx::send_buffered`] picks (far from the small keys
+/// tests choose themselves).
+pub(crate) const KEY_BASE: u64 = 1 << 48;
 
 /// Taken shared by every test of the suite and exclusively by the one that
 /// counts the process's resources, so no other test opens or closes
@@ -60,10 +65,24 @@ pub struct Pair<H: Harness> {
     pub server: Node<H>,
     /// The connecting side.
     pub client: Node<H>,
-    /// The listener's address: the client's name for the connection.
+    /// The listener's address (the client connected there).
     pub listen: EndpointAddress,
-    /// The client's address as the server sees it: the server's name for
-    /// the connection.
+    /// The client's address as the server sees it.
+    pub accepted: EndpointAddress,
+    /// The client's handle of the connection.
+    pub to_server: ConnId,
+    /// The server's handle of the connection.
+    pub to_client: ConnId,
+}
+
+/// One connection made by [`Ctx::connect`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connection {
+    /// The client's handle (the one `open_active_endpoint` returned).
+    pub client: ConnId,
+    /// The server's handle (first seen in its `on_connection_established`).
+    pub server: ConnId,
+    /// The client's address as the server sees it.
     pub accepted: EndpointAddress,
 }
 
@@ -98,6 +117,7 @@ pub struct Ctx<H: Harness> {
     pub mode: ThreadSafety,
     watch: Arc<Watch>,
     nodes: usize,
+    next_key: AtomicU64,
     _watchdog: WatchdogGuard,
     _turn: Turn,
 }
@@ -135,6 +155,7 @@ impl<H: Harness> Ctx<H> {
             mode,
             watch,
             nodes: 0,
+            next_key: AtomicU64::new(KEY_BASE),
             _watchdog: watchdog,
             _turn: turn,
         }
@@ -161,8 +182,28 @@ impl<H: Harness> Ctx<H> {
     /// test) and an optional reaction to events.
     pub fn node_with(
         &mut self,
+        config: BackendConfig,
+        react: Option<React<H::Backend>>,
+    ) -> Node<H> {
+        self.make_node(config, react, false)
+    }
+
+    /// Like [`Ctx::node_with`], with a handler that implements only the
+    /// per-key `on_send_completed` (as netio3 handlers do): its log shows
+    /// every completion as a batch of one.
+    pub fn node_per_key(
+        &mut self,
+        config: BackendConfig,
+        react: Option<React<H::Backend>>,
+    ) -> Node<H> {
+        self.make_node(config, react, true)
+    }
+
+    fn make_node(
+        &mut self,
         mut config: BackendConfig,
         react: Option<React<H::Backend>>,
+        per_key: bool,
     ) -> Node<H> {
         config.thread_safety = self.mode;
         let log = Log::default();
@@ -170,7 +211,12 @@ impl<H: Harness> Ctx<H> {
         self.nodes += 1;
         let label = format!("backend #{id}");
         let recorder = Recorder::monitored(log.clone(), react, self.watch.clone(), label);
-        let backend = self.h.backend(config, Box::new(recorder));
+        let handler: Box<dyn netio_core::Handler<H::Backend>> = if per_key {
+            Box::new(PerKey(recorder))
+        } else {
+            Box::new(recorder)
+        };
+        let backend = self.h.backend(config, handler);
         let ip = self.h.local_ip(id);
         Node {
             backend,
@@ -195,6 +241,24 @@ impl<H: Harness> Ctx<H> {
             }
             ThreadSafety::Unsafe => self.on_loop(node, f),
         }
+    }
+
+    /// Runs `f` as a backend call made by the suite on this thread (any
+    /// thread): handler calls from inside it are flagged, and the watchdog
+    /// fails the test if it does not return. For the calls that work from
+    /// any thread in both modes (`now`, `set_timer`, `wake`, …).
+    #[track_caller]
+    pub fn direct<R>(&self, f: impl FnOnce() -> R) -> R {
+        let what = Location::caller().to_string();
+        self.watch.backend_call(&what, f)
+    }
+
+    /// A function that runs a closure as a backend call made by the suite
+    /// on whatever thread calls it (see [`Ctx::direct`]), for threads a
+    /// test spawns.
+    pub fn direct_anywhere(&self) -> impl Fn(&str, &mut dyn FnMut()) + Send + Sync + 'static {
+        let watch = self.watch.clone();
+        move |what: &str, f: &mut dyn FnMut()| watch.backend_call(what, f)
     }
 
     /// Calls `f` with the node's backend on its loop thread, in either mode,
@@ -335,8 +399,8 @@ impl<H: Harness> Ctx<H> {
     }
 
     /// Connects `client` to `listen` with `params` and waits until both
-    /// sides report the connection. Returns the client's address as
-    /// `server` sees it.
+    /// sides report the connection. Returns both handles and the client's
+    /// address as `server` sees it.
     #[track_caller]
     pub fn connect(
         &mut self,
@@ -344,24 +408,29 @@ impl<H: Harness> Ctx<H> {
         client: &Node<H>,
         listen: EndpointAddress,
         params: ConnectionParams,
-    ) -> EndpointAddress {
+    ) -> Connection {
         let before = server.log.established().len();
-        let count_to = |log: &Log| log.established().iter().filter(|e| e.0 == listen).count();
-        let client_before = count_to(&client.log);
-        let refused_before = client.log.refused().len();
-        self.call(client, move |b| b.open_active_endpoint(listen, params))
+        let conn = self
+            .call(client, move |b| b.open_active_endpoint(listen, params))
             .unwrap_or_else(|e| panic!("connecting to {listen} failed: {e}"));
         let (slog, clog) = (server.log.clone(), client.log.clone());
         self.wait_unless(
             "the connection is established on both sides",
             "a connection to a listening peer must be established",
-            || count_to(&clog) > client_before && slog.established().len() > before,
+            || clog.established_caps(conn).is_some() && slog.established().len() > before,
             || {
-                (clog.refused().len() > refused_before)
-                    .then(|| format!("the client saw it refused: {:?}", clog.refused().last()))
+                clog.refused()
+                    .into_iter()
+                    .find(|r| r.0 == conn)
+                    .map(|r| format!("the client saw {conn} refused: {:?}", r.2))
             },
         );
-        server.log.established()[before].0
+        let (server_conn, accepted, _) = server.log.established()[before];
+        Connection {
+            client: conn,
+            server: server_conn,
+            accepted,
+        }
     }
 
     /// A server listening with `server_params` and a client connected to it
@@ -387,19 +456,22 @@ impl<H: Harness> Ctx<H> {
     ) -> Pair<H> {
         let listen = self.listen(&server, server_params);
         let listen = connect_target(listen, server.ip);
-        let accepted = self.connect(&server, &client, listen, client_params);
+        let c = self.connect(&server, &client, listen, client_params);
         Pair {
             server,
             client,
             listen,
-            accepted,
+            accepted: c.accepted,
+            to_server: c.client,
+            to_client: c.server,
         }
     }
 
-    /// Sends `data` by copy from `from` to `to` with `key`, retrying (after
-    /// letting the loops run) while the provider answers `NoResources`.
+    /// Sends `data` by copy from `from` on connection `to` with `key`,
+    /// retrying (after letting the loops run) while the provider answers
+    /// `NoResources`.
     #[track_caller]
-    pub fn send_copy(&mut self, from: &Node<H>, to: EndpointAddress, data: Vec<u8>, key: u64) {
+    pub fn send_copy(&mut self, from: &Node<H>, to: ConnId, data: Vec<u8>, key: u64) {
         for _ in 0..10_000 {
             let d = data.clone();
             let seen = from.log.len();
@@ -412,21 +484,29 @@ impl<H: Harness> Ctx<H> {
         panic!("send_data_copy to {to} kept answering NoResources");
     }
 
-    /// Sends `data` through a pool buffer from `from` to `to`, waiting for a
-    /// free buffer if needed. Returns the completion key (buffer index).
+    /// Sends `data` through a pool buffer from `from` on connection `to`,
+    /// waiting for a free buffer if needed. Returns the completion key,
+    /// which the suite picks (distinct in the test).
     #[track_caller]
-    pub fn send_buffered(&mut self, from: &Node<H>, to: EndpointAddress, data: Vec<u8>) -> u64 {
+    pub fn send_buffered(&mut self, from: &Node<H>, to: ConnId, data: Vec<u8>) -> u64 {
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        self.send_buffered_key(from, to, data, key);
+        key
+    }
+
+    /// Like [`Ctx::send_buffered`] with the caller's `key`.
+    #[track_caller]
+    pub fn send_buffered_key(&mut self, from: &Node<H>, to: ConnId, data: Vec<u8>, key: u64) {
         for _ in 0..10_000 {
             let d = data.clone();
             let seen = from.log.len();
             let r = self.call(from, move |b| {
                 let mut buf = b.get_buffer(to).expect("get_buffer")?;
                 buf.write(&d).expect("message fits the send buffer");
-                let key = buf.index();
-                Some(b.send_buffer(to, buf).map(|()| key))
+                Some(b.send_buffer(to, buf, key).map(|()| key))
             });
             match r {
-                Some(Ok(key)) => return key,
+                Some(Ok(_)) => return,
                 Some(Err(e)) if !e.is_retryable() => panic!("send_buffer to {to} failed: {e}"),
                 _ => self.wait_for_news(from, seen),
             }
@@ -438,14 +518,14 @@ impl<H: Harness> Ctx<H> {
     /// from `from` to `to` in `mode` until the provider pushes back and
     /// still does after the loops settled: with the peer paused, what is
     /// then unfinished is truly in flight (the transport's buffers are full
-    /// and the connection's queue too). Keys count up from `first_key` (buffered sends use
-    /// the buffer index as key, with the counter in the message). Panics if
-    /// `max_bytes` are accepted without any push-back.
+    /// and the connection's queue too). Keys count up from `first_key`, in
+    /// every mode. Panics if `max_bytes` are accepted without any
+    /// push-back.
     #[track_caller]
     pub fn fill(
         &mut self,
         from: &Node<H>,
-        to: EndpointAddress,
+        to: ConnId,
         mode: SendMode,
         size: usize,
         first_key: u64,
@@ -481,8 +561,7 @@ impl<H: Harness> Ctx<H> {
                         SendMode::Buffered => match b.get_buffer(to) {
                             Ok(Some(mut buf)) => {
                                 buf.write(&msg).expect("message fits the send buffer");
-                                let key = buf.index();
-                                b.send_buffer(to, buf).map(|()| key)
+                                b.send_buffer(to, buf, n).map(|()| n)
                             }
                             Ok(None) => {
                                 return (keys, Some("get_buffer gave None".into()));
@@ -527,10 +606,21 @@ impl<H: Harness> Ctx<H> {
         );
     }
 
-    /// Breaks the connection `node` names `remote` like a network failure
-    /// (see [`Harness::reset`]).
+    /// Breaks the connection of `node` whose remote address is `remote`
+    /// like a network failure (see [`Harness::reset`]).
     pub fn reset(&mut self, node: &Node<H>, remote: EndpointAddress) {
         self.h.reset(node.id, remote);
+    }
+
+    /// Makes `a` and `b` unreachable from each other (see
+    /// [`Harness::partition`]).
+    pub fn partition(&mut self, a: &Node<H>, b: &Node<H>) {
+        self.h.partition(a.id, b.id);
+    }
+
+    /// Undoes [`Ctx::partition`].
+    pub fn heal(&mut self, a: &Node<H>, b: &Node<H>) {
+        self.h.heal(a.id, b.id);
     }
 }
 

@@ -102,12 +102,35 @@ pub trait Harness: Sized + 'static {
         false
     }
 
-    /// Breaks the connection that backend `node` names `remote` the way a
-    /// network failure would (a TCP reset, a crashed peer): the peer must
+    /// Breaks the connection of backend `node` whose remote address is
+    /// `remote` the way a network failure would (a TCP reset, a crashed peer): the peer must
     /// see the connection closed with [`CloseReason::Reset`](netio_core::CloseReason::Reset).
     /// Called only when [`Harness::can_reset`] says so.
     fn reset(&mut self, node: NodeId, remote: EndpointAddress) {
         let _ = (node, remote);
         panic!("this harness cannot reset connections (Harness::can_reset is false)");
+    }
+
+    /// `true` if [`Harness::partition`] and [`Harness::heal`] work; declare
+    /// `partition` unsupported in [`suite!`](crate::suite) otherwise (with
+    /// a reason: `unsupported = [partition = "why"]`).
+    fn can_partition(&self) -> bool {
+        false
+    }
+
+    /// Makes backends `a` and `b` unreachable from each other, in both
+    /// directions, the way a cut cable or a dropping firewall does: nothing
+    /// either sends reaches the other and neither hears a reset, until
+    /// [`Harness::heal`]. Called only when [`Harness::can_partition`] says
+    /// so.
+    fn partition(&mut self, a: NodeId, b: NodeId) {
+        let _ = (a, b);
+        panic!("this harness cannot partition nodes (Harness::can_partition is false)");
+    }
+
+    /// Undoes [`Harness::partition`] of `a` and `b`.
+    fn heal(&mut self, a: NodeId, b: NodeId) {
+        let _ = (a, b);
+        panic!("this harness cannot partition nodes (Harness::can_partition is false)");
     }
 }

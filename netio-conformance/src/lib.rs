@@ -18,14 +18,24 @@
 //! need a feature the provider lists as unsupported are generated as
 //! ignored tests whose reason says "not supported by this provider", never
 //! as passes; `declared_features_match_the_unsupported_list` checks the list
-//! against [`Harness::features`] and [`Harness::can_reset`].
+//! against [`Harness::features`], [`Harness::can_reset`] and
+//! [`Harness::can_partition`].
+//!
+//! The suite pins contract v2: connections are named by their
+//! [`ConnId`](netio_core::ConnId) handle (two connections to one address
+//! are distinct, a closed handle stays stale), sends complete with the
+//! caller's key in send order through `on_sends_completed`, receive flow
+//! control (`pause_receive`/`resume_receive`), the loop clock, timers and
+//! wakes in handlers, and liveness (`peer_timeout`).
 //!
 //! Besides what each test asserts, every event of every test is checked
-//! against the rules that always hold (establishment first, nothing after
-//! a close, no handler call nested in another or made from inside a
-//! backend call), and a watchdog fails a test within seconds, naming the
-//! cause, when the loop thread is stuck inside a handler call or a backend
-//! call does not return; it never hangs.
+//! against the rules that always hold, per connection handle
+//! (establishment or refusal first, nothing after a close or refusal, a
+//! handle never reused), completions come through `on_sends_completed`,
+//! and no handler call is nested in another or made from inside a backend
+//! call. A watchdog fails a test within seconds, naming the cause, when
+//! the loop thread is stuck inside a handler call or a backend call does
+//! not return; it never hangs.
 //!
 //! Providers on [`MioLoop`](netio_core::mio_loop::MioLoop) use the
 //! ready-made [`mio::MioHarness`] and write no loop-thread code.
@@ -35,15 +45,22 @@
 //! struct MyHarness { /* … */ }
 //! impl netio_conformance::Harness for MyHarness { /* … */ }
 //! netio_conformance::suite!(crate::MyHarness);
-//! // or, for a provider without copy sends:
-//! netio_conformance::suite!(crate::MyHarness, unsupported = [send_copy]);
+//! // or, for a provider without copy sends whose harness cannot cut the
+//! // network between two nodes (the reason shows with the ignored tests):
+//! netio_conformance::suite!(
+//!     crate::MyHarness,
+//!     unsupported = [send_copy, partition = "loopback sockets cannot be partitioned"]
+//! );
 //! ```
 //!
 //! Feature names for `unsupported` are the fields of
 //! [`Features`](netio_core::Features): `send_copy`, `send_zero_copy`,
 //! `buffered_with_zero_copy`, `thread_unsafe_mode`, `shared_receive_pool`,
-//! `shared_send_pool`; and `reset`, for a harness that cannot break a
-//! connection the way a network failure does ([`Harness::can_reset`]).
+//! `shared_send_pool`; `reset`, for a harness that cannot break a
+//! connection the way a network failure does ([`Harness::can_reset`]); and
+//! `partition`, for a harness that cannot make one node unreachable from
+//! another ([`Harness::can_partition`]), which the liveness behaviour
+//! needs. Each may carry a reason: `name = "why"`.
 //!
 //! [`behaviours`] lists the same tests at run time, for tools that run the
 //! suite themselves (the suite's own test of broken providers does).
@@ -56,9 +73,9 @@ mod recorder;
 pub mod tests;
 mod watch;
 
-pub use ctx::{connect_target, full_params, Ctx, Filled, Node, Pair, SendMode};
+pub use ctx::{connect_target, full_params, Connection, Ctx, Filled, Node, Pair, SendMode};
 pub use harness::{Harness, NodeId};
-pub use recorder::{Event, Log, React, Recorder};
+pub use recorder::{Close, Event, Log, React, Recorder};
 pub use watch::STUCK;
 
 #[doc(hidden)]
@@ -74,8 +91,8 @@ pub struct Behaviour {
     pub module: &'static str,
     /// The test's name.
     pub name: &'static str,
-    /// Features (or `reset`) it needs; `thread_unsafe_mode` for the
-    /// `thread_unsafe` module.
+    /// Features (or `reset`, `partition`) it needs; `thread_unsafe_mode`
+    /// for the `thread_unsafe` module.
     pub needs: &'static [&'static str],
     /// Runs it (panics on failure).
     pub run: fn(),
@@ -141,12 +158,16 @@ macro_rules! __behaviours {
             both listener_params_apply_to_every_accepted_connection [],
             both connecting_to_nothing_is_refused_on_initiator_only [],
             both closing_a_connection_still_opening_reports_it_refused_as_cancelled [],
-            both opening_same_active_endpoint_twice_fails [],
+            both sends_on_a_connection_still_opening_answer_unknown_connection [],
+            both two_connections_to_one_address_are_distinct_connections [],
+            both a_stale_handle_answers_unknown_connection_even_after_its_slot_is_reused [],
+            both connection_to_and_remote_address_name_connections_by_address [],
             both connections_are_bidirectional [],
             both reopening_after_close_works [],
             // buffered send
             both buffered_send_delivers_exact_bytes [],
-            both buffered_send_completes_with_buffer_index [],
+            both buffered_send_completes_with_the_callers_key [],
+            both completions_of_one_connection_come_in_send_order [],
             both get_buffer_gives_none_when_pool_empty_and_buffers_return_after_completion [],
             both foreign_buffer_is_rejected [],
             both get_buffer_without_send_buffers_fails_with_no_buffers_allocated [],
@@ -184,13 +205,22 @@ macro_rules! __behaviours {
             both sender_close_after_completions_delivers_everything_before_the_peer_hears_of_it [send_copy],
             both messages_before_a_peer_close_are_delivered_before_the_close [send_copy],
             both messages_before_a_reset_are_delivered_before_the_close [send_copy, reset],
-            both a_closed_endpoint_refuses_operations_at_once_and_its_name_is_free_again [send_copy],
+            both a_closed_connection_refuses_operations_at_once_and_its_handle_is_stale [send_copy],
             both closing_listener_closes_its_connections [],
             both closing_listener_without_connections_reports_nothing [],
             both closing_unknown_endpoint_fails [],
-            both accepted_endpoint_can_be_closed_by_remote_address [],
+            both accepted_connection_can_be_closed_by_its_handle [],
             both peer_close_is_reported_and_endpoint_is_gone [],
             both open_close_cycles_leave_no_resources_behind [],
+            // receive flow control
+            both pausing_receive_stops_delivery_and_pushes_back_on_the_sender_and_resume_delivers_everything_in_order [],
+            both pause_then_peer_close_reports_the_close_after_the_held_messages [],
+            // time in handlers
+            both set_timer_calls_on_timer_after_the_delay_in_order [],
+            both wake_from_another_thread_calls_on_wake_once_per_call [],
+            both now_never_goes_backwards [],
+            // liveness
+            both peer_timeout_closes_an_unreachable_connection_with_timed_out [partition],
             // threads
             both handler_can_send_and_close_inside_callbacks [],
             both handlers_are_never_called_from_inside_a_backend_call [send_copy],
@@ -236,7 +266,7 @@ macro_rules! suite {
     ($h:ty) => {
         $crate::suite!($h, unsupported = []);
     };
-    ($h:ty, unsupported = [$($u:ident),* $(,)?]) => {
+    ($h:ty, unsupported = [$($u:ident $(= $why:literal)?),* $(,)?]) => {
         /// The netio-rs conformance suite.
         #[allow(unused_imports)]
         mod conformance {
@@ -246,21 +276,21 @@ macro_rules! suite {
             mod thread_safe {
                 use super::*;
                 use $crate::__suite_item;
-                $crate::__behaviours!(__suite_item, safe, ($h), [$($u),*]);
+                $crate::__behaviours!(__suite_item, safe, ($h), [$($u $(= $why)?),*]);
             }
 
             /// Backend behaviours, called on the loop thread only.
             mod thread_unsafe {
                 use super::*;
                 use $crate::__suite_item;
-                $crate::__behaviours!(__suite_item, unsafe, ($h), [$($u),*]);
+                $crate::__behaviours!(__suite_item, unsafe, ($h), [$($u $(= $why)?),*]);
             }
 
             /// Event loop behaviours.
             mod event_loop {
                 use super::*;
                 use $crate::__suite_item;
-                $crate::__behaviours!(__suite_item, event_loop, ($h), [$($u),*]);
+                $crate::__behaviours!(__suite_item, event_loop, ($h), [$($u $(= $why)?),*]);
             }
 
             #[test]
@@ -306,37 +336,74 @@ macro_rules! __test {
     };
     ($h:ty, $mode:ident, [$f:ident $(, $rest:ident)*], $u:tt, $name:ident) => {
         $crate::__member!($f, $u,
-            { $crate::__ignored!($f, $name); },
+            { $crate::__reason!($f, $name, $u); },
             { $crate::__test!($h, $mode, [$($rest),*], $u, $name); });
     };
 }
 
-/// `yes` if the feature is in the list, else `no`.
+/// `yes` if the feature is in the list (`[name, name = "reason", …]`),
+/// else `no`.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __member {
     ($f:ident, [], $yes:tt, {$($no:tt)*}) => { $($no)* };
-    (send_copy, [send_copy $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
-    (send_zero_copy, [send_zero_copy $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
-    (buffered_with_zero_copy, [buffered_with_zero_copy $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
-    (thread_unsafe_mode, [thread_unsafe_mode $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
-    (shared_receive_pool, [shared_receive_pool $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
-    (shared_send_pool, [shared_send_pool $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
-    (reset, [reset $(, $r:ident)*], {$($yes:tt)*}, $no:tt) => { $($yes)* };
-    ($f:ident, [$other:ident $(, $r:ident)*], $yes:tt, $no:tt) => {
-        $crate::__member!($f, [$($r),*], $yes, $no);
+    (send_copy, [send_copy $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (send_zero_copy, [send_zero_copy $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (buffered_with_zero_copy, [buffered_with_zero_copy $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (thread_unsafe_mode, [thread_unsafe_mode $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (shared_receive_pool, [shared_receive_pool $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (shared_send_pool, [shared_send_pool $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (reset, [reset $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (partition, [partition $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    ($f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?], $yes:tt, $no:tt) => {
+        $crate::__member!($f, [$($($r)*)?], $yes, $no);
     };
 }
 
-/// An ignored test whose reason names the unsupported feature.
+/// An ignored test whose reason is [`__reason_text!`].
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __ignored {
-    ($f:ident, $name:ident) => {
-        $crate::__ignored_reason!(
-            $name,
-            concat!("not supported by this provider: ", stringify!($f))
-        );
+macro_rules! __reason {
+    ($f:ident, $name:ident, $u:tt) => {
+        $crate::__ignored_reason!($name, $crate::__reason_text!($f, $u));
+    };
+}
+
+/// The reason an unsupported behaviour is ignored: the feature's name,
+/// followed by the provider's reason when the list gives one
+/// (`name = "reason"`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __reason_text {
+    ($f:ident, []) => {
+        concat!("not supported by this provider: ", stringify!($f))
+    };
+    (send_copy, [send_copy = $why:literal $(, $($r:tt)*)?]) => {
+        concat!("not supported by this provider: send_copy: ", $why)
+    };
+    (send_zero_copy, [send_zero_copy = $why:literal $(, $($r:tt)*)?]) => {
+        concat!("not supported by this provider: send_zero_copy: ", $why)
+    };
+    (buffered_with_zero_copy, [buffered_with_zero_copy = $why:literal $(, $($r:tt)*)?]) => {
+        concat!("not supported by this provider: buffered_with_zero_copy: ", $why)
+    };
+    (thread_unsafe_mode, [thread_unsafe_mode = $why:literal $(, $($r:tt)*)?]) => {
+        concat!("not supported by this provider: thread_unsafe_mode: ", $why)
+    };
+    (shared_receive_pool, [shared_receive_pool = $why:literal $(, $($r:tt)*)?]) => {
+        concat!("not supported by this provider: shared_receive_pool: ", $why)
+    };
+    (shared_send_pool, [shared_send_pool = $why:literal $(, $($r:tt)*)?]) => {
+        concat!("not supported by this provider: shared_send_pool: ", $why)
+    };
+    (reset, [reset = $why:literal $(, $($r:tt)*)?]) => {
+        concat!("not supported by this provider: reset: ", $why)
+    };
+    (partition, [partition = $why:literal $(, $($r:tt)*)?]) => {
+        concat!("not supported by this provider: partition: ", $why)
+    };
+    ($f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?]) => {
+        $crate::__reason_text!($f, [$($($r)*)?])
     };
 }
 

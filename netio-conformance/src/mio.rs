@@ -13,7 +13,12 @@
 //!     fn local_ip() -> IpAddr { Ipv4Addr::LOCALHOST.into() }
 //!     fn refusing_address() -> EndpointAddress { /* bind a port, close it, return it */ }
 //! }
-//! netio_conformance::suite!(netio_conformance::mio::MioHarness<crate::Mine>);
+//! // The ready-made harness cannot partition nodes (Harness::can_partition
+//! // is false), so the liveness behaviour is declared unsupported:
+//! netio_conformance::suite!(
+//!     netio_conformance::mio::MioHarness<crate::Mine>,
+//!     unsupported = [partition = "loopback sockets cannot be partitioned"]
+//! );
 //! ```
 //!
 //! Each backend gets a loop of its own on a thread of its own, so one side
@@ -117,7 +122,9 @@ struct LoopThread<B> {
 }
 
 /// The ready-made [`Harness`] for a [`MioProvider`]: one loop thread per
-/// backend, waiting on the wall clock.
+/// backend, waiting on the wall clock. It cannot partition nodes
+/// ([`Harness::can_partition`] is `false`): declare `partition`
+/// unsupported in [`suite!`](crate::suite).
 pub struct MioHarness<P: MioProvider> {
     loops: Vec<LoopThread<P::Backend>>,
     /// Loops made for the event loop tests (not running here).

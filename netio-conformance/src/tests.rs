@@ -11,14 +11,15 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use netio_core::{
-    Backend, BackendConfig, BufferError, BufferPool, CloseError, CloseReason, ConnectionParams,
-    EndpointAddress, EventLoop, Features, MemoryRegion, OpenActiveError, OpenListenError,
-    PoolParams, RefuseReason, SendError, Signal, ThreadSafety, Timer, MAX_HEADER_LEN,
+    Backend, BackendConfig, BufferError, BufferPool, CloseError, CloseReason, ConnError, ConnId,
+    ConnectionParams, EndpointAddress, EventLoop, Features, MemoryRegion, OpenActiveError,
+    OpenListenError, PoolParams, RefuseReason, SendError, Signal, ThreadSafety, Timer,
+    MAX_HEADER_LEN,
 };
 
 use crate::ctx::{connect_target, full_params, Ctx, Node, SendMode, Turn};
 use crate::harness::Harness;
-use crate::recorder::{Event, React};
+use crate::recorder::{Close, Event, React};
 
 /// Wall-clock bound for loops run by the event loop tests themselves.
 const WATCHDOG: Duration = Duration::from_secs(20);
@@ -126,21 +127,26 @@ pub fn connect_establishes_on_both_sides_with_capabilities<H: Harness>(mode: Thr
     let client_caps = p
         .client
         .log
-        .established_with(p.listen)
+        .established_caps(p.to_server)
         .expect("client established");
     assert_eq!(client_caps, cp.capabilities(&cfg, copy));
     assert!(client_caps.send_buffered && !client_caps.receive && !client_caps.send_zero_copy);
     let server_caps = p
         .server
         .log
-        .established_with(p.accepted)
+        .established_caps(p.to_client)
         .expect("server established");
     assert_eq!(server_caps, sp.capabilities(&cfg, copy));
     assert!(server_caps.receive && !server_caps.send_buffered && !server_caps.send_zero_copy);
     assert_eq!(
         p.accepted.ip(),
         p.client.ip,
-        "server must name the connection by the client's address"
+        "the server reports the client's address as the connection's remote address"
+    );
+    assert_eq!(
+        p.client.log.established()[0].1,
+        p.listen,
+        "the client reports the listener's address as the remote address"
     );
     assert_eq!(p.client.log.established().len(), 1);
     assert_eq!(p.server.log.established().len(), 1);
@@ -168,8 +174,8 @@ pub fn capabilities_follow_params<H: Harness>(mode: ThreadSafety) {
     for params in cases {
         let cl = c.node();
         let expected = params.capabilities(&cfg, copy);
-        c.connect(&s, &cl, listen, params.clone());
-        let got = cl.log.established_with(listen).unwrap();
+        let conn = c.connect(&s, &cl, listen, params.clone()).client;
+        let got = cl.log.established_caps(conn).unwrap();
         assert_eq!(got, expected, "capabilities for {params:?}");
     }
     let caps = ConnectionParams::receive(64, 0).capabilities(&cfg, copy);
@@ -186,12 +192,15 @@ pub fn listener_params_apply_to_every_accepted_connection<H: Harness>(mode: Thre
     let mut accepted = Vec::new();
     for _ in 0..3 {
         let cl = c.node();
-        accepted.push(c.connect(&s, &cl, listen, ConnectionParams::receive(96, 3)));
+        accepted.push(
+            c.connect(&s, &cl, listen, ConnectionParams::receive(96, 3))
+                .server,
+        );
     }
     let want = sp.capabilities(&c.config(), copy);
     for a in accepted {
         assert_eq!(
-            s.log.established_with(a),
+            s.log.established_caps(a),
             Some(want),
             "accepted connection {a}"
         );
@@ -213,9 +222,9 @@ pub fn listener_params_apply_to_every_accepted_connection<H: Harness>(mode: Thre
     }
 }
 
-/// Connecting where nothing listens reports `on_connection_refused` to the
-/// initiator only; the endpoint is gone afterwards, so it can be opened
-/// again.
+/// Connecting where nothing listens reports `on_connection_refused`, with
+/// the handle `open_active_endpoint` returned, to the initiator only; the
+/// handle is stale afterwards, and opening again works.
 pub fn connecting_to_nothing_is_refused_on_initiator_only<H: Harness>(mode: ThreadSafety) {
     let mut c = Ctx::<H>::new(mode);
     let (s, cl) = (c.node(), c.node());
@@ -224,19 +233,32 @@ pub fn connecting_to_nothing_is_refused_on_initiator_only<H: Harness>(mode: Thre
     c.call(&s, move |b| b.close_listen_endpoint(listen))
         .unwrap();
     c.settle();
+    let mut handles = Vec::new();
     for attempt in 0..2 {
-        c.call(&cl, move |b| {
-            b.open_active_endpoint(listen, ConnectionParams::buffered(64, 2))
-        })
-        .unwrap_or_else(|e| panic!("attempt {attempt}: open_active_endpoint failed: {e}"));
+        let conn = c
+            .call(&cl, move |b| {
+                b.open_active_endpoint(listen, ConnectionParams::buffered(64, 2))
+            })
+            .unwrap_or_else(|e| panic!("attempt {attempt}: open_active_endpoint failed: {e}"));
         let log = cl.log.clone();
         c.wait("the connection is refused", || {
             log.refused().len() > attempt
         });
-        let (remote, reason) = cl.log.refused()[attempt].clone();
+        let (refused, remote, reason) = cl.log.refused()[attempt].clone();
+        assert_eq!(
+            refused, conn,
+            "the refusal carries the handle open_active_endpoint returned"
+        );
         assert_eq!(remote, listen);
         assert_eq!(reason, RefuseReason::Refused, "nothing listens at {listen}");
+        let stale = c.call(&cl, move |b| b.remote_address(conn));
+        assert!(
+            matches!(stale, Err(ConnError::UnknownConnection(x)) if x == conn),
+            "the handle of a refused connection is stale: remote_address gave {stale:?}"
+        );
+        handles.push(conn);
     }
+    assert_ne!(handles[0], handles[1], "each attempt has its own handle");
     let other = c.h.refusing_address();
     c.call(&cl, move |b| {
         b.open_active_endpoint(other, ConnectionParams::buffered(64, 2))
@@ -262,74 +284,44 @@ pub fn connecting_to_nothing_is_refused_on_initiator_only<H: Harness>(mode: Thre
     );
 }
 
-/// Opening an active endpoint that is already opening or open fails with
-/// `ActiveEndpointAlreadyExists`.
-pub fn opening_same_active_endpoint_twice_fails<H: Harness>(mode: ThreadSafety) {
-    let mut c = Ctx::<H>::new(mode);
-    let (s, cl) = (c.node(), c.node());
-    let listen = connect_target(c.listen(&s, ConnectionParams::receive(64, 2)), s.ip);
-    let (first, second) = c.call(&cl, move |b| {
-        (
-            b.open_active_endpoint(listen, ConnectionParams::buffered(64, 2)),
-            b.open_active_endpoint(listen, ConnectionParams::buffered(64, 2)),
-        )
-    });
-    first.unwrap();
-    assert!(
-        matches!(second, Err(OpenActiveError::ActiveEndpointAlreadyExists(a)) if a == listen),
-        "while opening: {second:?}"
-    );
-    let log = cl.log.clone();
-    c.wait("established", || log.established_with(listen).is_some());
-    let third = c.call(&cl, move |b| {
-        b.open_active_endpoint(listen, ConnectionParams::buffered(64, 2))
-    });
-    assert!(
-        matches!(third, Err(OpenActiveError::ActiveEndpointAlreadyExists(a)) if a == listen),
-        "while open: {third:?}"
-    );
-    c.settle();
-    assert_eq!(cl.log.established().len(), 1);
-    assert_eq!(
-        s.log.established().len(),
-        1,
-        "the refused open must not connect again"
-    );
-}
-
 /// Both sides of a connection can send.
 pub fn connections_are_bidirectional<H: Harness>(mode: ThreadSafety) {
     let mut c = Ctx::<H>::new(mode);
     let p = c.pair(full_params(64, 4), full_params(64, 4));
-    c.send_buffered(&p.client, p.listen, b"ping".to_vec());
-    c.send_buffered(&p.server, p.accepted, b"pong".to_vec());
+    c.send_buffered(&p.client, p.to_server, b"ping".to_vec());
+    c.send_buffered(&p.server, p.to_client, b"pong".to_vec());
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait("both messages arrive", || {
-        !sl.data_from(p.accepted).is_empty() && !cl.data_from(p.listen).is_empty()
+        !sl.data_on(p.to_client).is_empty() && !cl.data_on(p.to_server).is_empty()
     });
-    assert_eq!(p.server.log.data_from(p.accepted), vec![b"ping".to_vec()]);
-    assert_eq!(p.client.log.data_from(p.listen), vec![b"pong".to_vec()]);
+    assert_eq!(p.server.log.data_on(p.to_client), vec![b"ping".to_vec()]);
+    assert_eq!(p.client.log.data_on(p.to_server), vec![b"pong".to_vec()]);
 }
 
-/// After a connection is closed, the same endpoint can be opened again and
-/// works.
+/// After a connection is closed, a new connection to the same address
+/// works, with new handles on both sides.
 pub fn reopening_after_close_works<H: Harness>(mode: ThreadSafety) {
     let mut c = Ctx::<H>::new(mode);
     let p = c.pair(full_params(64, 4), full_params(64, 4));
-    let listen = p.listen;
-    c.call(&p.client, move |b| b.close_active_endpoint(listen))
+    let to_server = p.to_server;
+    c.call(&p.client, move |b| b.close_active_endpoint(to_server))
         .unwrap();
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait("both sides report the close", || {
-        cl.closed_count(listen) == 1 && sl.closed_count(p.accepted) == 1
+        cl.closed_count(to_server) == 1 && sl.closed_count(p.to_client) == 1
     });
-    let again = c.connect(&p.server, &p.client, listen, full_params(64, 4));
-    c.send_buffered(&p.client, listen, b"again".to_vec());
+    let again = c.connect(&p.server, &p.client, p.listen, full_params(64, 4));
+    assert!(
+        again.client != to_server && again.server != p.to_client,
+        "a new connection gets new handles: {again:?} after {to_server} and {}",
+        p.to_client
+    );
+    c.send_buffered(&p.client, again.client, b"again".to_vec());
     let sl = p.server.log.clone();
     c.wait("the message on the new connection arrives", || {
-        !sl.data_from(again).is_empty()
+        !sl.data_on(again.server).is_empty()
     });
-    assert_eq!(p.server.log.data_from(again), vec![b"again".to_vec()]);
+    assert_eq!(p.server.log.data_on(again.server), vec![b"again".to_vec()]);
     assert_eq!(p.client.log.established().len(), 2);
 }
 
@@ -351,41 +343,59 @@ pub fn buffered_send_delivers_exact_bytes<H: Harness>(mode: ThreadSafety) {
         all.iter().rev().copied().collect(),
     ];
     for m in &msgs {
-        c.send_buffered(&p.client, p.listen, m.clone());
+        c.send_buffered(&p.client, p.to_server, m.clone());
     }
     let sl = p.server.log.clone();
     c.wait("all messages arrive", || {
-        sl.data_from(p.accepted).len() >= msgs.len()
+        sl.data_on(p.to_client).len() >= msgs.len()
     });
-    assert_eq!(p.server.log.data_from(p.accepted), msgs);
+    assert_eq!(p.server.log.data_on(p.to_client), msgs);
 }
 
-/// A buffered send completes with the buffer's index as its key.
-pub fn buffered_send_completes_with_buffer_index<H: Harness>(mode: ThreadSafety) {
+/// A buffered send completes (or is cancelled) with the key its caller
+/// gave `send_buffer`, whatever the buffer's index.
+pub fn buffered_send_completes_with_the_callers_key<H: Harness>(mode: ThreadSafety) {
+    const KEYS: [u64; 3] = [0xdead_beef, u64::MAX, 7_000_000];
     let mut c = Ctx::<H>::new(mode);
     let p = c.pair(
         ConnectionParams::receive(64, 4),
         ConnectionParams::buffered(64, 3),
     );
-    let listen = p.listen;
-    let sent: Vec<u64> = c.call(&p.client, move |b| {
+    let to_server = p.to_server;
+    // On the loop thread, so that the three are accepted in this order.
+    c.on_loop(&p.client, move |b| {
         let bufs: Vec<_> = (0..3)
-            .map(|_| b.get_buffer(listen).unwrap().unwrap())
+            .map(|_| b.get_buffer(to_server).unwrap().unwrap())
             .collect();
-        let mut keys = Vec::new();
-        for mut buf in bufs {
-            buf.write(&[buf.index() as u8]).unwrap();
-            keys.push(buf.index());
-            b.send_buffer(listen, buf).unwrap();
+        for (mut buf, key) in bufs.into_iter().zip(KEYS) {
+            buf.write(&key.to_le_bytes()).unwrap();
+            b.send_buffer(to_server, buf, key).unwrap();
         }
-        keys
     });
-    let distinct: BTreeSet<u64> = sent.iter().copied().collect();
-    assert_eq!(distinct.len(), 3, "buffer indices must differ: {sent:?}");
     let cl = p.client.log.clone();
-    c.wait("three completions", || cl.completed_to(listen).len() == 3);
-    let done: BTreeSet<u64> = p.client.log.completed_to(listen).into_iter().collect();
-    assert_eq!(done, distinct, "completion keys must be the buffer indices");
+    c.wait("three completions", || cl.completed(to_server).len() >= 3);
+    c.settle();
+    assert_eq!(
+        p.client.log.completed(to_server),
+        KEYS.to_vec(),
+        "buffered sends complete with the caller's keys, in send order"
+    );
+    // A cancelled buffered send is reported with the caller's key too.
+    let s2 = c.node();
+    let listen2 = connect_target(c.listen(&s2, ConnectionParams::receive(64, 4)), s2.ip);
+    let other = c.connect(&s2, &p.client, listen2, ConnectionParams::buffered(64, 2));
+    let conn = other.client;
+    c.on_loop(&p.client, move |b| {
+        for key in [41u64, 42] {
+            let mut buf = b.get_buffer(conn).unwrap().unwrap();
+            buf.write(b"bye").unwrap();
+            b.send_buffer(conn, buf, key).unwrap();
+        }
+        b.close_active_endpoint(conn).unwrap();
+    });
+    c.wait("the close is reported", || cl.closed_count(conn) == 1);
+    c.settle();
+    assert_each_key_once(&p.client, conn, &[41, 42], "the closing side");
 }
 
 /// `get_buffer` gives `None` when every buffer is out, and buffers come back
@@ -398,11 +408,11 @@ pub fn get_buffer_gives_none_when_pool_empty_and_buffers_return_after_completion
         ConnectionParams::receive(64, 4),
         ConnectionParams::buffered(64, 2),
     );
-    let listen = p.listen;
+    let to_server = p.to_server;
     let (a, b2, third) = c.call(&p.client, move |b| {
-        let a = b.get_buffer(listen).unwrap();
-        let b2 = b.get_buffer(listen).unwrap();
-        let third = b.get_buffer(listen).unwrap();
+        let a = b.get_buffer(to_server).unwrap();
+        let b2 = b.get_buffer(to_server).unwrap();
+        let third = b.get_buffer(to_server).unwrap();
         (a, b2, third.is_none())
     });
     let (a, b2) = (a.expect("first buffer"), b2.expect("second buffer"));
@@ -412,30 +422,30 @@ pub fn get_buffer_gives_none_when_pool_empty_and_buffers_return_after_completion
     );
     drop(a);
     let again = c.call(&p.client, move |b| {
-        b.get_buffer(listen).unwrap().map(|x| x.index())
+        b.get_buffer(to_server).unwrap().map(|x| x.index())
     });
     assert!(again.is_some(), "a dropped buffer returns to the pool");
     drop(b2);
     // On the loop thread, so that no completion returns a buffer meanwhile.
     let sent = c.on_loop(&p.client, move |b| {
         let mut n = 0;
-        while let Some(mut buf) = b.get_buffer(listen).unwrap() {
+        while let Some(mut buf) = b.get_buffer(to_server).unwrap() {
             buf.write(b"m").unwrap();
-            b.send_buffer(listen, buf).unwrap();
+            b.send_buffer(to_server, buf, n).unwrap();
             n += 1;
             if n > 2 {
                 break;
             }
         }
-        (n, b.get_buffer(listen).unwrap().is_none())
+        (n, b.get_buffer(to_server).unwrap().is_none())
     });
     assert_eq!(sent.0, 2, "exactly the pool's two buffers can be in flight");
     assert!(sent.1, "no buffer while both are in flight");
     let cl = p.client.log.clone();
-    c.wait("both sends complete", || cl.completed_to(listen).len() == 2);
+    c.wait("both sends complete", || cl.completed(to_server).len() == 2);
     let back = c.call(&p.client, move |b| {
-        let x = b.get_buffer(listen).unwrap();
-        let y = b.get_buffer(listen).unwrap();
+        let x = b.get_buffer(to_server).unwrap();
+        let y = b.get_buffer(to_server).unwrap();
         x.is_some() && y.is_some()
     });
     assert!(back, "both buffers are free again after completion");
@@ -451,16 +461,18 @@ pub fn foreign_buffer_is_rejected<H: Harness>(mode: ThreadSafety) {
     );
     let s2 = c.node();
     let listen2 = connect_target(c.listen(&s2, ConnectionParams::receive(64, 4)), s2.ip);
-    c.connect(&s2, &p.client, listen2, ConnectionParams::buffered(64, 2));
-    let listen = p.listen;
+    let conn2 = c
+        .connect(&s2, &p.client, listen2, ConnectionParams::buffered(64, 2))
+        .client;
+    let to_server = p.to_server;
     let (own_pool, stranger) = c.call(&p.client, move |b| {
-        let mut other = b.get_buffer(listen2).unwrap().unwrap();
+        let mut other = b.get_buffer(conn2).unwrap().unwrap();
         other.write(b"x").unwrap();
-        let r1 = b.send_buffer(listen, other);
+        let r1 = b.send_buffer(to_server, other, 1);
         let pool = BufferPool::new(64, 1);
         let mut alien = pool.get().unwrap();
         alien.write(b"y").unwrap();
-        let r2 = b.send_buffer(listen, alien);
+        let r2 = b.send_buffer(to_server, alien, 2);
         (r1, r2)
     });
     assert!(
@@ -473,9 +485,12 @@ pub fn foreign_buffer_is_rejected<H: Harness>(mode: ThreadSafety) {
     );
     assert!(!own_pool.unwrap_err().is_retryable());
     c.settle();
-    assert!(p.server.log.data().is_empty(), "nothing may be delivered");
-    assert!(s2.log.data().is_empty(), "nothing may be delivered");
-    let free = c.call(&p.client, move |b| b.get_buffer(listen2).unwrap().is_some());
+    assert!(
+        p.server.log.all_data().is_empty(),
+        "nothing may be delivered"
+    );
+    assert!(s2.log.all_data().is_empty(), "nothing may be delivered");
+    let free = c.call(&p.client, move |b| b.get_buffer(conn2).unwrap().is_some());
     assert!(free, "the rejected buffer went back to its own pool");
 }
 
@@ -490,15 +505,15 @@ pub fn get_buffer_without_send_buffers_fails_with_no_buffers_allocated<H: Harnes
         cp = cp.with_zero_copy(MemoryRegion::new(64));
     }
     let p = c.pair(ConnectionParams::receive(64, 2), cp);
-    let listen = p.listen;
+    let to_server = p.to_server;
     let (g, n) = c.call(&p.client, move |b| {
         (
-            b.get_buffer(listen).map(|o| o.is_some()),
-            b.num_available_buffers(listen),
+            b.get_buffer(to_server).map(|o| o.is_some()),
+            b.num_available_buffers(to_server),
         )
     });
     assert!(
-        matches!(g, Err(BufferError::NoBuffersAllocated(a)) if a == listen),
+        matches!(g, Err(BufferError::NoBuffersAllocated(a)) if a == to_server),
         "get_buffer: {g:?}"
     );
     assert!(
@@ -507,53 +522,112 @@ pub fn get_buffer_without_send_buffers_fails_with_no_buffers_allocated<H: Harnes
     );
 }
 
-/// Every operation on an endpoint that does not exist fails with
-/// `UnknownActiveEndpoint`.
+/// Every operation on a handle this backend never issued fails with
+/// `UnknownConnection` naming the handle; `connection_to` an address
+/// without a connection fails with `NoConnectionTo`.
 pub fn operations_on_unknown_endpoint_fail<H: Harness>(mode: ThreadSafety) {
     let mut c = Ctx::<H>::new(mode);
     let p = c.pair(
         ConnectionParams::receive(64, 2),
         ConnectionParams::buffered(64, 2),
     );
-    let nobody = EndpointAddress::new(p.server.ip, p.listen.port().wrapping_add(1).max(1));
-    let listen = p.listen;
-    let r = c.call(&p.client, move |b| {
-        let buf = b.get_buffer(listen).unwrap().unwrap();
-        (
-            b.get_buffer(nobody).map(|o| o.is_some()),
-            b.send_buffer(nobody, buf),
-            b.send_data_copy(nobody, &[b"x"], &[], 1),
-            b.num_available_buffers(nobody),
-            b.close_active_endpoint(nobody),
-        )
-    });
+    // The server's handle means nothing to the client, nor does a made-up
+    // one.
+    let to_server = p.to_server;
+    let mut r = Vec::new();
+    for nobody in [ConnId::new(4_000_000, 77), p.to_client] {
+        if nobody == to_server {
+            continue;
+        }
+        r.push((
+            nobody,
+            c.call(&p.client, move |b| {
+                let buf = b.get_buffer(to_server).unwrap().unwrap();
+                (
+                    b.get_buffer(nobody).map(|o| o.is_some()),
+                    b.send_buffer(nobody, buf, 1),
+                    b.send_data_copy(nobody, &[b"x"], &[], 2),
+                    b.num_available_buffers(nobody),
+                    b.close_active_endpoint(nobody),
+                    b.pause_receive(nobody),
+                    b.resume_receive(nobody),
+                    b.remote_address(nobody),
+                )
+            }),
+        ));
+    }
+    let elsewhere = EndpointAddress::new(p.server.ip, p.listen.port().wrapping_add(1).max(1));
+    let to = c.call(&p.client, move |b| b.connection_to(elsewhere));
     assert!(
-        matches!(r.0, Err(BufferError::UnknownActiveEndpoint(a)) if a == nobody),
-        "get_buffer: {:?}",
+        matches!(to, Err(ConnError::NoConnectionTo(a)) if a == elsewhere),
+        "connection_to an address without a connection: {to:?}"
+    );
+    for (nobody, r) in r {
+        check_unknown(nobody, r);
+    }
+    c.settle();
+    assert!(p.client.log.completed(to_server).is_empty());
+    assert!(
+        p.client.log.closed().is_empty(),
+        "failed calls report nothing: {:?}",
+        p.client.log
+    );
+}
+
+type Answers = (
+    Result<bool, BufferError>,
+    Result<(), SendError>,
+    Result<(), SendError>,
+    Result<usize, BufferError>,
+    Result<(), CloseError>,
+    Result<(), ConnError>,
+    Result<(), ConnError>,
+    Result<EndpointAddress, ConnError>,
+);
+
+/// Every answer in `r` is `UnknownConnection(nobody)`.
+#[track_caller]
+fn check_unknown(nobody: ConnId, r: Answers) {
+    assert!(
+        matches!(r.0, Err(BufferError::UnknownConnection(a)) if a == nobody),
+        "get_buffer({nobody}): {:?}",
         r.0
     );
     assert!(
-        matches!(r.1, Err(SendError::UnknownActiveEndpoint(a)) if a == nobody),
-        "send_buffer: {:?}",
+        matches!(r.1, Err(SendError::UnknownConnection(a)) if a == nobody),
+        "send_buffer({nobody}): {:?}",
         r.1
     );
     assert!(
-        matches!(r.2, Err(SendError::UnknownActiveEndpoint(_))),
-        "send_data_copy: {:?}",
+        matches!(r.2, Err(SendError::UnknownConnection(a)) if a == nobody),
+        "send_data_copy({nobody}): {:?}",
         r.2
     );
     assert!(
-        matches!(r.3, Err(BufferError::UnknownActiveEndpoint(_))),
-        "num_available_buffers: {:?}",
+        matches!(r.3, Err(BufferError::UnknownConnection(a)) if a == nobody),
+        "num_available_buffers({nobody}): {:?}",
         r.3
     );
     assert!(
-        matches!(r.4, Err(CloseError::UnknownActiveEndpoint(_))),
-        "close_active_endpoint: {:?}",
+        matches!(r.4, Err(CloseError::UnknownConnection(a)) if a == nobody),
+        "close_active_endpoint({nobody}): {:?}",
         r.4
     );
-    c.settle();
-    assert!(p.client.log.completed_to(nobody).is_empty());
+    assert!(
+        matches!(r.5, Err(ConnError::UnknownConnection(a)) if a == nobody),
+        "pause_receive({nobody}): {:?}",
+        r.5
+    );
+    assert!(
+        matches!(r.6, Err(ConnError::UnknownConnection(a)) if a == nobody),
+        "resume_receive({nobody}): {:?}",
+        r.6
+    );
+    assert!(
+        matches!(r.7, Err(ConnError::UnknownConnection(a)) if a == nobody),
+        "remote_address({nobody}): {:?}",
+        r.7
+    );
 }
 
 /// `num_available_buffers` reports the fewest free buffers since the last
@@ -564,15 +638,15 @@ pub fn low_water_mark_of_free_buffers_resets_on_read<H: Harness>(mode: ThreadSaf
         ConnectionParams::receive(64, 4),
         ConnectionParams::buffered(64, 4),
     );
-    let listen = p.listen;
+    let to_server = p.to_server;
     let marks = c.call(&p.client, move |b| {
-        let first = b.num_available_buffers(listen).unwrap();
+        let first = b.num_available_buffers(to_server).unwrap();
         let held: Vec<_> = (0..3)
-            .map(|_| b.get_buffer(listen).unwrap().unwrap())
+            .map(|_| b.get_buffer(to_server).unwrap().unwrap())
             .collect();
         drop(held);
-        let after_dip = b.num_available_buffers(listen).unwrap();
-        let after_reset = b.num_available_buffers(listen).unwrap();
+        let after_dip = b.num_available_buffers(to_server).unwrap();
+        let after_reset = b.num_available_buffers(to_server).unwrap();
         (first, after_dip, after_reset)
     });
     assert_eq!(
@@ -598,16 +672,16 @@ pub fn zero_copy_header_is_prepended_to_payload<H: Harness>(mode: ThreadSafety) 
     let region = MemoryRegion::new(256);
     region.write(10, b"payload").unwrap();
     let p = zc_pair(&mut c, &region);
-    let listen = p.listen;
+    let to_server = p.to_server;
     let s = region.slice(10, 7).unwrap();
-    c.call(&p.client, move |b| b.send_data(listen, &[s], b"HDR:", 7))
+    c.call(&p.client, move |b| b.send_data(to_server, &[s], b"HDR:", 7))
         .unwrap();
     let sl = p.server.log.clone();
     c.wait("the message arrives", || {
-        !sl.data_from(p.accepted).is_empty()
+        !sl.data_on(p.to_client).is_empty()
     });
     assert_eq!(
-        p.server.log.data_from(p.accepted),
+        p.server.log.data_on(p.to_client),
         vec![b"HDR:payload".to_vec()]
     );
 }
@@ -618,12 +692,12 @@ pub fn zero_copy_header_longer_than_16_bytes_is_rejected<H: Harness>(mode: Threa
     let mut c = Ctx::<H>::new(mode);
     let region = MemoryRegion::new(64);
     let p = zc_pair(&mut c, &region);
-    let listen = p.listen;
+    let to_server = p.to_server;
     let s = region.slice(0, 4).unwrap();
     let (long, exact) = c.call(&p.client, move |b| {
         (
-            b.send_data(listen, &[s], &[1u8; MAX_HEADER_LEN + 1], 1),
-            b.send_data(listen, &[s], &[2u8; MAX_HEADER_LEN], 2),
+            b.send_data(to_server, &[s], &[1u8; MAX_HEADER_LEN + 1], 1),
+            b.send_data(to_server, &[s], &[2u8; MAX_HEADER_LEN], 2),
         )
     });
     assert!(
@@ -633,13 +707,13 @@ pub fn zero_copy_header_longer_than_16_bytes_is_rejected<H: Harness>(mode: Threa
     exact.expect("a 16-byte header is allowed");
     let sl = p.server.log.clone();
     c.wait("the valid message arrives", || {
-        !sl.data_from(p.accepted).is_empty()
+        !sl.data_on(p.to_client).is_empty()
     });
     c.settle();
-    let got = p.server.log.data_from(p.accepted);
+    let got = p.server.log.data_on(p.to_client);
     assert_eq!(got.len(), 1, "only the valid send is delivered");
     assert_eq!(got[0].len(), 20);
-    assert_eq!(p.client.log.completed_to(listen), vec![2]);
+    assert_eq!(p.client.log.completed(to_server), vec![2]);
 }
 
 /// Data outside the connection's registered region is rejected with
@@ -649,9 +723,11 @@ pub fn zero_copy_data_outside_region_is_rejected<H: Harness>(mode: ThreadSafety)
     let region = MemoryRegion::new(64);
     let other = MemoryRegion::new(64);
     let p = zc_pair(&mut c, &region);
-    let listen = p.listen;
+    let to_server = p.to_server;
     let foreign = other.slice(0, 8).unwrap();
-    let r = c.call(&p.client, move |b| b.send_data(listen, &[foreign], &[], 1));
+    let r = c.call(&p.client, move |b| {
+        b.send_data(to_server, &[foreign], &[], 1)
+    });
     assert!(
         matches!(r, Err(SendError::OutsideRegion)),
         "slice of another region: {r:?}"
@@ -659,16 +735,18 @@ pub fn zero_copy_data_outside_region_is_rejected<H: Harness>(mode: ThreadSafety)
     // A connection without a region.
     let s2 = c.node();
     let l2 = connect_target(c.listen(&s2, ConnectionParams::receive(64, 2)), s2.ip);
-    c.connect(&s2, &p.client, l2, ConnectionParams::buffered(64, 2));
+    let conn2 = c
+        .connect(&s2, &p.client, l2, ConnectionParams::buffered(64, 2))
+        .client;
     let own = region.slice(0, 8).unwrap();
-    let r = c.call(&p.client, move |b| b.send_data(l2, &[own], &[], 2));
+    let r = c.call(&p.client, move |b| b.send_data(conn2, &[own], &[], 2));
     assert!(
         matches!(r, Err(SendError::NotSupported(_))),
         "no region on the connection: {r:?}"
     );
     c.settle();
     assert!(
-        p.server.log.data().is_empty() && s2.log.data().is_empty(),
+        p.server.log.all_data().is_empty() && s2.log.all_data().is_empty(),
         "nothing may be delivered"
     );
     region
@@ -682,19 +760,19 @@ pub fn zero_copy_completion_carries_callers_key<H: Harness>(mode: ThreadSafety) 
     let mut c = Ctx::<H>::new(mode);
     let region = MemoryRegion::new(64);
     let p = zc_pair(&mut c, &region);
-    let listen = p.listen;
+    let to_server = p.to_server;
     let (a, b2) = (region.slice(0, 8).unwrap(), region.slice(8, 8).unwrap());
     let r2 = region.clone();
     // On the loop thread, so that the sends cannot complete before the write.
     let refused = c.on_loop(&p.client, move |b| {
-        b.send_data(listen, &[a], &[], 0xdead_beef).unwrap();
-        b.send_data(listen, &[b2], &[], u64::MAX).unwrap();
+        b.send_data(to_server, &[a], &[], 0xdead_beef).unwrap();
+        b.send_data(to_server, &[b2], &[], u64::MAX).unwrap();
         r2.write(0, b"overwrite").is_err()
     });
     assert!(refused, "data of a send in flight must not be writable");
     let cl = p.client.log.clone();
-    c.wait("both sends complete", || cl.completed_to(listen).len() == 2);
-    let keys: BTreeSet<u64> = p.client.log.completed_to(listen).into_iter().collect();
+    c.wait("both sends complete", || cl.completed(to_server).len() == 2);
+    let keys: BTreeSet<u64> = p.client.log.completed(to_server).into_iter().collect();
     assert_eq!(keys, BTreeSet::from([0xdead_beef, u64::MAX]));
     region
         .write(0, b"overwrite")
@@ -710,21 +788,21 @@ pub fn zero_copy_scatter_gather_arrives_as_one_message<H: Harness>(mode: ThreadS
     region.write(64, b"BBBBBB").unwrap();
     region.write(100, b"CC").unwrap();
     let p = zc_pair(&mut c, &region);
-    let listen = p.listen;
+    let to_server = p.to_server;
     let slices = [
         region.slice(64, 6).unwrap(),
         region.slice(0, 4).unwrap(),
         region.slice(100, 2).unwrap(),
     ];
-    c.call(&p.client, move |b| b.send_data(listen, &slices, b"h", 5))
+    c.call(&p.client, move |b| b.send_data(to_server, &slices, b"h", 5))
         .unwrap();
     let sl = p.server.log.clone();
     c.wait("the message arrives", || {
-        !sl.data_from(p.accepted).is_empty()
+        !sl.data_on(p.to_client).is_empty()
     });
     c.settle();
     assert_eq!(
-        p.server.log.data_from(p.accepted),
+        p.server.log.data_on(p.to_client),
         vec![b"hBBBBBBAAAACC".to_vec()]
     );
 }
@@ -737,20 +815,20 @@ pub fn buffered_and_zero_copy_work_on_one_connection<H: Harness>(mode: ThreadSaf
         ConnectionParams::receive(64, 4),
         ConnectionParams::buffered(64, 2).with_zero_copy(region.clone()),
     );
-    let listen = p.listen;
+    let to_server = p.to_server;
     let s = region.slice(0, 9).unwrap();
-    c.call(&p.client, move |b| b.send_data(listen, &[s], &[], 100))
+    c.call(&p.client, move |b| b.send_data(to_server, &[s], &[], 100))
         .unwrap();
     let sl = p.server.log.clone();
     c.wait("the zero-copy message arrives", || {
-        sl.data_from(p.accepted).len() == 1
+        sl.data_on(p.to_client).len() == 1
     });
-    c.send_buffered(&p.client, listen, b"buffered".to_vec());
+    c.send_buffered(&p.client, to_server, b"buffered".to_vec());
     c.wait("the buffered message arrives", || {
-        sl.data_from(p.accepted).len() == 2
+        sl.data_on(p.to_client).len() == 2
     });
     assert_eq!(
-        p.server.log.data_from(p.accepted),
+        p.server.log.data_on(p.to_client),
         vec![b"zero-copy".to_vec(), b"buffered".to_vec()]
     );
 }
@@ -765,18 +843,18 @@ pub fn copy_send_data_may_be_overwritten_after_call<H: Harness>(mode: ThreadSafe
         ConnectionParams::receive(256, 8),
         ConnectionParams::default(),
     );
-    let listen = p.listen;
+    let to_server = p.to_server;
     let r = c.call(&p.client, move |b| {
         let mut data = b"original".to_vec();
         let mut tail = b"-tail".to_vec();
         let mut header = b"H1".to_vec();
-        b.send_data_copy(listen, &[&data, &tail], &header, 42)
+        b.send_data_copy(to_server, &[&data, &tail], &header, 42)
             .unwrap();
         data.iter_mut().for_each(|x| *x = b'X');
         tail.clear();
         header.iter_mut().for_each(|x| *x = b'Y');
         drop((data, tail, header));
-        b.send_data_copy(listen, &[b"z"], &[0u8; MAX_HEADER_LEN + 1], 43)
+        b.send_data_copy(to_server, &[b"z"], &[0u8; MAX_HEADER_LEN + 1], 43)
     });
     assert!(
         matches!(r, Err(SendError::HeaderTooLong { .. })),
@@ -784,13 +862,13 @@ pub fn copy_send_data_may_be_overwritten_after_call<H: Harness>(mode: ThreadSafe
     );
     let sl = p.server.log.clone();
     c.wait("the message arrives", || {
-        !sl.data_from(p.accepted).is_empty()
+        !sl.data_on(p.to_client).is_empty()
     });
     let cl = p.client.log.clone();
-    c.wait("the send completes", || cl.completed_to(listen) == vec![42]);
+    c.wait("the send completes", || cl.completed(to_server) == vec![42]);
     c.settle();
     assert_eq!(
-        p.server.log.data_from(p.accepted),
+        p.server.log.data_on(p.to_client),
         vec![b"H1original-tail".to_vec()]
     );
 }
@@ -804,20 +882,20 @@ pub fn copy_send_is_supported_or_reports_not_supported<H: Harness>(mode: ThreadS
         ConnectionParams::receive(64, 4),
         ConnectionParams::default(),
     );
-    let listen = p.listen;
-    let caps = p.client.log.established_with(listen).unwrap();
+    let to_server = p.to_server;
+    let caps = p.client.log.established_caps(to_server).unwrap();
     assert_eq!(
         caps.send_copy, copy,
         "the capability must match the declared feature"
     );
     let r = c.call(&p.client, move |b| {
-        b.send_data_copy(listen, &[b"copy"], &[], 9)
+        b.send_data_copy(to_server, &[b"copy"], &[], 9)
     });
     if copy {
         r.expect("copy sending is declared supported");
         let sl = p.server.log.clone();
         c.wait("the message arrives", || {
-            !sl.data_from(p.accepted).is_empty()
+            !sl.data_on(p.to_client).is_empty()
         });
     } else {
         assert!(matches!(r, Err(SendError::NotSupported(_))), "{r:?}");
@@ -840,11 +918,11 @@ pub fn send_queue_depth_bounds_sends_with_no_resources<H: Harness>(mode: ThreadS
         ConnectionParams::receive(64, 16),
         ConnectionParams::default(),
     );
-    let listen = p.listen;
+    let to_server = p.to_server;
     // On the loop thread, so that no send completes between the five calls.
     let results = c.on_loop(&p.client, move |b| {
         (0..5u64)
-            .map(|k| b.send_data_copy(listen, &[&k.to_le_bytes()], &[], k))
+            .map(|k| b.send_data_copy(to_server, &[&k.to_le_bytes()], &[], k))
             .collect::<Vec<_>>()
     });
     for (k, r) in results.iter().take(4).enumerate() {
@@ -859,14 +937,14 @@ pub fn send_queue_depth_bounds_sends_with_no_resources<H: Harness>(mode: ThreadS
         Ok(()) => panic!("the fifth send must answer NoResources"),
     }
     let cl = p.client.log.clone();
-    c.wait("four sends complete", || cl.completed_to(listen).len() == 4);
+    c.wait("four sends complete", || cl.completed(to_server).len() == 4);
     c.call(&p.client, move |b| {
-        b.send_data_copy(listen, &[b"retry"], &[], 99)
+        b.send_data_copy(to_server, &[b"retry"], &[], 99)
     })
     .expect("a retry after completions works");
     let sl = p.server.log.clone();
     c.wait("five messages arrive", || {
-        sl.data_from(p.accepted).len() == 5
+        sl.data_on(p.to_client).len() == 5
     });
 }
 
@@ -882,24 +960,23 @@ pub fn many_messages_arrive_in_order_exactly_once<H: Harness>(mode: ThreadSafety
         ConnectionParams::buffered(64, 8),
     );
     for i in 0..N {
-        c.send_buffered(&p.client, p.listen, i.to_le_bytes().to_vec());
+        c.send_buffered(&p.client, p.to_server, i.to_le_bytes().to_vec());
     }
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait("every message arrives and every send completes", || {
-        sl.data_from(p.accepted).len() >= N as usize
-            && cl.completed_to(p.listen).len() >= N as usize
+        sl.data_on(p.to_client).len() >= N as usize && cl.completed(p.to_server).len() >= N as usize
     });
     c.settle();
     let got: Vec<u32> = p
         .server
         .log
-        .data_from(p.accepted)
+        .data_on(p.to_client)
         .iter()
         .map(|d| u32::from_le_bytes(d[..4].try_into().unwrap()))
         .collect();
     assert_eq!(got, (0..N).collect::<Vec<_>>(), "in order, exactly once");
     assert_eq!(
-        p.client.log.completed_to(p.listen).len(),
+        p.client.log.completed(p.to_server).len(),
         N as usize,
         "one completion per send"
     );
@@ -915,17 +992,17 @@ pub fn message_of_exactly_receive_buffer_size_arrives<H: Harness>(mode: ThreadSa
         ConnectionParams::buffered(256, 2),
     );
     let msg: Vec<u8> = (0..256u32).map(|i| (i * 7) as u8).collect();
-    c.send_buffered(&p.client, p.listen, msg.clone());
+    c.send_buffered(&p.client, p.to_server, msg.clone());
     let sl = p.server.log.clone();
     c.wait("the message arrives", || {
-        !sl.data_from(p.accepted).is_empty()
+        !sl.data_on(p.to_client).is_empty()
     });
-    c.send_buffered(&p.client, p.listen, b"after".to_vec());
+    c.send_buffered(&p.client, p.to_server, b"after".to_vec());
     c.wait("the next message arrives", || {
-        sl.data_from(p.accepted).len() == 2
+        sl.data_on(p.to_client).len() == 2
     });
     assert_eq!(
-        p.server.log.data_from(p.accepted),
+        p.server.log.data_on(p.to_client),
         vec![msg, b"after".to_vec()]
     );
     assert!(p.server.log.closed().is_empty() && p.client.log.closed().is_empty());
@@ -943,20 +1020,20 @@ pub fn message_larger_than_receive_buffer_closes_connection_clearly<H: Harness>(
         ConnectionParams::buffered(1024, 2),
     );
     let before = p.server.backend.memory_usage();
-    let key = c.send_buffered(&p.client, p.listen, vec![0xab; 257]);
+    let key = c.send_buffered(&p.client, p.to_server, vec![0xab; 257]);
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait_unless(
         "both sides report the close",
         "a message larger than the receive buffer (257 > 256 bytes) is never delivered",
-        || sl.closed_count(p.accepted) == 1 && cl.closed_count(p.listen) == 1,
+        || sl.closed_count(p.to_client) == 1 && cl.closed_count(p.to_server) == 1,
         || {
-            sl.data()
+            sl.all_data()
                 .first()
                 .map(|d| format!("on_data delivered {} bytes", d.1.len()))
         },
     );
     c.settle();
-    let (_, reason, _) = p.server.log.closed()[0].clone();
+    let reason = p.server.log.closed()[0].reason.clone();
     assert_eq!(
         reason,
         CloseReason::MessageTooLarge {
@@ -970,11 +1047,11 @@ pub fn message_larger_than_receive_buffer_closes_connection_clearly<H: Harness>(
         "reason must say the size: {reason}"
     );
     assert!(
-        p.server.log.data().is_empty(),
+        p.server.log.all_data().is_empty(),
         "the oversized message must not be delivered"
     );
-    let done = p.client.log.completed_to(p.listen);
-    let cancelled = p.client.log.cancelled_to(p.listen);
+    let done = p.client.log.completed(p.to_server);
+    let cancelled = p.client.log.cancelled(p.to_server);
     let reports = done.iter().chain(&cancelled).filter(|k| **k == key).count();
     assert_eq!(
         reports, 1,
@@ -995,21 +1072,31 @@ pub fn message_larger_than_receive_buffer_closes_connection_clearly<H: Harness>(
 pub fn closing_active_endpoint_reports_closed_on_both_sides<H: Harness>(mode: ThreadSafety) {
     let mut c = Ctx::<H>::new(mode);
     let p = c.pair(full_params(64, 2), full_params(64, 2));
-    let listen = p.listen;
-    c.call(&p.client, move |b| b.close_active_endpoint(listen))
+    let to_server = p.to_server;
+    c.call(&p.client, move |b| b.close_active_endpoint(to_server))
         .unwrap();
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait("both sides report the close", || {
-        cl.closed_count(listen) == 1 && sl.closed_count(p.accepted) == 1
+        cl.closed_count(to_server) == 1 && sl.closed_count(p.to_client) == 1
     });
     c.settle();
     assert_eq!(
         p.client.log.closed(),
-        vec![(listen, CloseReason::Local, vec![])]
+        vec![Close {
+            conn: to_server,
+            remote: p.listen,
+            reason: CloseReason::Local,
+            keys: vec![]
+        }]
     );
     assert_eq!(
         p.server.log.closed(),
-        vec![(p.accepted, CloseReason::PeerClosed, vec![])]
+        vec![Close {
+            conn: p.to_client,
+            remote: p.accepted,
+            reason: CloseReason::PeerClosed,
+            keys: vec![]
+        }]
     );
 }
 
@@ -1021,24 +1108,26 @@ pub fn closing_with_sends_in_flight_reports_each_key_once<H: Harness>(mode: Thre
         ConnectionParams::receive(64, 32),
         ConnectionParams::buffered(64, 16),
     );
-    let listen = p.listen;
+    let to_server = p.to_server;
     // On the loop thread, so that no completion returns a buffer meanwhile.
     let sent = c.on_loop(&p.client, move |b| {
         let mut keys = Vec::new();
-        while let Some(mut buf) = b.get_buffer(listen).unwrap() {
-            buf.write_int(buf.index()).unwrap();
-            keys.push(buf.index());
-            b.send_buffer(listen, buf).unwrap();
+        let mut key = 100u64;
+        while let Some(mut buf) = b.get_buffer(to_server).unwrap() {
+            buf.write_int(key).unwrap();
+            keys.push(key);
+            b.send_buffer(to_server, buf, key).unwrap();
+            key += 3;
         }
-        b.close_active_endpoint(listen).unwrap();
+        b.close_active_endpoint(to_server).unwrap();
         keys
     });
     assert_eq!(sent.len(), 16);
     let cl = p.client.log.clone();
-    c.wait("the close is reported", || cl.closed_count(listen) == 1);
+    c.wait("the close is reported", || cl.closed_count(to_server) == 1);
     c.settle();
-    let done = p.client.log.completed_to(listen);
-    let cancelled = p.client.log.cancelled_to(listen);
+    let done = p.client.log.completed(to_server);
+    let cancelled = p.client.log.cancelled(to_server);
     let mut all: Vec<u64> = done.iter().chain(&cancelled).copied().collect();
     all.sort_unstable();
     let mut want = sent.clone();
@@ -1061,7 +1150,7 @@ pub fn closing_with_sends_in_flight_reports_each_key_once<H: Harness>(mode: Thre
     let delivered: Vec<u64> = p
         .server
         .log
-        .data_from(p.accepted)
+        .data_on(p.to_client)
         .iter()
         .map(|d| u64::from_le_bytes(d[..8].try_into().unwrap()))
         .collect();
@@ -1088,26 +1177,27 @@ pub fn closing_listener_closes_its_connections<H: Harness>(mode: ThreadSafety) {
     let s = c.node();
     let listen = connect_target(c.listen(&s, full_params(64, 2)), s.ip);
     let clients: Vec<Node<H>> = (0..3).map(|_| c.node()).collect();
-    let mut accepted = Vec::new();
+    let mut conns = Vec::new();
     for cl in &clients {
-        accepted.push(c.connect(&s, cl, listen, full_params(64, 2)));
+        conns.push(c.connect(&s, cl, listen, full_params(64, 2)));
     }
     // The server's own outgoing connection must survive.
     let other = c.node();
     let other_listen = connect_target(c.listen(&other, full_params(64, 2)), other.ip);
-    c.connect(&other, &s, other_listen, full_params(64, 2));
+    let outgoing = c.connect(&other, &s, other_listen, full_params(64, 2));
     c.call(&s, move |b| b.close_listen_endpoint(listen))
         .unwrap();
     let sl = s.log.clone();
     c.wait("every accepted connection is closed", || {
         sl.closed().len() >= 3
     });
-    for cl in &clients {
+    for (cl, conn) in clients.iter().zip(&conns) {
         let log = cl.log.clone();
+        let conn = conn.client;
         c.wait("each client hears of the close", || {
-            log.closed_count(listen) == 1
+            log.closed_count(conn) == 1
         });
-        assert_eq!(cl.log.closed()[0].1, CloseReason::PeerClosed);
+        assert_eq!(cl.log.closed()[0].reason, CloseReason::PeerClosed);
     }
     c.settle();
     let closed = s.log.closed();
@@ -1116,16 +1206,21 @@ pub fn closing_listener_closes_its_connections<H: Harness>(mode: ThreadSafety) {
         3,
         "exactly the accepted connections: {closed:?}"
     );
-    let names: BTreeSet<_> = closed.iter().map(|x| x.0).collect();
-    assert_eq!(names, accepted.iter().copied().collect::<BTreeSet<_>>());
+    let names: BTreeSet<_> = closed.iter().map(|x| x.conn).collect();
+    assert_eq!(
+        names,
+        conns.iter().map(|x| x.server).collect::<BTreeSet<_>>()
+    );
     assert!(
-        closed.iter().all(|x| x.1 == CloseReason::ListenerClosed),
+        closed
+            .iter()
+            .all(|x| x.reason == CloseReason::ListenerClosed),
         "{closed:?}"
     );
-    c.send_buffered(&s, other_listen, b"still open".to_vec());
+    c.send_buffered(&s, outgoing.client, b"still open".to_vec());
     let ol = other.log.clone();
     c.wait("the outgoing connection still works", || {
-        !ol.data().is_empty()
+        !ol.all_data().is_empty()
     });
     let cl = c.node();
     c.call(&cl, move |b| {
@@ -1158,24 +1253,26 @@ pub fn closing_listener_without_connections_reports_nothing<H: Harness>(mode: Th
     assert_eq!(again.expect("listening again on the same address"), listen);
 }
 
-/// Closing an endpoint that does not exist fails with `UnknownActiveEndpoint`
-/// or `UnknownListenEndpoint`, also the second time a listener is closed.
+/// Closing a connection or listener that does not exist fails with
+/// `UnknownConnection` or `UnknownListenEndpoint`, also the second time a
+/// listener is closed.
 pub fn closing_unknown_endpoint_fails<H: Harness>(mode: ThreadSafety) {
     let mut c = Ctx::<H>::new(mode);
     let s = c.node();
     let listen = c.listen(&s, full_params(64, 2));
     let nowhere = EndpointAddress::new(s.ip, 9);
+    let nobody = ConnId::new(9, 9);
     let r = c.call(&s, move |b| {
         (
-            b.close_active_endpoint(nowhere),
+            b.close_active_endpoint(nobody),
             b.close_listen_endpoint(nowhere),
             b.close_listen_endpoint(listen),
             b.close_listen_endpoint(listen),
-            b.close_active_endpoint(listen),
+            b.close_active_endpoint(nobody),
         )
     });
     assert!(
-        matches!(r.0, Err(CloseError::UnknownActiveEndpoint(a)) if a == nowhere),
+        matches!(r.0, Err(CloseError::UnknownConnection(a)) if a == nobody),
         "{:?}",
         r.0
     );
@@ -1191,49 +1288,49 @@ pub fn closing_unknown_endpoint_fails<H: Harness>(mode: ThreadSafety) {
         r.3
     );
     assert!(
-        matches!(r.4, Err(CloseError::UnknownActiveEndpoint(_))),
-        "a listener is not an active endpoint: {:?}",
+        matches!(r.4, Err(CloseError::UnknownConnection(a)) if a == nobody),
+        "a second close of an unknown handle: {:?}",
         r.4
     );
 }
 
-/// An accepted connection can be closed by the peer's address; both sides
-/// report it.
-pub fn accepted_endpoint_can_be_closed_by_remote_address<H: Harness>(mode: ThreadSafety) {
+/// An accepted connection can be closed with the handle its
+/// `on_connection_established` gave; both sides report it.
+pub fn accepted_connection_can_be_closed_by_its_handle<H: Harness>(mode: ThreadSafety) {
     let mut c = Ctx::<H>::new(mode);
     let p = c.pair(full_params(64, 2), full_params(64, 2));
-    let acc = p.accepted;
-    c.call(&p.server, move |b| b.close_active_endpoint(acc))
+    let to_client = p.to_client;
+    c.call(&p.server, move |b| b.close_active_endpoint(to_client))
         .unwrap();
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait("both sides report the close", || {
-        sl.closed_count(acc) == 1 && cl.closed_count(p.listen) == 1
+        sl.closed_count(to_client) == 1 && cl.closed_count(p.to_server) == 1
     });
-    assert_eq!(p.server.log.closed()[0].1, CloseReason::Local);
-    assert_eq!(p.client.log.closed()[0].1, CloseReason::PeerClosed);
+    assert_eq!(p.server.log.closed()[0].reason, CloseReason::Local);
+    assert_eq!(p.client.log.closed()[0].reason, CloseReason::PeerClosed);
 }
 
-/// A peer's close is reported; afterwards the endpoint is gone (sends fail
-/// with `UnknownActiveEndpoint`) and can be opened again.
+/// A peer's close is reported; afterwards the handle is stale (calls fail
+/// with `UnknownConnection`), and connecting again works.
 pub fn peer_close_is_reported_and_endpoint_is_gone<H: Harness>(mode: ThreadSafety) {
     let mut c = Ctx::<H>::new(mode);
     let p = c.pair(full_params(64, 2), full_params(64, 2));
-    let acc = p.accepted;
-    c.call(&p.server, move |b| b.close_active_endpoint(acc))
+    let to_client = p.to_client;
+    c.call(&p.server, move |b| b.close_active_endpoint(to_client))
         .unwrap();
     let cl = p.client.log.clone();
     c.wait("the client hears of the close", || {
-        cl.closed_count(p.listen) == 1
+        cl.closed_count(p.to_server) == 1
     });
-    let listen = p.listen;
+    let to_server = p.to_server;
     let r = c.call(&p.client, move |b| {
-        b.get_buffer(listen).map(|x| x.is_some())
+        b.get_buffer(to_server).map(|x| x.is_some())
     });
     assert!(
-        matches!(r, Err(BufferError::UnknownActiveEndpoint(_))),
+        matches!(r, Err(BufferError::UnknownConnection(a)) if a == to_server),
         "{r:?}"
     );
-    c.connect(&p.server, &p.client, listen, full_params(64, 2));
+    c.connect(&p.server, &p.client, p.listen, full_params(64, 2));
 }
 
 // -------------------------------------------------------------------- threads
@@ -1252,7 +1349,7 @@ pub fn sends_from_many_threads_all_arrive<H: Harness>(mode: ThreadSafety) {
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {
             let b = p.client.backend.clone();
-            let listen = p.listen;
+            let to_server = p.to_server;
             let failures = failures.clone();
             std::thread::spawn(move || {
                 let deadline = Instant::now() + WATCHDOG;
@@ -1265,11 +1362,12 @@ pub fn sends_from_many_threads_all_arrive<H: Harness>(mode: ThreadSafety) {
                                 .push(format!("thread {t} timed out at {i}"));
                             return;
                         }
-                        match b.get_buffer(listen) {
+                        match b.get_buffer(to_server) {
                             Ok(Some(mut buf)) => {
                                 buf.write_int(t).unwrap();
                                 buf.write_int(i).unwrap();
-                                match b.send_buffer(listen, buf) {
+                                let key = (u64::from(t) << 32) | u64::from(i);
+                                match b.send_buffer(to_server, buf, key) {
                                     Ok(()) => break,
                                     Err(e) if e.is_retryable() => {}
                                     Err(e) => {
@@ -1293,7 +1391,7 @@ pub fn sends_from_many_threads_all_arrive<H: Harness>(mode: ThreadSafety) {
     let total = (THREADS * PER) as usize;
     let f2 = failures.clone();
     c.wait("every message from every thread arrives", || {
-        sl.data_from(p.accepted).len() >= total || !f2.lock().unwrap().is_empty()
+        sl.data_on(p.to_client).len() >= total || !f2.lock().unwrap().is_empty()
     });
     for h in handles {
         h.join().expect("sender thread panicked");
@@ -1304,7 +1402,7 @@ pub fn sends_from_many_threads_all_arrive<H: Harness>(mode: ThreadSafety) {
         failures.lock().unwrap()
     );
     let mut per: HashMap<u32, Vec<u32>> = HashMap::new();
-    for d in p.server.log.data_from(p.accepted) {
+    for d in p.server.log.data_on(p.to_client) {
         let t = u32::from_le_bytes(d[0..4].try_into().unwrap());
         let i = u32::from_le_bytes(d[4..8].try_into().unwrap());
         per.entry(t).or_default().push(i);
@@ -1325,18 +1423,18 @@ pub fn handler_can_send_and_close_inside_callbacks<H: Harness>(mode: ThreadSafet
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     let e2 = errors.clone();
     let react: React<H::Backend> = Box::new(move |b, ev| {
-        if let Event::Data { remote, data } = ev {
+        if let Event::Data { conn, data } = ev {
             if data == b"close" {
-                if let Err(e) = b.close_active_endpoint(*remote) {
+                if let Err(e) = b.close_active_endpoint(*conn) {
                     e2.lock().unwrap().push(e.to_string());
                 }
                 return;
             }
-            match b.get_buffer(*remote) {
+            match b.get_buffer(*conn) {
                 Ok(Some(mut buf)) => {
                     buf.write(b"echo:").unwrap();
                     buf.write(data).unwrap();
-                    if let Err(e) = b.send_buffer(*remote, buf) {
+                    if let Err(e) = b.send_buffer(*conn, buf, data.len() as u64) {
                         e2.lock().unwrap().push(e.to_string());
                     }
                 }
@@ -1347,25 +1445,25 @@ pub fn handler_can_send_and_close_inside_callbacks<H: Harness>(mode: ThreadSafet
     let server = c.node_with(c.config(), Some(react));
     let client = c.node();
     let p = c.pair_of(server, client, full_params(64, 8), full_params(64, 8));
-    c.send_buffered(&p.client, p.listen, b"a".to_vec());
-    c.send_buffered(&p.client, p.listen, b"b".to_vec());
+    c.send_buffered(&p.client, p.to_server, b"a".to_vec());
+    c.send_buffered(&p.client, p.to_server, b"b".to_vec());
     let cl = p.client.log.clone();
-    c.wait("both echoes arrive", || cl.data_from(p.listen).len() == 2);
+    c.wait("both echoes arrive", || cl.data_on(p.to_server).len() == 2);
     assert_eq!(
-        p.client.log.data_from(p.listen),
+        p.client.log.data_on(p.to_server),
         vec![b"echo:a".to_vec(), b"echo:b".to_vec()]
     );
-    c.send_buffered(&p.client, p.listen, b"close".to_vec());
+    c.send_buffered(&p.client, p.to_server, b"close".to_vec());
     let sl = p.server.log.clone();
     c.wait("the handler's close is reported on both sides", || {
-        cl.closed_count(p.listen) == 1 && sl.closed_count(p.accepted) == 1
+        cl.closed_count(p.to_server) == 1 && sl.closed_count(p.to_client) == 1
     });
     assert!(
         errors.lock().unwrap().is_empty(),
         "{:?}",
         errors.lock().unwrap()
     );
-    assert_eq!(p.server.log.closed()[0].1, CloseReason::Local);
+    assert_eq!(p.server.log.closed()[0].reason, CloseReason::Local);
 }
 
 /// In thread-unsafe mode, every operation called from a thread other than
@@ -1375,55 +1473,107 @@ pub fn calls_off_the_loop_thread_fail_with_wrong_thread<H: Harness>(mode: Thread
     assert_eq!(mode, ThreadSafety::Unsafe);
     let p = c.pair(full_params(64, 2), full_params(64, 2));
     let b = p.client.backend.clone();
-    let listen = p.listen;
+    let to_server = p.to_server;
     let ip = p.client.ip;
+    let listen = p.listen;
+    let buf = c
+        .on_loop(&p.client, move |b| b.get_buffer(to_server))
+        .unwrap()
+        .expect("a free buffer");
     let r = std::thread::spawn(move || {
         let any = EndpointAddress::new(ip, 0);
-        (
-            matches!(
-                b.open_listen_endpoint(any, full_params(64, 2)),
-                Err(OpenListenError::WrongThread)
+        vec![
+            (
+                "open_listen_endpoint",
+                matches!(
+                    b.open_listen_endpoint(any, full_params(64, 2)),
+                    Err(OpenListenError::WrongThread)
+                ),
             ),
-            matches!(
-                b.open_active_endpoint(listen.with_port(listen.port() ^ 1), full_params(64, 2)),
-                Err(OpenActiveError::WrongThread)
+            (
+                "open_active_endpoint",
+                matches!(
+                    b.open_active_endpoint(listen, full_params(64, 2)),
+                    Err(OpenActiveError::WrongThread)
+                ),
             ),
-            matches!(b.get_buffer(listen), Err(BufferError::WrongThread)),
-            matches!(
-                b.num_available_buffers(listen),
-                Err(BufferError::WrongThread)
+            (
+                "get_buffer",
+                matches!(b.get_buffer(to_server), Err(BufferError::WrongThread)),
             ),
-            matches!(
-                b.send_data_copy(listen, &[b"x"], &[], 1),
-                Err(SendError::WrongThread)
+            (
+                "send_buffer",
+                matches!(
+                    b.send_buffer(to_server, buf, 3),
+                    Err(SendError::WrongThread)
+                ),
             ),
-            matches!(
-                b.close_active_endpoint(listen),
-                Err(CloseError::WrongThread)
+            (
+                "num_available_buffers",
+                matches!(
+                    b.num_available_buffers(to_server),
+                    Err(BufferError::WrongThread)
+                ),
             ),
-            matches!(
-                b.close_listen_endpoint(listen),
-                Err(CloseError::WrongThread)
+            (
+                "send_data_copy",
+                matches!(
+                    b.send_data_copy(to_server, &[b"x"], &[], 1),
+                    Err(SendError::WrongThread)
+                ),
             ),
-        )
+            (
+                "pause_receive",
+                matches!(b.pause_receive(to_server), Err(ConnError::WrongThread)),
+            ),
+            (
+                "resume_receive",
+                matches!(b.resume_receive(to_server), Err(ConnError::WrongThread)),
+            ),
+            (
+                "remote_address",
+                matches!(b.remote_address(to_server), Err(ConnError::WrongThread)),
+            ),
+            (
+                "connection_to",
+                matches!(b.connection_to(listen), Err(ConnError::WrongThread)),
+            ),
+            (
+                "close_active_endpoint",
+                matches!(
+                    b.close_active_endpoint(to_server),
+                    Err(CloseError::WrongThread)
+                ),
+            ),
+            (
+                "close_listen_endpoint",
+                matches!(
+                    b.close_listen_endpoint(listen),
+                    Err(CloseError::WrongThread)
+                ),
+            ),
+        ]
     })
     .join()
     .unwrap();
-    assert_eq!(
-        r,
-        (true, true, true, true, true, true, true),
-        "each call must fail with WrongThread"
+    let wrong: Vec<&str> = r.iter().filter(|x| !x.1).map(|x| x.0).collect();
+    assert!(
+        wrong.is_empty(),
+        "each call off the loop thread must fail with WrongThread; these did not: {wrong:?}"
     );
     c.settle();
     assert!(
         p.client.log.closed().is_empty(),
         "nothing may have been closed"
     );
-    assert!(p.server.log.data().is_empty(), "nothing may have been sent");
-    c.send_buffered(&p.client, listen, b"ok".to_vec());
+    assert!(
+        p.server.log.all_data().is_empty(),
+        "nothing may have been sent"
+    );
+    c.send_buffered(&p.client, to_server, b"ok".to_vec());
     let sl = p.server.log.clone();
     c.wait("the connection still works from the loop thread", || {
-        !sl.data().is_empty()
+        !sl.all_data().is_empty()
     });
 }
 
@@ -1435,15 +1585,15 @@ pub fn sends_through_signals_and_timers_work<H: Harness>(mode: ThreadSafety) {
         ConnectionParams::receive(64, 16),
         ConnectionParams::buffered(64, 16),
     );
-    let listen = p.listen;
+    let to_server = p.to_server;
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     let send = {
         let b = p.client.backend.clone();
         let errors = errors.clone();
-        move |msg: &[u8]| match b.get_buffer(listen) {
+        move |msg: &[u8]| match b.get_buffer(to_server) {
             Ok(Some(mut buf)) => {
                 buf.write(msg).unwrap();
-                if let Err(e) = b.send_buffer(listen, buf) {
+                if let Err(e) = b.send_buffer(to_server, buf, msg.len() as u64) {
                     errors.lock().unwrap().push(e.to_string());
                 }
             }
@@ -1477,11 +1627,11 @@ pub fn sends_through_signals_and_timers_work<H: Harness>(mode: ThreadSafety) {
         .unwrap();
     let sl = p.server.log.clone();
     c.wait("three signal and three timer messages arrive", || {
-        sl.data().len() >= 6
+        sl.all_data().len() >= 6
     });
     c.settle();
     timer_slot.lock().unwrap().take();
-    let data = p.server.log.data_from(p.accepted);
+    let data = p.server.log.data_on(p.to_client);
     assert_eq!(
         data.iter().filter(|d| d.as_slice() == b"sig").count(),
         3,
@@ -1736,7 +1886,7 @@ pub fn shared_receive_pool_keeps_memory_constant_as_connections_grow<H: Harness>
             shared.backend.memory_usage().receive_bytes,
             private.backend.memory_usage().receive_bytes,
         ));
-        servers.push((s, a));
+        servers.push((s, a.server));
     }
     for (i, (s, p)) in usage.iter().enumerate() {
         assert_eq!(
@@ -1752,7 +1902,7 @@ pub fn shared_receive_pool_keeps_memory_constant_as_connections_grow<H: Harness>
     }
     let log = shared.log.clone();
     c.wait("every connection delivers through the shared pool", || {
-        log.data().len() == 4
+        log.all_data().len() == 4
     });
 }
 
@@ -1770,8 +1920,10 @@ pub fn per_listener_shared_pool_serves_only_its_listener<H: Harness>(mode: Threa
     for i in 0..5 {
         let cl = c.node();
         let target = if i < 3 { la } else { lb };
-        c.connect(&s, &cl, target, ConnectionParams::buffered(100, 2));
-        clients.push((cl, target));
+        let conn = c
+            .connect(&s, &cl, target, ConnectionParams::buffered(100, 2))
+            .client;
+        clients.push((cl, conn));
     }
     let used = s.backend.memory_usage().receive_bytes - base;
     assert!(
@@ -1779,11 +1931,11 @@ pub fn per_listener_shared_pool_serves_only_its_listener<H: Harness>(mode: Threa
         "listener A's three connections share one pool of 400 bytes, listener B's two have 400 each; \
          got {used} bytes beyond the {base} before any connection"
     );
-    for (cl, target) in &clients {
-        c.send_buffered(cl, *target, vec![7; 100]);
+    for (cl, conn) in &clients {
+        c.send_buffered(cl, *conn, vec![7; 100]);
     }
     let log = s.log.clone();
-    c.wait("every connection receives", || log.data().len() == 5);
+    c.wait("every connection receives", || log.all_data().len() == 5);
 }
 
 /// With a backend-wide shared send pool, every connection can send buffered
@@ -1799,9 +1951,9 @@ pub fn shared_send_pool_serves_every_connection<H: Harness>(mode: ThreadSafety) 
     let (s1, s2) = (c.node(), c.node());
     let l1 = connect_target(c.listen(&s1, ConnectionParams::receive(64, 4)), s1.ip);
     let l2 = connect_target(c.listen(&s2, ConnectionParams::receive(64, 4)), s2.ip);
-    c.connect(&s1, &cl, l1, ConnectionParams::default());
-    c.connect(&s2, &cl, l2, ConnectionParams::default());
-    let caps = cl.log.established_with(l1).unwrap();
+    let l1 = c.connect(&s1, &cl, l1, ConnectionParams::default()).client;
+    let l2 = c.connect(&s2, &cl, l2, ConnectionParams::default()).client;
+    let caps = cl.log.established_caps(l1).unwrap();
     assert_eq!(caps, ConnectionParams::default().capabilities(&cfg, copy));
     assert!(
         caps.send_buffered,
@@ -1820,8 +1972,8 @@ pub fn shared_send_pool_serves_every_connection<H: Harness>(mode: ThreadSafety) 
         let (mut x, mut y, z) = (x.unwrap(), y.unwrap(), z.unwrap());
         x.write(b"via-l1").unwrap();
         y.write(b"via-l2").unwrap();
-        b.send_buffer(l2, x).unwrap();
-        b.send_buffer(l1, y).unwrap();
+        b.send_buffer(l2, x, 1).unwrap();
+        b.send_buffer(l1, y, 2).unwrap();
         drop(z);
         none
     });
@@ -1831,10 +1983,10 @@ pub fn shared_send_pool_serves_every_connection<H: Harness>(mode: ThreadSafety) 
     );
     let (a, b) = (s1.log.clone(), s2.log.clone());
     c.wait("both messages arrive", || {
-        a.data().len() == 1 && b.data().len() == 1
+        a.all_data().len() == 1 && b.all_data().len() == 1
     });
-    assert_eq!(s2.log.data()[0].1, b"via-l1".to_vec());
-    assert_eq!(s1.log.data()[0].1, b"via-l2".to_vec());
+    assert_eq!(s2.log.all_data()[0].1, b"via-l1".to_vec());
+    assert_eq!(s1.log.all_data()[0].1, b"via-l2".to_vec());
 }
 
 // ----------------------------------------------------------------------- meta
@@ -1852,6 +2004,7 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         ("shared_receive_pool", f.shared_receive_pool),
         ("shared_send_pool", f.shared_send_pool),
         ("reset", reset),
+        ("partition", h.can_partition()),
     ];
     for name in unsupported {
         assert!(
@@ -1863,7 +2016,7 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         assert_eq!(
             unsupported.contains(&name),
             !supported,
-            "feature `{name}`: Harness::features (or can_reset) says supported = {supported}, the suite! list disagrees"
+            "feature `{name}`: Harness::features (or can_reset, can_partition) says supported = {supported}, the suite! list disagrees"
         );
     }
 }
@@ -1903,14 +2056,9 @@ fn held_pair<H: Harness>(c: &mut Ctx<H>) -> crate::Pair<H> {
 /// Every key in `sent` was reported exactly once by `node` for `remote`,
 /// as completed or cancelled, and nothing else was.
 #[track_caller]
-fn assert_each_key_once<H: Harness>(
-    node: &Node<H>,
-    remote: EndpointAddress,
-    sent: &[u64],
-    who: &str,
-) {
-    let done = node.log.completed_to(remote);
-    let cancelled = node.log.cancelled_to(remote);
+fn assert_each_key_once<H: Harness>(node: &Node<H>, conn: ConnId, sent: &[u64], who: &str) {
+    let done = node.log.completed(conn);
+    let cancelled = node.log.cancelled(conn);
     let mut counts: HashMap<u64, usize> = HashMap::new();
     for k in done.iter().chain(&cancelled) {
         *counts.entry(*k).or_default() += 1;
@@ -1941,20 +2089,20 @@ fn assert_each_key_once<H: Harness>(
     );
 }
 
-/// What `node` received from `remote` is a run of `sent` messages, in
+/// What `receiver` received on `from` is a run of `sent` messages, in
 /// order, without repeats, and none of them was reported cancelled by the
-/// sender.
+/// sender (on its handle `to`).
 #[track_caller]
 fn assert_delivered_in_order<H: Harness>(
     receiver: &Node<H>,
-    from: EndpointAddress,
+    from: ConnId,
     sender: &Node<H>,
-    to: EndpointAddress,
+    to: ConnId,
     sent: &[u64],
 ) -> Vec<u64> {
     let got: Vec<u64> = receiver
         .log
-        .data_from(from)
+        .data_on(from)
         .iter()
         .map(|d| key_of(d))
         .collect();
@@ -1970,7 +2118,7 @@ fn assert_delivered_in_order<H: Harness>(
         pos.windows(2).all(|w| w[0] < w[1]),
         "messages of one connection arrive in order, exactly once: got keys {got:?}"
     );
-    let cancelled = sender.log.cancelled_to(to);
+    let cancelled = sender.log.cancelled(to);
     for k in &got {
         assert!(
             !cancelled.contains(k),
@@ -1980,20 +2128,15 @@ fn assert_delivered_in_order<H: Harness>(
     got
 }
 
-/// `node` reported the connection to `remote` closed exactly once, for
-/// one of `reasons`.
+/// `node` reported the connection `conn` closed exactly once, for one of
+/// `reasons`.
 #[track_caller]
-fn assert_closed_for<H: Harness>(
-    node: &Node<H>,
-    remote: EndpointAddress,
-    reasons: &[CloseReason],
-    who: &str,
-) {
+fn assert_closed_for<H: Harness>(node: &Node<H>, conn: ConnId, reasons: &[CloseReason], who: &str) {
     let closes: Vec<_> = node
         .log
         .closed()
         .into_iter()
-        .filter(|c| c.0 == remote)
+        .filter(|c| c.conn == conn)
         .collect();
     assert_eq!(
         closes.len(),
@@ -2001,9 +2144,9 @@ fn assert_closed_for<H: Harness>(
         "a closed connection is reported once on each side ({who}): {closes:?}"
     );
     assert!(
-        reasons.contains(&closes[0].1),
+        reasons.contains(&closes[0].reason),
         "{who} reports the close as {:?}, expected one of {reasons:?}",
-        closes[0].1
+        closes[0].reason
     );
 }
 
@@ -2020,30 +2163,37 @@ fn sends_in_flight_then<H: Harness>(
     let mut c = Ctx::<H>::new(mode);
     let p = held_pair(&mut c);
     c.pause(&p.server);
-    let filled = c.fill(&p.client, p.listen, SendMode::Copy, HELD_MSG, 0, FILL_LIMIT);
+    let filled = c.fill(
+        &p.client,
+        p.to_server,
+        SendMode::Copy,
+        HELD_MSG,
+        0,
+        FILL_LIMIT,
+    );
     close(&mut c, &p);
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait(
         &format!("both sides report the connection closed ({how})"),
-        || cl.closed_count(p.listen) == 1 && sl.closed_count(p.accepted) == 1,
+        || cl.closed_count(p.to_server) == 1 && sl.closed_count(p.to_client) == 1,
     );
     c.settle();
-    assert_each_key_once(&p.client, p.listen, &filled.keys, "the sender");
+    assert_each_key_once(&p.client, p.to_server, &filled.keys, "the sender");
     assert_each_key_once(
         &p.server,
-        p.accepted,
+        p.to_client,
         &[],
         "the receiver, which sent nothing",
     );
     assert!(
-        !p.client.log.cancelled_to(p.listen).is_empty(),
+        !p.client.log.cancelled(p.to_server).is_empty(),
         "{how}: the sends still queued when the provider pushed back ({}) cannot have left; \
          they must be reported cancelled, but none was",
         filled.pushed_back
     );
-    assert_delivered_in_order(&p.server, p.accepted, &p.client, p.listen, &filled.keys);
-    assert_closed_for(&p.client, p.listen, client_reasons, "the sender");
-    assert_closed_for(&p.server, p.accepted, server_reasons, "the receiver");
+    assert_delivered_in_order(&p.server, p.to_client, &p.client, p.to_server, &filled.keys);
+    assert_closed_for(&p.client, p.to_server, client_reasons, "the sender");
+    assert_closed_for(&p.server, p.to_client, server_reasons, "the receiver");
 }
 
 // ------------------------------------------------------- v2: connections
@@ -2142,11 +2292,11 @@ pub fn established_comes_first_even_when_the_peer_greets_from_its_established_ca
     let mut c = Ctx::<H>::new(mode);
     let greet = |hello: &'static [u8]| -> React<H::Backend> {
         Box::new(move |b, ev| {
-            if let Event::Established { remote, .. } = ev {
-                let _ = b.send_data_copy(*remote, &[hello], &[], 1);
-                if let Ok(Some(mut buf)) = b.get_buffer(*remote) {
+            if let Event::Established { conn, .. } = ev {
+                let _ = b.send_data_copy(*conn, &[hello], &[], 1);
+                if let Ok(Some(mut buf)) = b.get_buffer(*conn) {
                     buf.write(hello).unwrap();
-                    let _ = b.send_buffer(*remote, buf);
+                    let _ = b.send_buffer(*conn, buf, 2);
                 }
             }
         })
@@ -2157,20 +2307,14 @@ pub fn established_comes_first_even_when_the_peer_greets_from_its_established_ca
     let p = c.pair_of(server, client, full_params(64, 8), full_params(64, 8));
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait("each side receives the other's greeting", || {
-        !sl.data_from(p.accepted).is_empty() && !cl.data_from(p.listen).is_empty()
+        !sl.data_on(p.to_client).is_empty() && !cl.data_on(p.to_server).is_empty()
     });
     c.settle();
-    for (who, log, remote) in [
-        ("the client", &p.client.log, p.listen),
-        ("the server", &p.server.log, p.accepted),
+    for (who, log, conn) in [
+        ("the client", &p.client.log, p.to_server),
+        ("the server", &p.server.log, p.to_client),
     ] {
-        let first = log.events().into_iter().find(|e| match e {
-            Event::Established { remote: r, .. }
-            | Event::Data { remote: r, .. }
-            | Event::Completed { remote: r, .. }
-            | Event::Closed { remote: r, .. } => *r == remote,
-            Event::Refused { .. } => false,
-        });
+        let first = log.events_of(conn).into_iter().next();
         assert!(
             matches!(first, Some(Event::Established { .. })),
             "{who}: on_connection_established comes before any other event of the \
@@ -2180,22 +2324,30 @@ pub fn established_comes_first_even_when_the_peer_greets_from_its_established_ca
 }
 
 /// Closing a connection that is still opening reports
-/// `on_connection_refused` with `Cancelled` on the initiator, never
-/// `on_connection_closed`; the endpoint can be opened again.
+/// `on_connection_refused` with `Cancelled` and its handle on the
+/// initiator, never `on_connection_closed`; the handle is stale from the
+/// close call on, and a new connection to the address works.
 pub fn closing_a_connection_still_opening_reports_it_refused_as_cancelled<H: Harness>(
     mode: ThreadSafety,
 ) {
     let mut c = Ctx::<H>::new(mode);
     let (s, cl) = (c.node(), c.node());
     let listen = connect_target(c.listen(&s, full_params(64, 2)), s.ip);
-    let (open, close) = c.on_loop(&cl, move |b| {
+    let (conn, close, again) = c.on_loop(&cl, move |b| {
+        let conn = b
+            .open_active_endpoint(listen, full_params(64, 2))
+            .unwrap_or_else(|e| panic!("opening: {e}"));
         (
-            b.open_active_endpoint(listen, full_params(64, 2)),
-            b.close_active_endpoint(listen),
+            conn,
+            b.close_active_endpoint(conn),
+            b.close_active_endpoint(conn),
         )
     });
-    open.unwrap_or_else(|e| panic!("opening: {e}"));
     close.unwrap_or_else(|e| panic!("closing a connection still opening is allowed: {e}"));
+    assert!(
+        matches!(again, Err(CloseError::UnknownConnection(x)) if x == conn),
+        "the handle is stale once the close call returned: a second close gave {again:?}"
+    );
     let log = cl.log.clone();
     c.wait("the attempt is reported refused", || {
         !log.refused().is_empty() || !log.closed().is_empty()
@@ -2203,7 +2355,7 @@ pub fn closing_a_connection_still_opening_reports_it_refused_as_cancelled<H: Har
     c.settle();
     assert_eq!(
         cl.log.refused(),
-        vec![(listen, RefuseReason::Cancelled)],
+        vec![(conn, listen, RefuseReason::Cancelled)],
         "closing a connection still opening reports it refused (Cancelled) to the initiator"
     );
     assert!(
@@ -2212,6 +2364,74 @@ pub fn closing_a_connection_still_opening_reports_it_refused_as_cancelled<H: Har
         cl.log
     );
     c.connect(&s, &cl, listen, full_params(64, 2));
+}
+
+/// A connection still opening is not established: send and buffer calls
+/// on its handle answer `UnknownConnection`, while `remote_address`,
+/// `connection_to`, `pause_receive` and `resume_receive` work; once it is
+/// established, sending works.
+pub fn sends_on_a_connection_still_opening_answer_unknown_connection<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let (s, cl) = (c.node(), c.node());
+    let listen = connect_target(c.listen(&s, full_params(64, 2)), s.ip);
+    // On the loop thread, so that the connection cannot be established
+    // between the calls.
+    let (conn, r) = c.on_loop(&cl, move |b| {
+        let conn = b
+            .open_active_endpoint(listen, full_params(64, 2))
+            .unwrap_or_else(|e| panic!("opening: {e}"));
+        let r = (
+            b.get_buffer(conn).map(|x| x.is_some()),
+            b.send_data_copy(conn, &[b"early"], &[], 1),
+            b.num_available_buffers(conn),
+            b.remote_address(conn),
+            b.connection_to(listen),
+            b.pause_receive(conn),
+            b.resume_receive(conn),
+        );
+        (conn, r)
+    });
+    assert!(
+        matches!(r.0, Err(BufferError::UnknownConnection(x)) if x == conn),
+        "get_buffer on a connection still opening: {:?}",
+        r.0
+    );
+    assert!(
+        matches!(r.1, Err(SendError::UnknownConnection(x)) if x == conn),
+        "send_data_copy on a connection still opening: {:?}",
+        r.1
+    );
+    assert!(
+        matches!(r.2, Err(BufferError::UnknownConnection(x)) if x == conn),
+        "num_available_buffers on a connection still opening: {:?}",
+        r.2
+    );
+    assert_eq!(
+        r.3.ok(),
+        Some(listen),
+        "remote_address works while the connection is opening"
+    );
+    assert_eq!(
+        r.4.ok(),
+        Some(conn),
+        "connection_to finds a connection still opening"
+    );
+    assert!(
+        r.5.is_ok() && r.6.is_ok(),
+        "pause_receive and resume_receive work while opening: {:?} {:?}",
+        r.5,
+        r.6
+    );
+    let log = cl.log.clone();
+    c.wait("the connection is established", || {
+        log.established_caps(conn).is_some()
+    });
+    c.send_buffered(&cl, conn, b"now".to_vec());
+    let sl = s.log.clone();
+    c.wait("the message arrives", || sl.all_data().len() == 1);
+    assert_eq!(s.log.all_data()[0].1, b"now".to_vec(), "nothing sent early");
 }
 
 // ------------------------------------------------------- v2: sending
@@ -2225,10 +2445,10 @@ pub fn a_send_slot_is_free_when_its_completion_is_reported<H: Harness>(mode: Thr
     let answers = Arc::new(Mutex::new(Vec::<String>::new()));
     let a2 = answers.clone();
     let react: React<H::Backend> = Box::new(move |b, ev| {
-        if let Event::Completed { remote, key } = ev {
+        if let Event::Completed { conn, key } = ev {
             if *key < MORE {
                 let r = b.send_data_copy(
-                    *remote,
+                    *conn,
                     &[&(key + DEPTH as u64).to_le_bytes()],
                     &[],
                     key + DEPTH as u64,
@@ -2253,17 +2473,17 @@ pub fn a_send_slot_is_free_when_its_completion_is_reported<H: Harness>(mode: Thr
         ConnectionParams::receive(64, 64),
         ConnectionParams::default(),
     );
-    let listen = p.listen;
+    let to_server = p.to_server;
     let first = c.on_loop(&p.client, move |b| {
         (0..DEPTH as u64)
-            .map(|k| b.send_data_copy(listen, &[&k.to_le_bytes()], &[], k))
+            .map(|k| b.send_data_copy(to_server, &[&k.to_le_bytes()], &[], k))
             .collect::<Vec<_>>()
     });
     assert!(first.iter().all(Result::is_ok), "{first:?}");
     let total = MORE as usize + DEPTH;
     let (sl, a3) = (p.server.log.clone(), answers.clone());
     c.wait("every send made from a completion arrives", || {
-        sl.data_from(p.accepted).len() >= total || !a3.lock().unwrap().is_empty()
+        sl.data_on(p.to_client).len() >= total || !a3.lock().unwrap().is_empty()
     });
     let a = answers.lock().unwrap().clone();
     assert!(
@@ -2283,12 +2503,13 @@ pub fn a_send_buffer_is_free_when_its_completion_is_reported<H: Harness>(mode: T
     let sent = Arc::new(AtomicUsize::new(1));
     let (a2, s2) = (answers.clone(), sent.clone());
     let react: React<H::Backend> = Box::new(move |b, ev| {
-        if let Event::Completed { remote, .. } = ev {
-            if s2.load(Ordering::SeqCst) <= MORE {
-                match b.get_buffer(*remote) {
+        if let Event::Completed { conn, .. } = ev {
+            let n = s2.load(Ordering::SeqCst);
+            if n <= MORE {
+                match b.get_buffer(*conn) {
                     Ok(Some(mut buf)) => {
                         buf.write(b"again").unwrap();
-                        match b.send_buffer(*remote, buf) {
+                        match b.send_buffer(*conn, buf, n as u64) {
                             Ok(()) => {
                                 s2.fetch_add(1, Ordering::SeqCst);
                             }
@@ -2311,10 +2532,10 @@ pub fn a_send_buffer_is_free_when_its_completion_is_reported<H: Harness>(mode: T
         ConnectionParams::receive(64, 64),
         ConnectionParams::buffered(64, 1),
     );
-    c.send_buffered(&p.client, p.listen, b"first".to_vec());
+    c.send_buffered(&p.client, p.to_server, b"first".to_vec());
     let (sl, a3) = (p.server.log.clone(), answers.clone());
     c.wait("every send made from a completion arrives", || {
-        sl.data_from(p.accepted).len() > MORE || !a3.lock().unwrap().is_empty()
+        sl.data_on(p.to_client).len() > MORE || !a3.lock().unwrap().is_empty()
     });
     let a = answers.lock().unwrap().clone();
     assert!(
@@ -2350,7 +2571,7 @@ fn backpressure<H: Harness>(mode: ThreadSafety, how: &str) {
     c.pause(&p.server);
     let filled = c.fill(
         &p.client,
-        p.listen,
+        p.to_server,
         send_mode.clone(),
         HELD_MSG,
         0,
@@ -2360,7 +2581,7 @@ fn backpressure<H: Harness>(mode: ThreadSafety, how: &str) {
     c.settle();
     let again = c.fill(
         &p.client,
-        p.listen,
+        p.to_server,
         send_mode.clone(),
         HELD_MSG,
         1 << 32,
@@ -2386,16 +2607,16 @@ fn backpressure<H: Harness>(mode: ThreadSafety, how: &str) {
     sent.extend(&again.keys);
     let (sl, cl2) = (p.server.log.clone(), p.client.log.clone());
     let n = sent.len();
-    let listen = p.listen;
+    let to_server = p.to_server;
     c.wait(
         &format!("every accepted {how} send is delivered once the peer reads"),
-        || sl.data_from(p.accepted).len() >= n && cl2.completed_to(listen).len() >= n,
+        || sl.data_on(p.to_client).len() >= n && cl2.completed(to_server).len() >= n,
     );
     if matches!(send_mode, SendMode::Buffered) {
         let got: Vec<u64> = p
             .server
             .log
-            .data_from(p.accepted)
+            .data_on(p.to_client)
             .iter()
             .map(|d| key_of(d))
             .collect();
@@ -2407,18 +2628,18 @@ fn backpressure<H: Harness>(mode: ThreadSafety, how: &str) {
             "backpressure (buffered): every accepted send arrives, in order"
         );
         assert_eq!(
-            p.client.log.completed_to(listen).len(),
+            p.client.log.completed(to_server).len(),
             n,
             "backpressure (buffered): one completion per accepted send"
         );
     } else {
-        let got = assert_delivered_in_order(&p.server, p.accepted, &p.client, p.listen, &sent);
+        let got = assert_delivered_in_order(&p.server, p.to_client, &p.client, p.to_server, &sent);
         assert_eq!(
             got.len(),
             n,
             "backpressure ({how}): every accepted send arrives"
         );
-        assert_each_key_once(&p.client, p.listen, &sent, "the sender");
+        assert_each_key_once(&p.client, p.to_server, &sent, "the sender");
     }
     // Sending works again.
     let k = 1u64 << 40;
@@ -2427,21 +2648,24 @@ fn backpressure<H: Harness>(mode: ThreadSafety, how: &str) {
         let mut msg = vec![0u8; 64];
         msg[..8].copy_from_slice(&k.to_le_bytes());
         match &m {
-            SendMode::Copy => b.send_data_copy(listen, &[&msg], &[], k),
+            SendMode::Copy => b.send_data_copy(to_server, &[&msg], &[], k),
             SendMode::ZeroCopy(region) => {
                 region.write(0, &msg).expect("the region is free again");
-                b.send_data(listen, &[region.slice(0, 64).unwrap()], &[], k)
+                b.send_data(to_server, &[region.slice(0, 64).unwrap()], &[], k)
             }
             SendMode::Buffered => {
-                let mut buf = b.get_buffer(listen).unwrap().expect("a free buffer again");
+                let mut buf = b
+                    .get_buffer(to_server)
+                    .unwrap()
+                    .expect("a free buffer again");
                 buf.write(&msg).unwrap();
-                b.send_buffer(listen, buf)
+                b.send_buffer(to_server, buf, k)
             }
         }
     });
     r.unwrap_or_else(|e| panic!("backpressure ({how}): sending resumes after the peer reads: {e}"));
     c.wait("the send after the backlog arrives", || {
-        sl.data_from(p.accepted).len() > n
+        sl.data_on(p.to_client).len() > n
     });
 }
 
@@ -2485,25 +2709,25 @@ pub fn message_to_a_side_without_receive_buffers_closes_with_protocol_error<H: H
         ConnectionParams::buffered(64, 2),
         ConnectionParams::receive(64, 2),
     );
-    let listen = p.listen;
+    let to_server = p.to_server;
     c.call(&p.client, move |b| {
-        b.send_data_copy(listen, &[b"unwanted"], &[], 5)
+        b.send_data_copy(to_server, &[b"unwanted"], &[], 5)
     })
     .expect("sending is allowed; the receiver decides");
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait_unless(
         "both sides report the close",
         "a message to a side without receive buffers is never delivered",
-        || sl.closed_count(p.accepted) == 1 && cl.closed_count(listen) == 1,
-        || (!sl.data().is_empty()).then(|| format!("delivered: {:?}", sl.data())),
+        || sl.closed_count(p.to_client) == 1 && cl.closed_count(to_server) == 1,
+        || (!sl.all_data().is_empty()).then(|| format!("delivered: {:?}", sl.all_data())),
     );
     c.settle();
-    let (_, reason, _) = p.server.log.closed()[0].clone();
+    let reason = p.server.log.closed()[0].reason.clone();
     assert!(
         matches!(reason, CloseReason::Protocol(_)),
         "the receiver without receive buffers closes with Protocol, got {reason:?}"
     );
-    assert_each_key_once(&p.client, listen, &[5], "the sender");
+    assert_each_key_once(&p.client, to_server, &[5], "the sender");
 }
 
 // ------------------------------------------------------- v2: closing
@@ -2517,37 +2741,49 @@ pub fn local_close_with_sends_held_in_flight_reports_each_key_once_on_both_sides
     let mut c = Ctx::<H>::new(mode);
     let p = held_pair(&mut c);
     c.pause(&p.server);
-    let filled = c.fill(&p.client, p.listen, SendMode::Copy, HELD_MSG, 0, FILL_LIMIT);
-    let listen = p.listen;
-    c.call(&p.client, move |b| b.close_active_endpoint(listen))
+    let filled = c.fill(
+        &p.client,
+        p.to_server,
+        SendMode::Copy,
+        HELD_MSG,
+        0,
+        FILL_LIMIT,
+    );
+    let to_server = p.to_server;
+    c.call(&p.client, move |b| b.close_active_endpoint(to_server))
         .expect("closing the sender's side");
     let cl = p.client.log.clone();
     c.wait("the sender reports its close", || {
-        cl.closed_count(listen) == 1
+        cl.closed_count(to_server) == 1
     });
     c.resume(&p.server);
     let sl = p.server.log.clone();
     c.wait("the receiver reports the close", || {
-        sl.closed_count(p.accepted) == 1
+        sl.closed_count(p.to_client) == 1
     });
     c.settle();
-    assert_each_key_once(&p.client, listen, &filled.keys, "the sender");
+    assert_each_key_once(&p.client, to_server, &filled.keys, "the sender");
     assert_each_key_once(
         &p.server,
-        p.accepted,
+        p.to_client,
         &[],
         "the receiver, which sent nothing",
     );
     assert!(
-        !p.client.log.cancelled_to(listen).is_empty(),
+        !p.client.log.cancelled(to_server).is_empty(),
         "the sends still queued when the provider pushed back ({}) must be reported cancelled",
         filled.pushed_back
     );
-    assert_delivered_in_order(&p.server, p.accepted, &p.client, listen, &filled.keys);
-    assert_closed_for(&p.client, listen, &[CloseReason::Local], "the closing side");
+    assert_delivered_in_order(&p.server, p.to_client, &p.client, to_server, &filled.keys);
+    assert_closed_for(
+        &p.client,
+        to_server,
+        &[CloseReason::Local],
+        "the closing side",
+    );
     assert_closed_for(
         &p.server,
-        p.accepted,
+        p.to_client,
         &[CloseReason::PeerClosed, CloseReason::Reset],
         "the peer",
     );
@@ -2563,8 +2799,8 @@ pub fn peer_close_with_sends_in_flight_reports_each_key_once_on_both_sides<H: Ha
         mode,
         "the peer closed",
         |c, p| {
-            let acc = p.accepted;
-            c.resume_with(&p.server, move |b| b.close_active_endpoint(acc))
+            let to_client = p.to_client;
+            c.resume_with(&p.server, move |b| b.close_active_endpoint(to_client))
                 .expect("the peer closes");
         },
         &[CloseReason::PeerClosed, CloseReason::Reset],
@@ -2600,27 +2836,34 @@ pub fn reset_with_sends_in_flight_reports_each_key_once_on_both_sides<H: Harness
     let mut c = Ctx::<H>::new(mode);
     let p = held_pair(&mut c);
     c.pause(&p.server);
-    let filled = c.fill(&p.client, p.listen, SendMode::Copy, HELD_MSG, 0, FILL_LIMIT);
+    let filled = c.fill(
+        &p.client,
+        p.to_server,
+        SendMode::Copy,
+        HELD_MSG,
+        0,
+        FILL_LIMIT,
+    );
     c.reset(&p.server, p.accepted);
     c.resume(&p.server);
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait("both sides report the reset connection closed", || {
-        cl.closed_count(p.listen) == 1 && sl.closed_count(p.accepted) == 1
+        cl.closed_count(p.to_server) == 1 && sl.closed_count(p.to_client) == 1
     });
     c.settle();
-    assert_each_key_once(&p.client, p.listen, &filled.keys, "the sender");
+    assert_each_key_once(&p.client, p.to_server, &filled.keys, "the sender");
     assert_each_key_once(
         &p.server,
-        p.accepted,
+        p.to_client,
         &[],
         "the receiver, which sent nothing",
     );
     assert!(
-        !p.client.log.cancelled_to(p.listen).is_empty(),
+        !p.client.log.cancelled(p.to_server).is_empty(),
         "the sends queued when the provider pushed back must be reported cancelled"
     );
-    assert_delivered_in_order(&p.server, p.accepted, &p.client, p.listen, &filled.keys);
-    assert_closed_for(&p.client, p.listen, &[CloseReason::Reset], "the sender");
+    assert_delivered_in_order(&p.server, p.to_client, &p.client, p.to_server, &filled.keys);
+    assert_closed_for(&p.client, p.to_server, &[CloseReason::Reset], "the sender");
 }
 
 /// After all of a side's sends have completed, its orderly close delivers
@@ -2636,9 +2879,9 @@ pub fn sender_close_after_completions_delivers_everything_before_the_peer_hears_
         let mut c = Ctx::<H>::new(mode);
         let p = held_pair(&mut c);
         let (sender, receiver, to, from) = if server_sends {
-            (&p.server, &p.client, p.accepted, p.listen)
+            (&p.server, &p.client, p.to_client, p.to_server)
         } else {
-            (&p.client, &p.server, p.listen, p.accepted)
+            (&p.client, &p.server, p.to_server, p.to_client)
         };
         let dir = if server_sends {
             "server to client"
@@ -2653,7 +2896,7 @@ pub fn sender_close_after_completions_delivers_everything_before_the_peer_hears_
         }
         let log = sender.log.clone();
         c.wait(&format!("all {N} sends complete ({dir})"), || {
-            log.completed_to(to).len() as u64 == N
+            log.completed(to).len() as u64 == N
         });
         c.call(sender, move |b| b.close_active_endpoint(to))
             .expect("the sender closes");
@@ -2705,23 +2948,23 @@ fn arrived_then_closed<H: Harness>(mode: ThreadSafety, reset: bool) {
     for k in 0..N {
         let mut msg = vec![k as u8; 100];
         msg[..8].copy_from_slice(&k.to_le_bytes());
-        c.send_copy(&p.client, p.listen, msg, k);
+        c.send_copy(&p.client, p.to_server, msg, k);
     }
     let cl = p.client.log.clone();
     c.wait("the sends complete", || {
-        cl.completed_to(p.listen).len() as u64 == N
+        cl.completed(p.to_server).len() as u64 == N
     });
     // Give the bytes time to cross into the held peer's transport.
     c.settle();
     if reset {
         c.reset(&p.client, p.listen);
     } else {
-        let listen = p.listen;
-        c.call(&p.client, move |b| b.close_active_endpoint(listen))
+        let to_server = p.to_server;
+        c.call(&p.client, move |b| b.close_active_endpoint(to_server))
             .expect("closing");
     }
     c.wait("the sender reports the close", || {
-        cl.closed_count(p.listen) == 1
+        cl.closed_count(p.to_server) == 1
     });
     // Let the hang-up reach the held peer too, so that it finds the
     // messages and the hang-up together when it resumes.
@@ -2729,7 +2972,7 @@ fn arrived_then_closed<H: Harness>(mode: ThreadSafety, reset: bool) {
     c.resume(&p.server);
     let sl = p.server.log.clone();
     c.wait("the peer reports the close", || {
-        sl.closed_count(p.accepted) == 1
+        sl.closed_count(p.to_client) == 1
     });
     c.settle();
     let events = p.server.log.events();
@@ -2761,79 +3004,88 @@ fn arrived_then_closed<H: Harness>(mode: ThreadSafety, reset: bool) {
     } else {
         CloseReason::PeerClosed
     };
-    assert_closed_for(&p.server, p.accepted, &[want], "the peer");
+    assert_closed_for(&p.server, p.to_client, &[want], "the peer");
 }
 
-/// From the close call on, the endpoint takes no more operations (sends,
-/// `get_buffer` and a second close answer `UnknownActiveEndpoint` at once)
-/// and delivers no more data; its name is free to open again at once, and
-/// the old connection's `on_connection_closed` comes before any event of
-/// the new one.
-pub fn a_closed_endpoint_refuses_operations_at_once_and_its_name_is_free_again<H: Harness>(
+/// From the close call on, the connection takes no more operations (sends,
+/// `get_buffer`, `pause_receive`, `remote_address` and a second close
+/// answer `UnknownConnection` with its handle at once), delivers nothing
+/// more, and is no longer found by `connection_to`; a new connection to the
+/// same address can be opened at once, gets a new handle and works.
+pub fn a_closed_connection_refuses_operations_at_once_and_its_handle_is_stale<H: Harness>(
     mode: ThreadSafety,
 ) {
     let mut c = Ctx::<H>::new(mode);
     let p = c.pair(full_params(64, 4), full_params(64, 4));
-    let listen = p.listen;
+    let (to_server, listen) = (p.to_server, p.listen);
     let r = c.on_loop(&p.client, move |b| {
-        b.close_active_endpoint(listen).expect("close");
+        b.close_active_endpoint(to_server).expect("close");
         (
-            b.send_data_copy(listen, &[b"late"], &[], 1),
-            b.get_buffer(listen).map(|x| x.is_some()),
-            b.close_active_endpoint(listen),
+            b.send_data_copy(to_server, &[b"late"], &[], 1),
+            b.get_buffer(to_server).map(|x| x.is_some()),
+            b.close_active_endpoint(to_server),
+            b.pause_receive(to_server),
+            b.remote_address(to_server),
+            b.connection_to(listen),
             b.open_active_endpoint(listen, full_params(64, 4)),
         )
     });
     assert!(
-        matches!(
-            r.0,
-            Err(SendError::UnknownActiveEndpoint(_)) | Err(SendError::NotSupported(_))
-        ),
-        "a send after the close call fails at once with UnknownActiveEndpoint: {:?}",
+        matches!(r.0, Err(SendError::UnknownConnection(x)) if x == to_server),
+        "a send after the close call fails at once with UnknownConnection: {:?}",
         r.0
     );
     assert!(
-        matches!(r.1, Err(BufferError::UnknownActiveEndpoint(_))),
-        "get_buffer after the close call fails with UnknownActiveEndpoint: {:?}",
+        matches!(r.1, Err(BufferError::UnknownConnection(x)) if x == to_server),
+        "get_buffer after the close call fails with UnknownConnection: {:?}",
         r.1
     );
     assert!(
-        matches!(r.2, Err(CloseError::UnknownActiveEndpoint(_))),
-        "a second close fails with UnknownActiveEndpoint: {:?}",
+        matches!(r.2, Err(CloseError::UnknownConnection(x)) if x == to_server),
+        "a second close fails with UnknownConnection: {:?}",
         r.2
     );
     assert!(
-        r.3.is_ok(),
-        "the name is free again as soon as the close call returned: reopening gave {:?}",
+        matches!(r.3, Err(ConnError::UnknownConnection(x)) if x == to_server),
+        "pause_receive after the close call fails with UnknownConnection: {:?}",
         r.3
     );
+    assert!(
+        matches!(r.4, Err(ConnError::UnknownConnection(x)) if x == to_server),
+        "remote_address after the close call fails with UnknownConnection: {:?}",
+        r.4
+    );
+    assert!(
+        matches!(r.5, Err(ConnError::NoConnectionTo(a)) if a == listen),
+        "connection_to no longer finds a closed connection: {:?}",
+        r.5
+    );
+    let new =
+        r.6.unwrap_or_else(|e| panic!("opening a new connection right after the close: {e}"));
+    assert_ne!(new, to_server, "the new connection gets a new handle");
     let (cl, sl) = (p.client.log.clone(), p.server.log.clone());
     c.wait(
         "the old connection's close and the new connection are reported",
         || {
-            cl.closed_count(listen) == 1
-                && cl.established().len() == 2
+            cl.closed_count(to_server) == 1
+                && cl.established_caps(new).is_some()
                 && sl.established().len() == 2
         },
     );
-    let events = p.client.log.events();
-    let closed_at = events
-        .iter()
-        .position(|e| matches!(e, Event::Closed { .. }));
-    let second = events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| matches!(e, Event::Established { .. }))
-        .nth(1)
-        .map(|(i, _)| i);
-    assert!(
-        closed_at < second,
-        "the old connection's on_connection_closed comes before the new one's          on_connection_established: {events:?}"
-    );
-    c.send_copy(&p.client, listen, b"new".to_vec(), 2);
+    c.send_copy(&p.client, new, b"new".to_vec(), 2);
     c.wait("the new connection carries data", || {
-        sl.data().iter().any(|d| d.1 == b"new")
+        sl.all_data().iter().any(|d| d.1 == b"new")
     });
+    c.settle();
+    assert_eq!(
+        p.client.log.closed()[0].reason,
+        CloseReason::Local,
+        "the closed connection reports Local"
+    );
+    assert!(
+        p.client.log.data_on(to_server).is_empty(),
+        "nothing is delivered on a closed connection"
+    );
 }
 
 /// 500 cycles of connect, one message, close leave the provider's resources
@@ -2845,15 +3097,15 @@ pub fn open_close_cycles_leave_no_resources_behind<H: Harness>(mode: ThreadSafet
     let listen = connect_target(c.listen(&s, full_params(64, 4)), s.ip);
     // One cycle first, so that lazily made resources exist before counting.
     let cycle = |c: &mut Ctx<H>, i: usize| {
-        let acc = c.connect(&s, &cl, listen, full_params(64, 4));
-        c.send_copy(&cl, listen, vec![i as u8; 8], i as u64);
+        let conn = c.connect(&s, &cl, listen, full_params(64, 4));
+        c.send_copy(&cl, conn.client, vec![i as u8; 8], i as u64);
         let (sl, clog) = (s.log.clone(), cl.log.clone());
-        c.wait("the message arrives", || sl.data().len() > i);
+        c.wait("the message arrives", || sl.all_data().len() > i);
         if i % 2 == 0 {
-            c.call(&cl, move |b| b.close_active_endpoint(listen))
+            c.call(&cl, move |b| b.close_active_endpoint(conn.client))
                 .expect("close");
         } else {
-            c.call(&s, move |b| b.close_active_endpoint(acc))
+            c.call(&s, move |b| b.close_active_endpoint(conn.server))
                 .expect("close");
         }
         c.wait("both sides report the close", || {
@@ -2891,27 +3143,27 @@ pub fn handlers_are_never_called_from_inside_a_backend_call<H: Harness>(mode: Th
     const N: u64 = 200;
     let mut c = Ctx::<H>::new(mode);
     let echo: React<H::Backend> = Box::new(move |b, ev| {
-        if let Event::Data { remote, data } = ev {
-            let _ = b.send_data_copy(*remote, &[data], &[], key_of(data));
+        if let Event::Data { conn, data } = ev {
+            let _ = b.send_data_copy(*conn, &[data], &[], key_of(data));
         }
     });
     let cfg = c.config();
     let s = c.node_with(cfg, Some(echo));
     let cl = c.node();
     let p = c.pair_of(s, cl, full_params(64, 16), full_params(64, 16));
-    let listen = p.listen;
+    let to_server = p.to_server;
     let mut sent = 0;
     while sent < N {
         let k0 = sent;
         let n = c.on_loop(&p.client, move |b| {
             let mut n = 0;
             for k in k0..N {
-                if b.send_data_copy(listen, &[&k.to_le_bytes()], &[], k)
+                if b.send_data_copy(to_server, &[&k.to_le_bytes()], &[], k)
                     .is_err()
                 {
                     break;
                 }
-                let _ = b.num_available_buffers(listen);
+                let _ = b.num_available_buffers(to_server);
                 n += 1;
             }
             n
@@ -2919,19 +3171,737 @@ pub fn handlers_are_never_called_from_inside_a_backend_call<H: Harness>(mode: Th
         sent += n;
         let cl = p.client.log.clone();
         c.wait("some sends complete", || {
-            cl.completed_to(listen).len() as u64 >= sent.min(N) / 2
+            cl.completed(to_server).len() as u64 >= sent.min(N) / 2
         });
     }
     let cl = p.client.log.clone();
     c.wait("every echo arrives", || {
-        cl.data_from(listen).len() as u64 == N
+        cl.data_on(to_server).len() as u64 == N
     });
-    c.call(&p.client, move |b| b.close_active_endpoint(listen))
+    c.call(&p.client, move |b| b.close_active_endpoint(to_server))
         .expect("close");
     let sl = p.server.log.clone();
     c.wait("both sides report the close", || {
-        cl.closed_count(listen) == 1 && sl.closed_count(p.accepted) == 1
+        cl.closed_count(to_server) == 1 && sl.closed_count(p.to_client) == 1
     });
     c.settle();
     c.check();
+}
+
+// ------------------------------------------------------- v2: handles
+
+/// Two connections from one backend to one listener are distinct: both
+/// establish, each side sees two handles, data of one never appears on the
+/// other, and closing one leaves the other working.
+pub fn two_connections_to_one_address_are_distinct_connections<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let (s, cl) = (c.node(), c.node());
+    let listen = connect_target(c.listen(&s, full_params(64, 4)), s.ip);
+    let (a, b) = c.on_loop(&cl, move |b| {
+        (
+            b.open_active_endpoint(listen, full_params(64, 4)),
+            b.open_active_endpoint(listen, full_params(64, 4)),
+        )
+    });
+    let a = a.unwrap_or_else(|e| panic!("the first connection to {listen}: {e}"));
+    let b = b.unwrap_or_else(|e| panic!("a second connection to {listen} is allowed: {e}"));
+    assert_ne!(a, b, "two connections to one address have distinct handles");
+    let (sl, clog) = (s.log.clone(), cl.log.clone());
+    c.wait_unless(
+        "both connections are established on both sides",
+        "two connections to one listening address both establish",
+        || {
+            clog.established_caps(a).is_some()
+                && clog.established_caps(b).is_some()
+                && sl.established().len() == 2
+        },
+        || {
+            let r = clog.refused();
+            (!r.is_empty()).then(|| format!("refused: {r:?}"))
+        },
+    );
+    let accepted = s.log.established();
+    let (x, y) = (accepted[0].0, accepted[1].0);
+    assert_ne!(x, y, "the server sees two distinct handles");
+    assert!(
+        accepted[0].1.ip() == cl.ip && accepted[1].1.ip() == cl.ip,
+        "the server reports the client's address for both: {accepted:?}"
+    );
+    assert_ne!(
+        accepted[0].1, accepted[1].1,
+        "two connections from one client have distinct remote addresses (ports)"
+    );
+    c.send_buffered(&cl, a, b"on a".to_vec());
+    c.send_buffered(&cl, b, b"on b".to_vec());
+    c.wait("both messages arrive", || sl.all_data().len() == 2);
+    c.settle();
+    let on_x = s.log.data_on(x);
+    let on_y = s.log.data_on(y);
+    assert_eq!(
+        on_x.len(),
+        1,
+        "one message per connection: {on_x:?} {on_y:?}"
+    );
+    assert_eq!(
+        on_y.len(),
+        1,
+        "one message per connection: {on_x:?} {on_y:?}"
+    );
+    // Which accepted handle is which client handle, by what arrived.
+    let (srv_a, srv_b) = if on_x[0] == b"on a" { (x, y) } else { (y, x) };
+    assert_eq!(s.log.data_on(srv_b), vec![b"on b".to_vec()]);
+    c.send_buffered(&s, srv_a, b"back on a".to_vec());
+    c.wait("the reply arrives", || !clog.data_on(a).is_empty());
+    c.settle();
+    assert_eq!(clog.data_on(a), vec![b"back on a".to_vec()]);
+    assert!(
+        clog.data_on(b).is_empty(),
+        "data of one connection never appears on the other"
+    );
+    c.call(&cl, move |bk| bk.close_active_endpoint(a))
+        .expect("closing the first");
+    c.wait("both sides report the first closed", || {
+        clog.closed_count(a) == 1 && sl.closed_count(srv_a) == 1
+    });
+    c.send_buffered(&cl, b, b"b still works".to_vec());
+    c.wait("the second connection still works", || {
+        sl.data_on(srv_b).len() == 2
+    });
+    c.settle();
+    assert_eq!(clog.closed_count(b), 0, "closing one leaves the other open");
+    assert_eq!(
+        sl.closed_count(srv_b),
+        0,
+        "closing one leaves the other open"
+    );
+}
+
+/// A handle whose connection closed answers `UnknownConnection` with that
+/// handle for good, also once new connections (which may reuse its slot)
+/// exist; no new connection gets an old handle.
+pub fn a_stale_handle_answers_unknown_connection_even_after_its_slot_is_reused<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(full_params(64, 4), full_params(64, 4));
+    let (old_c, old_s) = (p.to_server, p.to_client);
+    c.call(&p.client, move |b| b.close_active_endpoint(old_c))
+        .expect("close");
+    let (cl, sl) = (p.client.log.clone(), p.server.log.clone());
+    c.wait("both sides report the close", || {
+        cl.closed_count(old_c) == 1 && sl.closed_count(old_s) == 1
+    });
+    let mut issued_c = vec![old_c];
+    let mut issued_s = vec![old_s];
+    for round in 0..4 {
+        let n = c.connect(&p.server, &p.client, p.listen, full_params(64, 4));
+        assert!(
+            !issued_c.contains(&n.client) && !issued_s.contains(&n.server),
+            "round {round}: a new connection got a handle issued before: {n:?}, earlier \
+             {issued_c:?} / {issued_s:?}"
+        );
+        issued_c.push(n.client);
+        issued_s.push(n.server);
+        for (node, stale, live) in [(&p.client, old_c, n.client), (&p.server, old_s, n.server)] {
+            let r = c.call(node, move |b| {
+                let spare = b
+                    .get_buffer(live)
+                    .unwrap()
+                    .expect("a free buffer on the new connection");
+                (
+                    b.get_buffer(stale).map(|o| o.is_some()),
+                    b.send_buffer(stale, spare, 1),
+                    b.send_data_copy(stale, &[b"x"], &[], 2),
+                    b.num_available_buffers(stale),
+                    b.close_active_endpoint(stale),
+                    b.pause_receive(stale),
+                    b.resume_receive(stale),
+                    b.remote_address(stale),
+                )
+            });
+            check_unknown(stale, r);
+        }
+        // The new connection works.
+        c.send_buffered(&p.client, n.client, vec![round as u8; 4]);
+        c.wait("the message on the new connection arrives", || {
+            sl.data_on(n.server).len() == 1
+        });
+        // Close it from alternating sides, so both tables recycle.
+        if round % 2 == 0 {
+            c.call(&p.server, move |b| b.close_active_endpoint(n.server))
+                .expect("close");
+        } else {
+            c.call(&p.client, move |b| b.close_active_endpoint(n.client))
+                .expect("close");
+        }
+        c.wait("both sides report the close", || {
+            cl.closed_count(n.client) == 1 && sl.closed_count(n.server) == 1
+        });
+    }
+    c.settle();
+    assert!(
+        cl.data_on(old_c).is_empty() && sl.data_on(old_s).is_empty(),
+        "nothing is delivered on a stale handle"
+    );
+}
+
+/// `remote_address` gives a connection's remote address on both sides
+/// (the listener's address on the initiator, the client's ip:port on the
+/// acceptor), and `connection_to` finds the oldest connection with that
+/// remote address, or answers `NoConnectionTo`.
+pub fn connection_to_and_remote_address_name_connections_by_address<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(full_params(64, 4), full_params(64, 4));
+    let (to_server, to_client, listen, accepted) = (p.to_server, p.to_client, p.listen, p.accepted);
+    let (ra, ct) = c.call(&p.client, move |b| {
+        (b.remote_address(to_server), b.connection_to(listen))
+    });
+    assert_eq!(ra.ok(), Some(listen), "the initiator's remote address");
+    assert_eq!(ct.ok(), Some(to_server), "connection_to the listener");
+    let (ra, ct) = c.call(&p.server, move |b| {
+        (b.remote_address(to_client), b.connection_to(accepted))
+    });
+    assert_eq!(
+        ra.ok(),
+        Some(accepted),
+        "the acceptor's remote address is the one on_connection_established gave"
+    );
+    assert_eq!(
+        ct.ok(),
+        Some(to_client),
+        "connection_to the client's address"
+    );
+    // A second connection to the same address: connection_to still gives
+    // the oldest, until it closes.
+    let second = c.connect(&p.server, &p.client, listen, full_params(64, 4));
+    let (ct, ra2) = c.call(&p.client, move |b| {
+        (b.connection_to(listen), b.remote_address(second.client))
+    });
+    assert_eq!(
+        ct.ok(),
+        Some(to_server),
+        "of two connections to one address, connection_to gives the oldest"
+    );
+    assert_eq!(ra2.ok(), Some(listen));
+    let ra = c.call(&p.server, move |b| b.remote_address(second.server));
+    assert_eq!(ra.ok(), Some(second.accepted));
+    let (cl, sl) = (p.client.log.clone(), p.server.log.clone());
+    c.call(&p.client, move |b| b.close_active_endpoint(to_server))
+        .expect("close");
+    let ct = c.call(&p.client, move |b| b.connection_to(listen));
+    assert_eq!(
+        ct.ok(),
+        Some(second.client),
+        "once the oldest is closed, connection_to gives the other"
+    );
+    c.wait("the server hears of the close", || {
+        sl.closed_count(to_client) == 1
+    });
+    let ct = c.call(&p.server, move |b| b.connection_to(accepted));
+    assert!(
+        matches!(ct, Err(ConnError::NoConnectionTo(a)) if a == accepted),
+        "connection_to the address of a closed connection: {ct:?}"
+    );
+    let s2 = second.client;
+    c.call(&p.client, move |b| b.close_active_endpoint(s2))
+        .expect("close");
+    let ct = c.call(&p.client, move |b| b.connection_to(listen));
+    assert!(
+        matches!(ct, Err(ConnError::NoConnectionTo(a)) if a == listen),
+        "no connection to {listen} is left: {ct:?}"
+    );
+    c.wait("both closes are reported", || {
+        cl.closed_count(to_server) == 1 && cl.closed_count(second.client) == 1
+    });
+}
+
+// ------------------------------------------------------- v2: batches
+
+/// Completions of one connection come through `on_sends_completed` in the
+/// order the sends were accepted, each key exactly once; a handler that
+/// implements only `on_send_completed` still gets every key, in order.
+pub fn completions_of_one_connection_come_in_send_order<H: Harness>(mode: ThreadSafety) {
+    const ROUNDS: u64 = 12;
+    const POOL: usize = 16;
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let listen = connect_target(c.listen(&s, full_params(64, 64)), s.ip);
+    let cfg = c.config();
+    let batched = c.node_with(cfg.clone(), None);
+    let per_key = c.node_per_key(cfg, None);
+    for node in [&batched, &per_key] {
+        let both = c.connect(&s, node, listen, full_params(64, POOL));
+        let conn = both.client;
+        let mut sent: Vec<u64> = Vec::new();
+        for round in 0..ROUNDS {
+            // Many sends in one loop callback, so that several complete
+            // together; keys neither sorted nor buffer indices.
+            let base = sent.len() as u64;
+            let keys = c.on_loop(node, move |b| {
+                let mut keys = Vec::new();
+                while let Some(mut buf) = b.get_buffer(conn).unwrap() {
+                    let key = ((base + keys.len() as u64) * 7919 + round) ^ 0x5a5a;
+                    buf.write(&key.to_le_bytes()).unwrap();
+                    b.send_buffer(conn, buf, key).unwrap();
+                    keys.push(key);
+                }
+                keys
+            });
+            assert!(!keys.is_empty(), "a free buffer after the previous round");
+            sent.extend(keys);
+            let log = node.log.clone();
+            let n = sent.len();
+            c.wait("the round's sends complete", || {
+                log.completed(conn).len() >= n
+            });
+        }
+        c.settle();
+        let got = node.log.completed(conn);
+        assert_eq!(
+            got, sent,
+            "completions of one connection come in the order the sends were accepted, each \
+             key exactly once"
+        );
+        let batches = node.log.batches(conn);
+        assert!(
+            batches.iter().all(|b| !b.is_empty()),
+            "no empty batch: {batches:?}"
+        );
+        assert_eq!(
+            batches.concat(),
+            sent,
+            "the batches, one after another, are the sends in order"
+        );
+        let delivered: Vec<u64> = s
+            .log
+            .data_on(both.server)
+            .iter()
+            .map(|d| key_of(d))
+            .collect();
+        assert_eq!(delivered, sent, "every message arrives once, in order");
+    }
+}
+
+// ------------------------------------------------------- v2: flow control
+
+/// After `pause_receive` returns, nothing of the connection is delivered;
+/// the provider stops taking the peer's data, so the peer's sends push
+/// back (`NoResources` or no free buffer) while this side's loop keeps
+/// running; after `resume_receive` every message arrives in order, exactly
+/// once, and sending goes on.
+pub fn pausing_receive_stops_delivery_and_pushes_back_on_the_sender_and_resume_delivers_everything_in_order<
+    H: Harness,
+>(
+    mode: ThreadSafety,
+) {
+    const BEFORE: u64 = 3;
+    let mut c = Ctx::<H>::new(mode);
+    let p = held_pair(&mut c);
+    let (to_server, to_client) = (p.to_server, p.to_client);
+    for k in 0..BEFORE {
+        let mut msg = vec![k as u8; 64];
+        msg[..8].copy_from_slice(&k.to_le_bytes());
+        c.send_buffered_key(&p.client, to_server, msg, k);
+    }
+    let sl = p.server.log.clone();
+    c.wait("the first messages arrive", || {
+        sl.data_on(to_client).len() as u64 == BEFORE
+    });
+    let r = c.call(&p.server, move |b| {
+        (b.pause_receive(to_client), b.pause_receive(to_client))
+    });
+    assert!(
+        r.0.is_ok() && r.1.is_ok(),
+        "pausing (twice) an open connection: {r:?}"
+    );
+    let filled = c.fill(
+        &p.client,
+        to_server,
+        SendMode::Buffered,
+        HELD_MSG,
+        BEFORE,
+        FILL_LIMIT,
+    );
+    c.settle();
+    let during = p.server.log.data_on(to_client).len() as u64;
+    assert_eq!(
+        during,
+        BEFORE,
+        "no on_data for a paused connection: {} messages were delivered after pause_receive \
+         returned",
+        during - BEFORE
+    );
+    let r = c.call(&p.server, move |b| {
+        (b.resume_receive(to_client), b.resume_receive(to_client))
+    });
+    assert!(
+        r.0.is_ok() && r.1.is_ok(),
+        "resuming (twice) a paused connection: {r:?}"
+    );
+    let n = BEFORE as usize + filled.keys.len();
+    let cl = p.client.log.clone();
+    c.wait("every message arrives after resume_receive", || {
+        sl.data_on(to_client).len() >= n && cl.completed(to_server).len() >= n
+    });
+    c.settle();
+    let got: Vec<u64> = p
+        .server
+        .log
+        .data_on(to_client)
+        .iter()
+        .map(|d| key_of(d))
+        .collect();
+    let want: Vec<u64> = (0..BEFORE).chain(filled.keys.iter().copied()).collect();
+    assert_eq!(
+        got, want,
+        "after resume_receive every message held arrives, in order, exactly once"
+    );
+    c.send_buffered_key(
+        &p.client,
+        to_server,
+        (1u64 << 40).to_le_bytes().to_vec(),
+        1 << 40,
+    );
+    c.wait("sending goes on after the backlog", || {
+        sl.data_on(to_client).len() > n
+    });
+    assert!(
+        p.client.log.closed().is_empty() && p.server.log.closed().is_empty(),
+        "pausing closes nothing"
+    );
+}
+
+/// A peer's orderly close of a paused connection is reported after the
+/// messages held while paused: messages that reached this side (its loop
+/// held back) before `pause_receive` are not reported while paused, nor is
+/// the peer's close that follows them; after `resume_receive` every
+/// message arrives, in order, then the close.
+pub fn pause_then_peer_close_reports_the_close_after_the_held_messages<H: Harness>(
+    mode: ThreadSafety,
+) {
+    const N: u64 = 5;
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(full_params(64, 16), full_params(64, 16));
+    let (to_server, to_client) = (p.to_server, p.to_client);
+    // The server's loop is held, so the messages reach it unread.
+    c.pause(&p.server);
+    for k in 0..N {
+        let mut msg = vec![k as u8; 32];
+        msg[..8].copy_from_slice(&k.to_le_bytes());
+        c.send_buffered_key(&p.client, to_server, msg, k);
+    }
+    let cl = p.client.log.clone();
+    c.wait("the sends complete", || {
+        cl.completed(to_server).len() as u64 == N
+    });
+    c.settle();
+    // Pause receiving first thing when the loop goes on.
+    c.resume_with(&p.server, move |b| b.pause_receive(to_client))
+        .expect("pause_receive");
+    c.settle();
+    let sl = p.server.log.clone();
+    assert!(
+        sl.data_on(to_client).is_empty(),
+        "no on_data after pause_receive returned, also for messages that had already \
+         arrived: {:?}",
+        sl.events_of(to_client)
+    );
+    c.call(&p.client, move |b| b.close_active_endpoint(to_server))
+        .expect("close");
+    c.wait("the closing side reports its close", || {
+        cl.closed_count(to_server) == 1
+    });
+    c.settle();
+    let events = p.server.log.events_of(to_client);
+    assert_eq!(
+        events.len(),
+        1,
+        "while paused, neither the held messages nor the peer's orderly close are reported: \
+         {events:?}"
+    );
+    c.call(&p.server, move |b| b.resume_receive(to_client))
+        .expect("resume_receive");
+    c.wait("the close is reported after resume", || {
+        sl.closed_count(to_client) == 1
+    });
+    c.settle();
+    let events = p.server.log.events_of(to_client);
+    let data: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Data { data, .. } => Some(key_of(data)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        data,
+        (0..N).collect::<Vec<_>>(),
+        "every held message is delivered after resume_receive, in order, exactly once"
+    );
+    assert!(
+        matches!(
+            events.last(),
+            Some(Event::Closed {
+                reason: CloseReason::PeerClosed,
+                ..
+            })
+        ),
+        "the peer's orderly close comes after the held messages: {events:?}"
+    );
+}
+
+// ------------------------------------------------------- v2: time
+
+/// `set_timer` (callable from any thread) calls `on_timer(token)` once per
+/// call, no earlier than `delay` after the call, in deadline order (equal
+/// deadlines in the order set); a handler can set a timer from `on_timer`.
+pub fn set_timer_calls_on_timer_after_the_delay_in_order<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let again: React<H::Backend> = Box::new(|b, ev| {
+        if let Event::Timer { token: 4, .. } = ev {
+            b.set_timer(Duration::from_millis(5), 5);
+        }
+    });
+    let cfg = c.config();
+    let n = c.node_with(cfg, Some(again));
+    let b = n.backend.clone();
+    let (t0, t1) = c.direct(|| {
+        let t0 = b.now();
+        b.set_timer(Duration::from_millis(60), 1);
+        b.set_timer(Duration::from_millis(20), 2);
+        b.set_timer(Duration::from_millis(20), 3);
+        b.set_timer(Duration::ZERO, 4);
+        (t0, b.now())
+    });
+    let log = n.log.clone();
+    c.wait("every timer fires", || log.timers().len() >= 5);
+    c.settle();
+    let timers = n.log.timers();
+    let tokens: Vec<u64> = timers.iter().map(|t| t.0).collect();
+    let set_here: Vec<u64> = tokens.iter().copied().filter(|t| *t != 5).collect();
+    let pos = |k: u64| tokens.iter().position(|t| *t == k);
+    assert!(
+        set_here == [4, 2, 3, 1] && tokens.len() == 5 && pos(5) > pos(4),
+        "on_timer once per set_timer, in deadline order (equal deadlines in the order set, the \
+         timer set from on_timer(4) after it): got tokens {tokens:?}"
+    );
+    for (token, at) in &timers {
+        let delay = match token {
+            1 => 60,
+            2 | 3 => 20,
+            _ => 0,
+        };
+        assert!(
+            *at >= t0 + Duration::from_millis(delay),
+            "timer {token} ran at {at:?}, before its deadline (set at or after {t0:?}, delay \
+             {delay} ms)"
+        );
+    }
+    let at4 = timers.iter().find(|t| t.0 == 4).unwrap().1;
+    let at5 = timers.iter().find(|t| t.0 == 5).unwrap().1;
+    assert!(
+        at5 >= at4 + Duration::from_millis(5),
+        "a timer set from on_timer runs its delay later: {at4:?} then {at5:?}"
+    );
+    assert!(t1 >= t0, "now went backwards: {t0:?} then {t1:?}");
+}
+
+/// `wake` works from any thread, in both modes: each call brings one
+/// `on_wake` with its token, on the loop thread, never from inside the
+/// call (also when a handler wakes from inside `on_wake`).
+pub fn wake_from_another_thread_calls_on_wake_once_per_call<H: Harness>(mode: ThreadSafety) {
+    const THREADS: u64 = 3;
+    const PER: u64 = 20;
+    const CHAIN: u64 = 1 << 20;
+    let mut c = Ctx::<H>::new(mode);
+    let chain: React<H::Backend> = Box::new(|b, ev| {
+        if let Event::Wake { token, .. } = ev {
+            if *token >= CHAIN && *token < CHAIN + 3 {
+                b.wake(token + 1);
+            }
+        }
+    });
+    let cfg = c.config();
+    let n = c.node_with(cfg, Some(chain));
+    let direct = Arc::new(c.direct_anywhere());
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (b, direct) = (n.backend.clone(), direct.clone());
+            std::thread::spawn(move || {
+                for i in 0..PER {
+                    direct("wake from another thread", &mut || b.wake(t * 1000 + i));
+                }
+            })
+        })
+        .collect();
+    let b = n.backend.clone();
+    c.direct(|| {
+        b.wake(CHAIN);
+        b.wake(CHAIN + 100);
+    });
+    for t in threads {
+        t.join().expect("a waking thread panicked");
+    }
+    let want = (THREADS * PER + 5) as usize;
+    let log = n.log.clone();
+    c.wait("every wake is delivered", || log.wakes().len() >= want);
+    c.settle();
+    let mut tokens: Vec<u64> = n.log.wakes().iter().map(|w| w.0).collect();
+    let mut expected: Vec<u64> = (0..THREADS)
+        .flat_map(|t| (0..PER).map(move |i| t * 1000 + i))
+        .chain([CHAIN, CHAIN + 1, CHAIN + 2, CHAIN + 3, CHAIN + 100])
+        .collect();
+    tokens.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(
+        tokens, expected,
+        "on_wake exactly once per wake call, with its token"
+    );
+    // Each thread's wakes come in the order it made them.
+    let order: Vec<u64> = n.log.wakes().iter().map(|w| w.0).collect();
+    for t in 0..THREADS {
+        let mine: Vec<u64> = order
+            .iter()
+            .copied()
+            .filter(|k| *k / 1000 == t && *k < CHAIN)
+            .collect();
+        assert_eq!(
+            mine,
+            (0..PER).map(|i| t * 1000 + i).collect::<Vec<_>>(),
+            "the wakes of one thread come in the order it made them"
+        );
+    }
+}
+
+/// `now` never goes backwards, read from any thread and inside callbacks,
+/// and moves on: after a timer of `d`, at least `d` has passed.
+pub fn now_never_goes_backwards<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let n = c.node();
+    let p = c.pair(full_params(64, 4), full_params(64, 4));
+    let b = n.backend.clone();
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let mut last = b.now();
+                for _ in 0..2000 {
+                    let t = b.now();
+                    if t < last {
+                        return Err(format!("{t:?} after {last:?}"));
+                    }
+                    last = t;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let t0 = c.direct(|| b.now());
+    for k in 0..10u64 {
+        c.direct(|| b.set_timer(Duration::from_millis(k * 3), k));
+    }
+    let log = n.log.clone();
+    c.wait("the timers fire", || log.timers().len() == 10);
+    let t1 = c.direct(|| b.now());
+    for r in readers {
+        r.join()
+            .expect("a reading thread panicked")
+            .unwrap_or_else(|e| panic!("now() went backwards on another thread: {e}"));
+    }
+    let ats: Vec<Duration> = n.log.timers().iter().map(|t| t.1).collect();
+    assert!(
+        ats.windows(2).all(|w| w[0] <= w[1]),
+        "now() read in successive callbacks went backwards: {ats:?}"
+    );
+    assert!(
+        t1 >= t0 + Duration::from_millis(27),
+        "after a timer of 27 ms fired, now() moved on by at least that: {t0:?} then {t1:?}"
+    );
+    // The clock of another backend on its own loop moves on as well, and a
+    // loop-thread read agrees with the order of events.
+    let in_loop = c.on_loop(&p.client, |b| b.now());
+    let after = c.direct(|| p.client.backend.now());
+    assert!(
+        after >= in_loop,
+        "now() off the loop thread after a read on it went backwards: {in_loop:?} then \
+         {after:?}"
+    );
+}
+
+// ------------------------------------------------------- v2: liveness
+
+/// With `peer_timeout`, a connection whose peer became unreachable (a
+/// partition: no answer, no reset) closes on each side with `TimedOut`, no
+/// earlier than the timeout, each unfinished key reported once.
+pub fn peer_timeout_closes_an_unreachable_connection_with_timed_out<H: Harness>(
+    mode: ThreadSafety,
+) {
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    let mut c = Ctx::<H>::new(mode);
+    let cfg = BackendConfig {
+        peer_timeout: Some(TIMEOUT),
+        ..c.config()
+    };
+    let closed_at = Arc::new(Mutex::new(None::<Duration>));
+    let at = closed_at.clone();
+    let when: React<H::Backend> = Box::new(move |b, ev| {
+        if let Event::Closed { .. } = ev {
+            *at.lock().unwrap() = Some(b.now());
+        }
+    });
+    let (s, cl) = (c.node_with(cfg.clone(), None), c.node_with(cfg, Some(when)));
+    let p = c.pair_of(s, cl, full_params(64, 8), full_params(64, 8));
+    let (to_server, to_client) = (p.to_server, p.to_client);
+    // The client has sends in flight when the peer goes away; the server
+    // is idle.
+    c.send_buffered_key(&p.client, to_server, b"before".to_vec(), 1);
+    let sl = p.server.log.clone();
+    c.wait("the first message arrives", || {
+        !sl.data_on(to_client).is_empty()
+    });
+    let t0 = c.direct(|| p.client.backend.now());
+    c.partition(&p.client, &p.server);
+    let sent: Vec<u64> = (10..14).collect();
+    for k in &sent {
+        c.send_buffered_key(&p.client, to_server, k.to_le_bytes().to_vec(), *k);
+    }
+    c.settle();
+    let cl = p.client.log.clone();
+    let early = c.direct(|| p.client.backend.now()) < t0 + TIMEOUT;
+    if early {
+        assert_eq!(
+            cl.closed_count(to_server),
+            0,
+            "a partitioned connection stays open until peer_timeout passed"
+        );
+    }
+    c.wait("both sides close the unreachable connection", || {
+        cl.closed_count(to_server) == 1 && sl.closed_count(to_client) == 1
+    });
+    let t1 = closed_at.lock().unwrap().expect("the close time");
+    assert!(
+        t1 >= t0 + TIMEOUT,
+        "closed {:?} after the partition, before peer_timeout ({TIMEOUT:?})",
+        t1.saturating_sub(t0)
+    );
+    c.heal(&p.client, &p.server);
+    c.settle();
+    assert_closed_for(&p.client, to_server, &[CloseReason::TimedOut], "the sender");
+    assert_closed_for(
+        &p.server,
+        to_client,
+        &[CloseReason::TimedOut],
+        "the idle side",
+    );
+    let mut all = vec![1];
+    all.extend(&sent);
+    assert_each_key_once(&p.client, to_server, &all, "the sender");
+    assert!(
+        sl.data_on(to_client)
+            .iter()
+            .all(|d| d.as_slice() == b"before" || sent.contains(&key_of(d))),
+        "only sent messages arrive"
+    );
 }

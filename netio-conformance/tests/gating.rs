@@ -50,6 +50,61 @@ fn every_feature_name_is_recognised() {
             false
         }),
         member!(shared_send_pool, [shared_send_pool], { true }, { false }),
+        member!(reset, [reset], { true }, { false }),
+        member!(partition, [partition], { true }, { false }),
     ];
-    assert_eq!(found, [true; 6]);
+    assert_eq!(found, [true; 8]);
+}
+
+#[test]
+fn a_feature_given_with_a_reason_is_found_and_does_not_hide_the_rest() {
+    let found = [
+        member!(partition, [partition = "no packet filter"], { true }, {
+            false
+        }),
+        member!(
+            send_copy,
+            [partition = "no packet filter", send_copy],
+            { true },
+            { false }
+        ),
+        member!(
+            reset,
+            [send_copy = "x", partition = "no packet filter", reset],
+            { true },
+            { false }
+        ),
+    ];
+    assert_eq!(found, [true; 3]);
+    let absent = member!(reset, [partition = "no packet filter"], { true }, { false });
+    assert!(!absent);
+}
+
+#[test]
+fn the_ignore_reason_carries_the_providers_reason() {
+    use netio_conformance::__reason_text as reason;
+    assert_eq!(
+        reason!(
+            partition,
+            [send_copy, partition = "loopback cannot drop packets"]
+        ),
+        "not supported by this provider: partition: loopback cannot drop packets"
+    );
+    assert_eq!(
+        reason!(partition, [partition]),
+        "not supported by this provider: partition"
+    );
+    assert_eq!(
+        reason!(send_copy, [partition = "x", send_copy]),
+        "not supported by this provider: send_copy"
+    );
+}
+
+/// An ignored test made the way `suite!` makes one, with a reason.
+mod ignored {
+    netio_conformance::__reason!(
+        partition,
+        ignored_with_the_providers_reason,
+        [send_copy, partition = "loopback cannot drop packets"]
+    );
 }

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use netio_conformance::{behaviours, Event, Harness, NodeId};
 use netio_core::{
-    Backend, BackendConfig, BufferError, Capabilities, CloseError, CloseReason, ConnectionParams,
-    EndpointAddress, EventLoop, Features, Handler, MemoryUsage, NetworkBuffer, OpenActiveError,
-    OpenListenError, RefuseReason, RegionSlice, SendError, Signal, ThreadSafety,
+    Backend, BackendConfig, BufferError, Capabilities, CloseError, CloseReason, ConnError, ConnId,
+    ConnectionParams, EndpointAddress, EventLoop, Features, Handler, MemoryUsage, NetworkBuffer,
+    OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError, Signal, ThreadSafety,
 };
 use netio_sim::{SimBackend, SimLoop, SimSignal};
 use sim_harness::SimHarness;
@@ -50,7 +50,7 @@ const SWALLOW_BEFORE_CLOSE: u8 = 7;
 /// Receives into buffers twice the size asked for, so oversize messages
 /// are delivered.
 const OVERSIZE_DELIVERED: u8 = 8;
-/// Answers `UnknownListenEndpoint` where `UnknownActiveEndpoint` is due.
+/// Answers `UnknownListenEndpoint` where `UnknownConnection` is due.
 const WRONG_ERROR_VARIANT: u8 = 9;
 /// Reports a copy send completed from inside `send_data_copy`.
 const REENTRANT_COMPLETION: u8 = 10;
@@ -70,6 +70,19 @@ const HEADER_DROPPED: u8 = 16;
 const REFUSED_AS_CLOSED: u8 = 17;
 /// Calls the handler while holding the lock its operations take.
 const HANDLER_UNDER_LOCK: u8 = 18;
+/// `pause_receive` answers `Ok` but does not pause.
+const DELIVERS_WHILE_PAUSED: u8 = 19;
+/// Reports each batch of completions after the next batch of its
+/// connection (batches out of send order).
+const BATCHES_OUT_OF_ORDER: u8 = 20;
+/// Calls `on_send_completed` per key instead of `on_sends_completed`.
+const COMPLETIONS_NOT_BATCHED: u8 = 21;
+/// Runs timers after half their delay.
+const TIMER_EARLY: u8 = 22;
+/// Calls `on_wake` from inside `wake`.
+const WAKE_INSIDE_THE_CALL: u8 = 23;
+/// Ignores `peer_timeout`.
+const NO_PEER_TIMEOUT: u8 = 24;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -89,10 +102,10 @@ struct Shared {
     /// Keys already reported completed (early or re-entrantly).
     early: Mutex<Vec<u64>>,
     /// Copy sends queued by `NO_BACKPRESSURE`.
-    backlog: Mutex<VecDeque<(EndpointAddress, Vec<u8>, u64)>>,
-    /// Per-remote state: a held event, the last message, a counter.
-    held: Mutex<HashMap<EndpointAddress, Event>>,
-    last: Mutex<HashMap<EndpointAddress, Vec<u8>>>,
+    backlog: Mutex<VecDeque<(ConnId, Vec<u8>, u64)>>,
+    /// Per-connection state: held events, the last message, a counter.
+    held: Mutex<HashMap<ConnId, Vec<Event>>>,
+    last: Mutex<HashMap<ConnId, Vec<u8>>>,
     count: Mutex<u64>,
     /// The provider's lock of `HANDLER_UNDER_LOCK`.
     big_lock: Mutex<()>,
@@ -121,28 +134,54 @@ impl BrokenBackend {
     }
 }
 
-fn deliver(h: &mut dyn Handler<BrokenBackend>, b: &BrokenBackend, e: &Event) {
-    match e {
-        Event::Established { remote, caps } => h.on_connection_established(b, *remote, *caps),
-        Event::Refused { remote, reason } => h.on_connection_refused(b, *remote, reason),
-        Event::Closed {
-            remote,
-            reason,
-            keys,
-        } => h.on_connection_closed(b, *remote, reason, keys),
-        Event::Data { remote, data } => h.on_data(b, *remote, data),
-        Event::Completed { remote, key } => h.on_send_completed(b, *remote, *key),
+/// Delivers `events` to `h`: consecutive completions of one connection as
+/// one `on_sends_completed` batch (per key for `COMPLETIONS_NOT_BATCHED`).
+fn deliver(h: &mut dyn Handler<BrokenBackend>, b: &BrokenBackend, events: &[Event]) {
+    let mut i = 0;
+    while i < events.len() {
+        match &events[i] {
+            Event::Established { conn, remote, caps } => {
+                h.on_connection_established(b, *conn, *remote, *caps)
+            }
+            Event::Refused {
+                conn,
+                remote,
+                reason,
+            } => h.on_connection_refused(b, *conn, *remote, reason),
+            Event::Closed {
+                conn,
+                remote,
+                reason,
+                keys,
+            } => h.on_connection_closed(b, *conn, *remote, reason, keys),
+            Event::Data { conn, data } => h.on_data(b, *conn, data),
+            Event::Completed { conn, .. } => {
+                let mut keys = Vec::new();
+                while let Some(Event::Completed { conn: c, key }) = events.get(i) {
+                    if c != conn {
+                        break;
+                    }
+                    keys.push(*key);
+                    i += 1;
+                }
+                if b.bug() == COMPLETIONS_NOT_BATCHED {
+                    for k in keys {
+                        h.on_send_completed(b, *conn, k);
+                    }
+                } else {
+                    h.on_sends_completed(b, *conn, &keys);
+                }
+                continue;
+            }
+            Event::Timer { token, .. } => h.on_timer(b, *token),
+            Event::Wake { token, .. } => h.on_wake(b, *token),
+        }
+        i += 1;
     }
 }
 
-fn remote_of(e: &Event) -> EndpointAddress {
-    match e {
-        Event::Established { remote, .. }
-        | Event::Refused { remote, .. }
-        | Event::Closed { remote, .. }
-        | Event::Data { remote, .. }
-        | Event::Completed { remote, .. } => *remote,
-    }
+fn conn_of(e: &Event) -> Option<ConnId> {
+    e.conn()
 }
 
 impl Shared {
@@ -152,9 +191,7 @@ impl Shared {
         let _g = (self.bug == HANDLER_UNDER_LOCK).then(|| lock(&self.big_lock));
         let mut h = lock(&self.handler);
         if let Some(h) = h.as_mut() {
-            for e in &events {
-                deliver(h.as_mut(), b, e);
-            }
+            deliver(h.as_mut(), b, &events);
         }
     }
 
@@ -171,13 +208,40 @@ impl Shared {
         }
     }
 
-    /// The broken provider's view of one event from the simulator.
-    fn on_event(&self, e: Event) {
+    /// The broken provider's view of one handler call of the simulator.
+    fn on_call(&self, events: Vec<Event>) {
         let mut out = Vec::new();
+        if self.bug == BATCHES_OUT_OF_ORDER {
+            if let Some(Event::Completed { conn, .. }) = events.first() {
+                let conn = *conn;
+                let mut held = lock(&self.held);
+                match held.remove(&conn) {
+                    Some(earlier) => {
+                        out.extend(events);
+                        out.extend(earlier);
+                    }
+                    None => {
+                        held.insert(conn, events);
+                    }
+                }
+                drop(held);
+                self.dispatch(out);
+                return;
+            }
+        }
+        for e in events {
+            self.on_event(e, &mut out);
+        }
+        self.dispatch(out);
+    }
+
+    /// The broken provider's view of one event from the simulator.
+    fn on_event(&self, e: Event, out: &mut Vec<Event>) {
         match (self.bug, e) {
             (
                 DROP_CANCELLED_KEY,
                 Event::Closed {
+                    conn,
                     remote,
                     reason,
                     mut keys,
@@ -187,6 +251,7 @@ impl Shared {
                     keys.remove(0);
                 }
                 out.push(Event::Closed {
+                    conn,
                     remote,
                     reason,
                     keys,
@@ -204,46 +269,54 @@ impl Shared {
                 }
                 out.push(e);
             }
-            (DATA_REORDERED, e) => {
-                let r = remote_of(&e);
+            (DATA_REORDERED, e) if conn_of(&e).is_some() => {
+                let r = conn_of(&e).expect("a connection event");
                 let mut held = lock(&self.held);
                 match e {
                     Event::Data { .. } => match held.remove(&r) {
                         Some(first) => {
                             out.push(e);
-                            out.push(first);
+                            out.extend(first);
                         }
                         None => {
-                            held.insert(r, e);
+                            held.insert(r, vec![e]);
                         }
                     },
                     other => {
-                        out.extend(held.remove(&r));
+                        out.extend(held.remove(&r).into_iter().flatten());
                         out.push(other);
                     }
                 }
             }
-            (DATA_BEFORE_ESTABLISHED, e) => {
-                let r = remote_of(&e);
+            (BATCHES_OUT_OF_ORDER, e) if conn_of(&e).is_some() => {
+                // A batch held back by `on_call` comes before anything else
+                // of its connection.
+                let r = conn_of(&e).expect("a connection event");
+                out.extend(lock(&self.held).remove(&r).into_iter().flatten());
+                out.push(e);
+            }
+            (DATA_BEFORE_ESTABLISHED, e) if conn_of(&e).is_some() => {
+                let r = conn_of(&e).expect("a connection event");
                 let mut held = lock(&self.held);
                 if matches!(e, Event::Established { .. }) {
-                    held.insert(r, e);
+                    held.insert(r, vec![e]);
                 } else {
                     out.push(e);
-                    out.extend(held.remove(&r));
+                    out.extend(held.remove(&r).into_iter().flatten());
                 }
             }
-            (COMPLETE_EARLY | REENTRANT_COMPLETION, Event::Completed { remote, key }) => {
+            (COMPLETE_EARLY | REENTRANT_COMPLETION, Event::Completed { conn, key }) => {
                 let mut early = lock(&self.early);
                 if let Some(i) = early.iter().position(|k| *k == key) {
                     early.swap_remove(i);
                 } else {
-                    out.push(Event::Completed { remote, key });
+                    out.push(Event::Completed { conn, key });
                 }
             }
             (
                 COMPLETE_EARLY | REENTRANT_COMPLETION,
                 Event::Closed {
+                    conn,
                     remote,
                     reason,
                     keys,
@@ -261,6 +334,7 @@ impl Shared {
                     })
                     .collect();
                 out.push(Event::Closed {
+                    conn,
                     remote,
                     reason,
                     keys,
@@ -268,11 +342,10 @@ impl Shared {
             }
             (SWALLOW_BEFORE_CLOSE, e @ Event::Data { .. }) => {
                 self.later(e);
-                return;
             }
             (SWALLOW_BEFORE_CLOSE, e @ Event::Closed { .. }) => {
-                let r = remote_of(&e);
-                lock(&self.pending).retain(|p| remote_of(p) != r);
+                let r = conn_of(&e);
+                lock(&self.pending).retain(|p| conn_of(p) != r);
                 out.push(e);
             }
             (NO_BACKPRESSURE, e @ Event::Completed { .. }) => {
@@ -289,6 +362,7 @@ impl Shared {
             (
                 WRONG_CLOSE_REASON,
                 Event::Closed {
+                    conn,
                     remote,
                     reason,
                     keys,
@@ -300,13 +374,14 @@ impl Shared {
                     reason
                 };
                 out.push(Event::Closed {
+                    conn,
                     remote,
                     reason,
                     keys,
                 });
             }
-            (EVENT_AFTER_CLOSE, e) => {
-                let r = remote_of(&e);
+            (EVENT_AFTER_CLOSE, e) if conn_of(&e).is_some() => {
+                let r = conn_of(&e).expect("a connection event");
                 match &e {
                     Event::Data { data, .. } => {
                         lock(&self.last).insert(r, data.clone());
@@ -315,7 +390,7 @@ impl Shared {
                     Event::Closed { .. } => {
                         out.push(e);
                         if let Some(data) = lock(&self.last).remove(&r) {
-                            out.push(Event::Data { remote: r, data });
+                            out.push(Event::Data { conn: r, data });
                         }
                     }
                     _ => out.push(e),
@@ -330,14 +405,21 @@ impl Shared {
                 );
                 out.push(e);
             }
-            (REFUSED_AS_CLOSED, Event::Refused { remote, reason }) => out.push(Event::Closed {
+            (
+                REFUSED_AS_CLOSED,
+                Event::Refused {
+                    conn,
+                    remote,
+                    reason,
+                },
+            ) => out.push(Event::Closed {
+                conn,
                 remote,
                 reason: CloseReason::Other(reason.to_string()),
                 keys: Vec::new(),
             }),
             (_, e) => out.push(e),
         }
-        self.dispatch(out);
     }
 }
 
@@ -348,43 +430,59 @@ impl Handler<SimBackend> for Wrap {
     fn on_connection_established(
         &mut self,
         _: &SimBackend,
+        conn: ConnId,
         remote: EndpointAddress,
         caps: Capabilities,
     ) {
-        self.0.on_event(Event::Established { remote, caps });
+        self.0
+            .on_call(vec![Event::Established { conn, remote, caps }]);
     }
     fn on_connection_refused(
         &mut self,
         _: &SimBackend,
+        conn: ConnId,
         remote: EndpointAddress,
         reason: &RefuseReason,
     ) {
-        self.0.on_event(Event::Refused {
+        self.0.on_call(vec![Event::Refused {
+            conn,
             remote,
             reason: reason.clone(),
-        });
+        }]);
     }
     fn on_connection_closed(
         &mut self,
         _: &SimBackend,
+        conn: ConnId,
         remote: EndpointAddress,
         reason: &CloseReason,
         keys: &[u64],
     ) {
-        self.0.on_event(Event::Closed {
+        self.0.on_call(vec![Event::Closed {
+            conn,
             remote,
             reason: reason.clone(),
             keys: keys.to_vec(),
-        });
+        }]);
     }
-    fn on_data(&mut self, _: &SimBackend, remote: EndpointAddress, data: &[u8]) {
-        self.0.on_event(Event::Data {
-            remote,
+    fn on_data(&mut self, _: &SimBackend, conn: ConnId, data: &[u8]) {
+        self.0.on_call(vec![Event::Data {
+            conn,
             data: data.to_vec(),
-        });
+        }]);
     }
-    fn on_send_completed(&mut self, _: &SimBackend, remote: EndpointAddress, key: u64) {
-        self.0.on_event(Event::Completed { remote, key });
+    fn on_sends_completed(&mut self, _: &SimBackend, conn: ConnId, keys: &[u64]) {
+        let events = keys
+            .iter()
+            .map(|&key| Event::Completed { conn, key })
+            .collect();
+        self.0.on_call(events);
+    }
+    fn on_timer(&mut self, b: &SimBackend, token: u64) {
+        self.0.on_call(vec![Event::Timer { token, at: b.now() }]);
+    }
+    fn on_wake(&mut self, b: &SimBackend, token: u64) {
+        self.0.on_call(vec![Event::Wake { token, at: b.now() }]);
     }
 }
 
@@ -404,7 +502,7 @@ impl Backend for BrokenBackend {
         &self,
         a: EndpointAddress,
         p: ConnectionParams,
-    ) -> Result<(), OpenActiveError> {
+    ) -> Result<ConnId, OpenActiveError> {
         let _g = self.guard();
         self.inner.open_active_endpoint(a, self.widen(p))
     }
@@ -412,62 +510,50 @@ impl Backend for BrokenBackend {
         let _g = self.guard();
         self.inner.close_listen_endpoint(a)
     }
-    fn close_active_endpoint(&self, a: EndpointAddress) -> Result<(), CloseError> {
+    fn close_active_endpoint(&self, c: ConnId) -> Result<(), CloseError> {
         let _g = self.guard();
-        match self.inner.close_active_endpoint(a) {
-            Err(CloseError::UnknownActiveEndpoint(x)) if self.bug() == WRONG_ERROR_VARIANT => {
-                Err(CloseError::UnknownListenEndpoint(x))
-            }
+        match self.inner.close_active_endpoint(c) {
+            Err(CloseError::UnknownConnection(_)) if self.bug() == WRONG_ERROR_VARIANT => Err(
+                CloseError::UnknownListenEndpoint(EndpointAddress::localhost(0)),
+            ),
             r => r,
         }
     }
-    fn get_buffer(&self, a: EndpointAddress) -> Result<Option<NetworkBuffer>, BufferError> {
+    fn get_buffer(&self, c: ConnId) -> Result<Option<NetworkBuffer>, BufferError> {
         let _g = self.guard();
-        self.inner.get_buffer(a)
+        self.inner.get_buffer(c)
     }
-    fn send_buffer(&self, a: EndpointAddress, b: NetworkBuffer) -> Result<(), SendError> {
+    fn send_buffer(&self, c: ConnId, b: NetworkBuffer, k: u64) -> Result<(), SendError> {
         let _g = self.guard();
-        self.inner.send_buffer(a, b)
+        self.inner.send_buffer(c, b, k)
     }
-    fn send_data(
-        &self,
-        a: EndpointAddress,
-        d: &[RegionSlice],
-        h: &[u8],
-        k: u64,
-    ) -> Result<(), SendError> {
+    fn send_data(&self, c: ConnId, d: &[RegionSlice], h: &[u8], k: u64) -> Result<(), SendError> {
         let _g = self.guard();
         let h = if self.bug() == HEADER_DROPPED {
             &[][..]
         } else {
             h
         };
-        self.inner.send_data(a, d, h, k)
+        self.inner.send_data(c, d, h, k)
     }
-    fn send_data_copy(
-        &self,
-        a: EndpointAddress,
-        d: &[&[u8]],
-        h: &[u8],
-        k: u64,
-    ) -> Result<(), SendError> {
+    fn send_data_copy(&self, c: ConnId, d: &[&[u8]], h: &[u8], k: u64) -> Result<(), SendError> {
         let _g = self.guard();
-        let r = self.inner.send_data_copy(a, d, h, k);
+        let r = self.inner.send_data_copy(c, d, h, k);
         match (self.bug(), r) {
             (COMPLETE_EARLY, Ok(())) => {
                 lock(&self.shared.early).push(k);
-                self.shared.later(Event::Completed { remote: a, key: k });
+                self.shared.later(Event::Completed { conn: c, key: k });
                 Ok(())
             }
             (REENTRANT_COMPLETION, Ok(())) => {
                 lock(&self.shared.early).push(k);
-                let done = Event::Completed { remote: a, key: k };
+                let done = Event::Completed { conn: c, key: k };
                 // From inside this call; when the call itself comes from a
                 // handler (the handler is busy), a little later.
                 match self.shared.handler.try_lock() {
                     Ok(mut h) => {
                         if let Some(h) = h.as_mut() {
-                            deliver(h.as_mut(), self, &done);
+                            deliver(h.as_mut(), self, &[done]);
                         }
                     }
                     Err(_) => self.shared.later(done),
@@ -476,24 +562,68 @@ impl Backend for BrokenBackend {
             }
             (NO_BACKPRESSURE, Err(SendError::NoResources)) => {
                 let mut data = h.to_vec();
-                d.iter().for_each(|c| data.extend_from_slice(c));
-                lock(&self.shared.backlog).push_back((a, data, k));
+                d.iter().for_each(|x| data.extend_from_slice(x));
+                lock(&self.shared.backlog).push_back((c, data, k));
                 Ok(())
             }
             (_, r) => r,
         }
     }
-    fn num_available_buffers(&self, a: EndpointAddress) -> Result<usize, BufferError> {
+    fn num_available_buffers(&self, c: ConnId) -> Result<usize, BufferError> {
         let _g = self.guard();
-        let first = self.inner.num_available_buffers(a);
+        let first = self.inner.num_available_buffers(c);
         if self.bug() == LOW_WATER_NOT_KEPT {
             // The second read gives the current count.
-            return first.and_then(|_| self.inner.num_available_buffers(a));
+            return first.and_then(|_| self.inner.num_available_buffers(c));
         }
         first
     }
+    fn pause_receive(&self, c: ConnId) -> Result<(), ConnError> {
+        let _g = self.guard();
+        if self.bug() == DELIVERS_WHILE_PAUSED {
+            // Checks the handle, pauses nothing.
+            return self.inner.remote_address(c).map(|_| ());
+        }
+        self.inner.pause_receive(c)
+    }
+    fn resume_receive(&self, c: ConnId) -> Result<(), ConnError> {
+        let _g = self.guard();
+        self.inner.resume_receive(c)
+    }
+    fn remote_address(&self, c: ConnId) -> Result<EndpointAddress, ConnError> {
+        let _g = self.guard();
+        self.inner.remote_address(c)
+    }
+    fn connection_to(&self, r: EndpointAddress) -> Result<ConnId, ConnError> {
+        let _g = self.guard();
+        self.inner.connection_to(r)
+    }
     fn memory_usage(&self) -> MemoryUsage {
         self.inner.memory_usage()
+    }
+    fn now(&self) -> Duration {
+        self.inner.now()
+    }
+    fn set_timer(&self, d: Duration, t: u64) {
+        let d = if self.bug() == TIMER_EARLY { d / 2 } else { d };
+        self.inner.set_timer(d, t)
+    }
+    fn wake(&self, t: u64) {
+        if self.bug() != WAKE_INSIDE_THE_CALL {
+            return self.inner.wake(t);
+        }
+        let woken = Event::Wake {
+            token: t,
+            at: self.inner.now(),
+        };
+        match self.shared.handler.try_lock() {
+            Ok(mut h) => {
+                if let Some(h) = h.as_mut() {
+                    deliver(h.as_mut(), self, &[woken]);
+                }
+            }
+            Err(_) => self.shared.later(woken),
+        }
     }
 }
 
@@ -524,6 +654,10 @@ impl<const B: u8> Harness for Broken<B> {
             handler: Mutex::new(Some(handler)),
             ..Shared::default()
         });
+        let mut config = config;
+        if B == NO_PEER_TIMEOUT {
+            config.peer_timeout = None;
+        }
         let inner = self.sim.backend(config, Box::new(Wrap(shared.clone())));
         let node = self.sim_nodes();
         let _ = shared.ip.set(self.sim.local_ip(node));
@@ -573,6 +707,15 @@ impl<const B: u8> Harness for Broken<B> {
     }
     fn reset(&mut self, node: NodeId, remote: EndpointAddress) {
         self.sim.reset(node, remote)
+    }
+    fn can_partition(&self) -> bool {
+        self.sim.can_partition()
+    }
+    fn partition(&mut self, a: NodeId, b: NodeId) {
+        self.sim.partition(a, b)
+    }
+    fn heal(&mut self, a: NodeId, b: NodeId) {
+        self.sim.heal(a, b)
     }
 }
 
@@ -833,6 +976,57 @@ fn a_refusal_reported_as_a_close_is_caught() {
     caught::<REFUSED_AS_CLOSED>(
         "refused as closed",
         &["connecting_to_nothing_is_refused_on_initiator_only"],
+    );
+}
+
+#[test]
+fn delivering_while_paused_is_caught() {
+    caught::<DELIVERS_WHILE_PAUSED>(
+        "delivers while paused",
+        &[
+            "pausing_receive_stops_delivery_and_pushes_back_on_the_sender_and_resume_delivers_everything_in_order",
+            "pause_then_peer_close_reports_the_close_after_the_held_messages",
+        ],
+    );
+}
+
+#[test]
+fn batches_out_of_order_are_caught() {
+    caught::<BATCHES_OUT_OF_ORDER>(
+        "batches out of order",
+        &["completions_of_one_connection_come_in_send_order"],
+    );
+}
+
+#[test]
+fn completions_not_batched_are_caught() {
+    caught::<COMPLETIONS_NOT_BATCHED>(
+        "completions not batched",
+        &["completions_of_one_connection_come_in_send_order"],
+    );
+}
+
+#[test]
+fn a_timer_that_fires_early_is_caught() {
+    caught::<TIMER_EARLY>(
+        "timer early",
+        &["set_timer_calls_on_timer_after_the_delay_in_order"],
+    );
+}
+
+#[test]
+fn on_wake_from_inside_wake_is_caught() {
+    caught::<WAKE_INSIDE_THE_CALL>(
+        "wake inside the call",
+        &["wake_from_another_thread_calls_on_wake_once_per_call"],
+    );
+}
+
+#[test]
+fn an_ignored_peer_timeout_is_caught() {
+    caught::<NO_PEER_TIMEOUT>(
+        "no peer timeout",
+        &["peer_timeout_closes_an_unreachable_connection_with_timed_out"],
     );
 }
 

@@ -1,6 +1,6 @@
 //! The simulator's harness, shared by the suite's run on the simulator
 //! (`tests/sim.rs`) and the catalogue of broken providers
-//! (`tests/catalogue.rs`).
+//! (`tests/self_test.rs`).
 //!
 //! One virtual host per backend (so each backend has its own address), all
 //! in one [`Sim`] per test, driven by the test thread: `wait_until` and
@@ -110,6 +110,18 @@ impl netio_conformance::Harness for SimHarness {
     fn reset(&mut self, node: NodeId, remote: EndpointAddress) {
         self.sim
             .reset_connections(self.nodes[node].ip(), remote.ip());
+    }
+
+    fn can_partition(&self) -> bool {
+        true
+    }
+
+    fn partition(&mut self, a: NodeId, b: NodeId) {
+        self.sim.partition(self.nodes[a].ip(), self.nodes[b].ip());
+    }
+
+    fn heal(&mut self, a: NodeId, b: NodeId) {
+        self.sim.heal(self.nodes[a].ip(), self.nodes[b].ip());
     }
 
     fn wait_until(&mut self, cond: &mut dyn FnMut() -> bool) -> bool {
