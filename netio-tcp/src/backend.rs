@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -22,10 +22,10 @@ use mio::unix::SourceFd;
 use mio::Interest;
 use netio_core::mio_loop::{MioLoop, MioTimer, SourceId};
 use netio_core::{
-    Backend, BackendConfig, BufferError, BufferPool, CloseError, CloseReason, ConnectionParams,
-    CreateError, EndpointAddress, EventLoop, Features, Handler, MemoryUsage, NetworkBuffer,
-    NetworkMode, OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError,
-    ThreadSafety, Timer, MAX_HEADER_LEN,
+    Backend, BackendConfig, BufferError, BufferPool, CloseError, CloseReason, ConnError, ConnId,
+    ConnTable, ConnectionParams, CreateError, EndpointAddress, EventLoop, Features, Handler,
+    MemoryUsage, NetworkBuffer, NetworkMode, OpenActiveError, OpenListenError, RefuseReason,
+    RegionSlice, SendError, ThreadSafety, Timer, TimerQueue, MAX_HEADER_LEN,
 };
 
 use crate::config::TcpConfig;
@@ -92,6 +92,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   The check costs nothing per message: the deadline timer runs while
 ///   such a message is under way. A connection with its own receive pool
 ///   is not limited, since its stalled message starves nobody else.
+/// - A peer that stops answering altogether (crashed host, cut network) is
+///   noticed by the kernel after
+///   [`BackendConfig::peer_timeout`](netio_core::BackendConfig::peer_timeout)
+///   (keepalive probes and `TCP_USER_TIMEOUT`, see
+///   [`TcpConfig::keepalive`]): the connection closes with
+///   `CloseReason::TimedOut`. Without a peer timeout that takes the
+///   system's limits (minutes to hours).
 #[derive(Clone)]
 pub struct TcpBackend {
     inner: Arc<Inner>,
@@ -125,18 +132,19 @@ struct Listener {
 #[derive(Default)]
 struct State {
     listeners: HashMap<EndpointAddress, Listener>,
-    conns: HashMap<u64, Conn>,
-    /// Active endpoints by remote address: opened here (from the start) and
-    /// accepted (once established).
-    by_remote: HashMap<EndpointAddress, u64>,
-    lingering: HashMap<u64, Lingering>,
+    /// Every connection, opening or established, opened here or accepted:
+    /// looked up by handle (an index and a generation), never by address.
+    conns: ConnTable<Conn>,
+    /// Sockets of closed connections still finishing their last frames.
+    lingering: HashMap<ConnId, Lingering>,
     events: Vec<Ev>,
     dispatch_posted: bool,
-    dirty: Vec<u64>,
+    dirty: Vec<ConnId>,
     flush_posted: bool,
     /// Connections waiting for a receive-pool buffer.
-    pool_waiters: Vec<u64>,
-    next_id: u64,
+    pool_waiters: Vec<ConnId>,
+    /// Order of opening and accepting (see `Conn::seq`).
+    next_seq: u64,
     timer_running: bool,
 }
 
@@ -150,6 +158,10 @@ struct Inner {
     shared_recv: Option<BufferPool>,
     weak: Weak<Inner>,
     timer: MioTimer,
+    /// The handler's timers (`Backend::set_timer`); `user_timer` is armed
+    /// for the earliest.
+    timers: Mutex<TimerQueue>,
+    user_timer: MioTimer,
 }
 
 impl Drop for Inner {
@@ -208,6 +220,12 @@ impl TcpBackend {
                 "the TCP provider runs in NetworkMode::Tcp only",
             ));
         }
+        if config.peer_timeout == Some(Duration::ZERO) {
+            return Err(CreateError::InvalidConfig(
+                "a peer_timeout of 0 would close every connection at once".into(),
+            ));
+        }
+        let tcp = tcp.with_peer_timeout(config.peer_timeout);
         if config.send_queue_depth == 0 {
             return Err(CreateError::InvalidConfig(
                 "send_queue_depth of 0 leaves no room for any send".into(),
@@ -242,6 +260,12 @@ impl TcpBackend {
                     i.on_tick();
                 }
             });
+            let w = weak.clone();
+            let user_timer = lp.timer(move || {
+                if let Some(i) = w.upgrade() {
+                    i.on_user_timer();
+                }
+            });
             Inner {
                 lp,
                 config,
@@ -252,6 +276,8 @@ impl TcpBackend {
                 shared_recv,
                 weak: weak.clone(),
                 timer,
+                timers: Mutex::new(TimerQueue::new()),
+                user_timer,
             }
         });
         Ok(Self { inner })
@@ -262,9 +288,24 @@ impl TcpBackend {
         &self.inner.lp
     }
 
-    /// The TCP settings of this backend.
+    /// The TCP settings in effect: those given, with the keepalive and
+    /// user timeout derived from `BackendConfig::peer_timeout` where none
+    /// were given.
     pub fn tcp_config(&self) -> &TcpConfig {
         &self.inner.tcp
+    }
+
+    /// The file descriptor of connection `conn`'s socket (opening, open or
+    /// accepted), to inspect it: its options with `getsockopt`, its
+    /// addresses, `ss`. The backend owns it: do not close, read, write or
+    /// change it.
+    pub fn raw_fd(&self, conn: ConnId) -> Result<RawFd, ConnError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        Ok(inner.issued(&mut st, conn)?.stream.as_raw_fd())
     }
 
     /// What this provider supports: everything.
@@ -277,7 +318,7 @@ impl TcpBackend {
     /// reads.
     pub fn queued_send_bytes(&self) -> usize {
         let st = lock(&self.inner.state);
-        let open: usize = st.conns.values().map(Conn::queued_bytes).sum();
+        let open: usize = st.conns.iter().map(|(_, c)| c.queued_bytes()).sum();
         let closing: usize = st.lingering.values().map(Lingering::pending_bytes).sum();
         open + closing
     }
@@ -312,8 +353,8 @@ impl Inner {
     }
 
     /// Marks a connection for flushing by the next posted flush task.
-    fn schedule_flush(&self, st: &mut State, id: u64) {
-        if let Some(c) = st.conns.get_mut(&id) {
+    fn schedule_flush(&self, st: &mut State, id: ConnId) {
+        if let Some(c) = st.conns.get_mut(id) {
             if !c.dirty {
                 c.dirty = true;
                 st.dirty.push(id);
@@ -352,6 +393,7 @@ impl Inner {
     fn dispatch(self: &Arc<Self>) {
         let backend = self.backend();
         let mut batch = Vec::new();
+        let mut keys = Vec::new();
         // Each round dispatches what earlier rounds' callbacks queued;
         // bounded so a handler that queues forever cannot starve the loop.
         for _ in 0..64 {
@@ -366,20 +408,40 @@ impl Inner {
                 std::mem::swap(&mut st.events, &mut batch);
             }
             let mut h = lock(&self.handler);
-            for ev in batch.drain(..) {
+            let mut events = batch.drain(..).peekable();
+            while let Some(ev) = events.next() {
                 match ev {
-                    Ev::Established(r, caps) => h.on_connection_established(&backend, r, caps),
-                    Ev::Refused(r, why) => h.on_connection_refused(&backend, r, &why),
-                    Ev::Closed(r, why, keys, buffers) => {
+                    Ev::Established(c, r, caps) => {
+                        h.on_connection_established(&backend, c, r, caps)
+                    }
+                    Ev::Refused(c, r, why) => h.on_connection_refused(&backend, c, r, &why),
+                    Ev::Closed(c, r, why, keys, buffers) => {
                         drop(buffers);
-                        h.on_connection_closed(&backend, r, &why, &keys)
+                        h.on_connection_closed(&backend, c, r, &why, &keys)
                     }
-                    Ev::Completed(r, key, release) => {
+                    Ev::Completed(c, key, release) => {
+                        // One call for the run of completions of `c` (the
+                        // frames one write flushed), every slot and buffer
+                        // of it free first.
                         release.release();
-                        h.on_send_completed(&backend, r, key)
+                        keys.clear();
+                        keys.push(key);
+                        while let Some(Ev::Completed(next, ..)) = events.peek() {
+                            if *next != c {
+                                break;
+                            }
+                            if let Some(Ev::Completed(_, key, release)) = events.next() {
+                                release.release();
+                                keys.push(key);
+                            }
+                        }
+                        h.on_sends_completed(&backend, c, &keys)
                     }
+                    Ev::Timer(token) => h.on_timer(&backend, token),
+                    Ev::Wake(token) => h.on_wake(&backend, token),
                 }
             }
+            drop(events);
         }
         let mut st = lock(&self.state);
         self.post_dispatch(&mut st);
@@ -389,14 +451,13 @@ impl Inner {
 
     /// Ends a connection that is not established: the initiator reports
     /// `reason`, an accepted one disappears without a word.
-    fn refuse_conn(&self, st: &mut State, id: u64, reason: RefuseReason) {
-        let Some(c) = st.conns.remove(&id) else {
+    fn refuse_conn(&self, st: &mut State, id: ConnId, reason: RefuseReason) {
+        let Some(c) = st.conns.remove(id) else {
             return;
         };
         c.open.store(false, Ordering::Release);
         if c.initiator {
-            st.by_remote.remove(&c.remote);
-            st.events.push(Ev::Refused(c.remote, reason));
+            st.events.push(Ev::Refused(id, c.remote, reason));
         }
         deregister(&self.lp, &c.stream, c.source);
     }
@@ -405,12 +466,11 @@ impl Inner {
     /// every unfinished send. With `code`, this side closes in the orderly
     /// way (finishes its last frame, sends a CLOSE frame, drains the peer);
     /// without, the socket is closed at once (the peer closed or broke it).
-    fn close_conn(&self, st: &mut State, id: u64, code: Option<CloseCode>, reason: CloseReason) {
-        let Some(mut c) = st.conns.remove(&id) else {
+    fn close_conn(&self, st: &mut State, id: ConnId, code: Option<CloseCode>, reason: CloseReason) {
+        let Some(mut c) = st.conns.remove(id) else {
             return;
         };
         c.open.store(false, Ordering::Release);
-        st.by_remote.remove(&c.remote);
         let ended = c.cancel_sends();
         let mut rest = ended.rest;
         let had_assembly = c
@@ -419,11 +479,15 @@ impl Inner {
             .is_some_and(|r| r.assembling.take().is_some());
         let text = reason.to_string();
         if let Some(key) = ended.completed {
-            st.events
-                .push(Ev::Completed(c.remote, key, Release::Nothing));
+            st.events.push(Ev::Completed(id, key, Release::Nothing));
         }
-        st.events
-            .push(Ev::Closed(c.remote, reason, ended.cancelled, ended.buffers));
+        st.events.push(Ev::Closed(
+            id,
+            c.remote,
+            reason,
+            ended.cancelled,
+            ended.buffers,
+        ));
         match code {
             Some(code) => {
                 rest.extend_from_slice(CloseFrame::new(code, &text).as_bytes());
@@ -454,7 +518,7 @@ impl Inner {
     /// Lets connections that waited for a receive-pool buffer read again.
     fn wake_pool_waiters(&self, st: &mut State) {
         for id in std::mem::take(&mut st.pool_waiters) {
-            if let Some(c) = st.conns.get_mut(&id) {
+            if let Some(c) = st.conns.get_mut(id) {
                 c.recv_blocked = false;
                 self.post_with(move |i| i.on_readable(id));
             }
@@ -464,22 +528,40 @@ impl Inner {
     // -- loop-thread I/O -------------------------------------------------------
 
     /// A readiness event of connection `id` (or of its lingering socket).
-    fn on_conn_event(self: &Arc<Self>, id: u64, ev: &Event) {
-        let lingering = lock(&self.state).lingering.contains_key(&id);
+    fn on_conn_event(self: &Arc<Self>, id: ConnId, ev: &Event) {
+        // A handle lookup first: the connection's own events need no
+        // hashing; only those of a closed one's lingering socket do.
+        let (lingering, connecting) = {
+            let st = lock(&self.state);
+            match st.conns.get(id) {
+                Some(c) => (false, c.phase == Phase::Connecting),
+                None => (st.lingering.contains_key(&id), false),
+            }
+        };
         if lingering {
             self.on_lingering(id);
             return;
         }
-        if ev.is_writable() || ev.is_error() || ev.is_write_closed() {
+        let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+        let writable = ev.is_writable() || ev.is_error() || ev.is_write_closed();
+        // Reading first: a CLOSE frame from the peer ends the connection
+        // before more of its queue is written into a socket the peer no
+        // longer reads (those sends are cancelled, not completed). A
+        // connection still connecting reads after the connect completed
+        // (the peer's handshake may have come with the same event).
+        if readable && !connecting {
+            self.on_readable(id);
+        }
+        if writable {
             self.on_writable(id);
         }
-        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+        if readable && connecting {
             self.on_readable(id);
         }
         self.dispatch();
     }
 
-    fn on_lingering(self: &Arc<Self>, id: u64) {
+    fn on_lingering(self: &Arc<Self>, id: ConnId) {
         let mut st = lock(&self.state);
         let Some(l) = st.lingering.get_mut(&id) else {
             return;
@@ -495,9 +577,9 @@ impl Inner {
         }
     }
 
-    fn on_writable(self: &Arc<Self>, id: u64) {
+    fn on_writable(self: &Arc<Self>, id: ConnId) {
         let mut st = lock(&self.state);
-        let Some(c) = st.conns.get_mut(&id) else {
+        let Some(c) = st.conns.get_mut(id) else {
             return;
         };
         if c.phase == Phase::Connecting {
@@ -523,9 +605,9 @@ impl Inner {
     }
 
     /// Writes connection `id`'s queue; a write error ends it.
-    fn flush_conn(&self, st: &mut State, id: u64) {
+    fn flush_conn(&self, st: &mut State, id: ConnId) {
         let State { conns, events, .. } = &mut *st;
-        let Some(c) = conns.get_mut(&id) else {
+        let Some(c) = conns.get_mut(id) else {
             return;
         };
         if c.phase == Phase::Connecting {
@@ -538,7 +620,7 @@ impl Inner {
             Ok(Flushed::More) => self.schedule_flush(st, id),
             Err(e) => {
                 if phase == Phase::Established {
-                    self.close_conn(st, id, None, CloseReason::Reset);
+                    self.close_conn(st, id, None, close_reason_for_io(&e));
                 } else {
                     let reason =
                         RefuseReason::Handshake(format!("sending the handshake failed: {e}"));
@@ -555,7 +637,7 @@ impl Inner {
             st.flush_posted = false;
             let dirty = std::mem::take(&mut st.dirty);
             for &id in &dirty {
-                if let Some(c) = st.conns.get_mut(&id) {
+                if let Some(c) = st.conns.get_mut(id) {
                     c.dirty = false;
                 }
                 self.flush_conn(&mut st, id);
@@ -572,15 +654,24 @@ impl Inner {
 
     /// Reads connection `id` until the socket is empty (or the budget is
     /// used up), handing out each message as it is parsed.
-    fn on_readable(self: &Arc<Self>, id: u64) {
+    ///
+    /// A paused connection is neither read nor parsed (once established):
+    /// its bytes wait in the kernel, whose receive window fills, so the
+    /// peer's sends back up. `resume_receive` runs this again, which hands
+    /// out what the read buffer holds and reads until the socket is empty
+    /// (mio is edge-triggered: no new readiness event may come).
+    fn on_readable(self: &Arc<Self>, id: ConnId) {
         let backend = self.backend();
         for _ in 0..MAX_READS_PER_EVENT {
             let taken = {
                 let mut st = lock(&self.state);
-                let Some(c) = st.conns.get_mut(&id) else {
+                let Some(c) = st.conns.get_mut(id) else {
                     return;
                 };
                 if c.phase == Phase::Connecting || c.recv_blocked {
+                    return;
+                }
+                if c.phase == Phase::Established && c.paused.load(Ordering::Acquire) {
                     return;
                 }
                 let Some(reader) = c.reader.take() else {
@@ -590,13 +681,13 @@ impl Inner {
                     reader,
                     Arc::clone(&c.stream),
                     Arc::clone(&c.open),
-                    c.remote,
+                    Arc::clone(&c.paused),
                     c.phase,
                     c.recv_pool.clone(),
                     c.recv_limit,
                 )
             };
-            let (mut reader, stream, open, remote, phase, pool, limit) = taken;
+            let (mut reader, stream, open, paused, phase, pool, limit) = taken;
             let room = reader.dec.read_buf();
             // No room: whole frames wait in the buffer (a connection that
             // waited for a pool buffer); hand them out before reading.
@@ -621,21 +712,30 @@ impl Inner {
                 id,
                 &mut reader,
                 &mut phase,
-                remote,
                 &open,
+                &paused,
                 pool.as_ref(),
                 limit,
             );
-            if let Step::Stop = step {
-                self.drop_reader(reader);
-                return;
-            }
-            if let Step::Blocked = step {
-                end = ReadEnd::WouldBlock;
+            match step {
+                Step::Stop => {
+                    self.drop_reader(reader);
+                    return;
+                }
+                Step::Blocked => end = ReadEnd::WouldBlock,
+                // An end of stream or an error waits with the bytes before
+                // it: it is reported after them, once resumed.
+                Step::Paused if matches!(end, ReadEnd::Continue) => end = ReadEnd::WouldBlock,
+                Step::Paused => {
+                    let mut st = lock(&self.state);
+                    self.put_reader(&mut st, id, reader);
+                    return;
+                }
+                Step::Continue => {}
             }
             // Put the reader back, or end the connection.
             let mut st = lock(&self.state);
-            if !open.load(Ordering::Acquire) || !st.conns.contains_key(&id) {
+            if !open.load(Ordering::Acquire) || !st.conns.contains(id) {
                 drop(st);
                 self.drop_reader(reader);
                 return;
@@ -650,7 +750,11 @@ impl Inner {
                     let had_assembly = reader.assembling.take().is_some();
                     drop(reader);
                     if phase == Phase::Established {
-                        self.close_conn(&mut st, id, None, CloseReason::Reset);
+                        let reason = match &end {
+                            ReadEnd::Error(e) => close_reason_for_io(e),
+                            _ => CloseReason::Reset,
+                        };
+                        self.close_conn(&mut st, id, None, reason);
                     } else {
                         let why = match &end {
                             ReadEnd::Error(e) => {
@@ -677,9 +781,9 @@ impl Inner {
 
     /// Gives connection `id` its reader back. A message left incomplete in
     /// a shared pool's buffer has a deadline, which the timer enforces.
-    fn put_reader(&self, st: &mut State, id: u64, reader: Reader) {
+    fn put_reader(&self, st: &mut State, id: ConnId, reader: Reader) {
         let partial = reader.partial_deadline().is_some();
-        if let Some(c) = st.conns.get_mut(&id) {
+        if let Some(c) = st.conns.get_mut(id) {
             c.reader = Some(reader);
         }
         if partial {
@@ -700,11 +804,11 @@ impl Inner {
     fn process(
         self: &Arc<Self>,
         backend: &TcpBackend,
-        id: u64,
+        id: ConnId,
         reader: &mut Reader,
         phase: &mut Phase,
-        remote: EndpointAddress,
         open: &std::sync::atomic::AtomicBool,
+        paused: &std::sync::atomic::AtomicBool,
         pool: Option<&BufferPool>,
         limit: Option<u32>,
     ) -> Step {
@@ -732,7 +836,7 @@ impl Inner {
                     // An accepted connection's own pool is made when it is
                     // established: the frames that came with the handshake
                     // may already need it.
-                    own_pool = st.conns.get(&id).and_then(|c| c.recv_pool.clone());
+                    own_pool = st.conns.get(id).and_then(|c| c.recv_pool.clone());
                     drop(st);
                     *phase = Phase::Established;
                     self.dispatch();
@@ -747,6 +851,11 @@ impl Inner {
             if !open.load(Ordering::Acquire) {
                 return Step::Stop;
             }
+            // Paused (by a handler, or by another thread): the rest waits
+            // in the read buffer until resumed.
+            if paused.load(Ordering::Acquire) {
+                return Step::Paused;
+            }
             if reader.assembling.is_none() && reader.dec.starts_large_message() {
                 match pool.and_then(BufferPool::get) {
                     Some(b) => {
@@ -758,7 +867,7 @@ impl Inner {
                     }
                     None if pool.is_some() => {
                         let mut st = lock(&self.state);
-                        if let Some(c) = st.conns.get_mut(&id) {
+                        if let Some(c) = st.conns.get_mut(id) {
                             c.recv_blocked = true;
                             st.pool_waiters.push(id);
                         }
@@ -781,7 +890,7 @@ impl Inner {
             match frame {
                 Frame::Data(msg) => {
                     let hd = h.get_or_insert_with(|| lock(&self.handler));
-                    hd.on_data(backend, remote, msg);
+                    hd.on_data(backend, id, msg);
                 }
                 Frame::DataPart {
                     bytes, total_len, ..
@@ -808,7 +917,7 @@ impl Inner {
                         reader.partial_deadline = None;
                         if let Some(buf) = reader.assembling.take() {
                             let hd = h.get_or_insert_with(|| lock(&self.handler));
-                            hd.on_data(backend, remote, buf.as_slice());
+                            hd.on_data(backend, id, buf.as_slice());
                             drop(buf);
                             let mut st = lock(&self.state);
                             if !st.pool_waiters.is_empty() {
@@ -828,22 +937,10 @@ impl Inner {
     }
 
     /// The peer's handshake arrived: the connection is established. Returns
-    /// `false` if it was dropped instead (a duplicate remote address).
-    fn establish(&self, st: &mut State, id: u64, _peer: Handshake) -> bool {
-        let Some(c) = st.conns.get(&id) else {
-            return false;
-        };
-        let remote = c.remote;
-        if !c.initiator {
-            if st.by_remote.contains_key(&remote) {
-                // Another endpoint already has this name.
-                self.refuse_conn(st, id, RefuseReason::Cancelled);
-                return false;
-            }
-            st.by_remote.insert(remote, id);
-        }
+    /// `false` if it is gone.
+    fn establish(&self, st: &mut State, id: ConnId, _peer: Handshake) -> bool {
         let shared_send = self.shared_send.clone();
-        let Some(c) = st.conns.get_mut(&id) else {
+        let Some(c) = st.conns.get_mut(id) else {
             return false;
         };
         c.phase = Phase::Established;
@@ -858,7 +955,8 @@ impl Inner {
             ));
         }
         let caps = c.params.capabilities(&self.config, true);
-        st.events.push(Ev::Established(remote, caps));
+        let remote = c.remote;
+        st.events.push(Ev::Established(id, remote, caps));
         true
     }
 
@@ -953,9 +1051,10 @@ impl Inner {
         params: ConnectionParams,
         limit: Option<u32>,
         pool: Option<BufferPool>,
-    ) -> io::Result<u64> {
-        st.next_id += 1;
-        let id = st.next_id;
+    ) -> io::Result<ConnId> {
+        // The handle the connection will get: the state lock is held, so
+        // nothing else takes it meanwhile.
+        let id = st.conns.next_id();
         let w = self.weak.clone();
         let source = self.lp.register(
             &mut stream,
@@ -967,7 +1066,10 @@ impl Inner {
             },
         )?;
         let hs = Handshake::for_limit(limit.map(|l| l as usize)).encode();
+        st.next_seq += 1;
         let conn = Conn::new(
+            id,
+            st.next_seq,
             remote,
             Arc::new(stream),
             source,
@@ -980,10 +1082,8 @@ impl Inner {
             Instant::now() + self.tcp.handshake_timeout,
             hs,
         );
-        st.conns.insert(id, conn);
-        if initiator {
-            st.by_remote.insert(remote, id);
-        }
+        let inserted = st.conns.insert(conn);
+        debug_assert_eq!(inserted, id);
         self.ensure_timer(st);
         if phase == Phase::Handshaking {
             self.schedule_flush(st, id);
@@ -1000,10 +1100,10 @@ impl Inner {
             let mut st = lock(&self.state);
             let now = Instant::now();
             // The loop thread is not reading now: every reader is in place.
-            let stalled: Vec<(u64, String)> = st
+            let stalled: Vec<(ConnId, String)> = st
                 .conns
                 .iter()
-                .filter_map(|(&id, c)| {
+                .filter_map(|(id, c)| {
                     let r = c.reader.as_ref().filter(|r| r.partial_overdue(now))?;
                     let got = r.assembling.as_ref().map_or(0, NetworkBuffer::len);
                     let why = format!(
@@ -1023,11 +1123,11 @@ impl Inner {
                     CloseReason::Protocol(why),
                 );
             }
-            let late: Vec<(u64, Phase)> = st
+            let late: Vec<(ConnId, Phase)> = st
                 .conns
                 .iter()
                 .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
-                .map(|(&id, c)| (id, c.phase))
+                .map(|(id, c)| (id, c.phase))
                 .collect();
             for (id, phase) in late {
                 let reason = if phase == Phase::Connecting {
@@ -1039,7 +1139,7 @@ impl Inner {
                 };
                 self.refuse_conn(&mut st, id, reason);
             }
-            let done: Vec<u64> = st
+            let done: Vec<ConnId> = st
                 .lingering
                 .iter()
                 .filter(|(_, l)| l.deadline <= now)
@@ -1055,7 +1155,7 @@ impl Inner {
                     retry.push(addr);
                 }
             }
-            let pending = st.conns.values().any(|c| {
+            let pending = st.conns.iter().any(|(_, c)| {
                 c.deadline.is_some()
                     || c.reader
                         .as_ref()
@@ -1075,25 +1175,51 @@ impl Inner {
 
     // -- operations ----------------------------------------------------------------
 
-    fn established(&self, st: &State, remote: EndpointAddress) -> Option<u64> {
-        let id = *st.by_remote.get(&remote)?;
-        (st.conns.get(&id)?.phase == Phase::Established).then_some(id)
-    }
-
     /// The common start of every send: checks the calling thread, locks the
-    /// state and finds the established connection to `remote`.
-    fn send_target(
-        &self,
-        remote: EndpointAddress,
-    ) -> Result<(MutexGuard<'_, State>, u64), SendError> {
+    /// state and checks that `conn` is established (a handle lookup, no
+    /// hashing).
+    fn send_target(&self, conn: ConnId) -> Result<MutexGuard<'_, State>, SendError> {
         if !self.thread_ok() {
             return Err(SendError::WrongThread);
         }
         let st = lock(&self.state);
-        let id = self
-            .established(&st, remote)
-            .ok_or(SendError::UnknownActiveEndpoint(remote))?;
-        Ok((st, id))
+        match st.conns.get(conn) {
+            Some(c) if c.phase == Phase::Established => Ok(st),
+            _ => Err(SendError::UnknownConnection(conn)),
+        }
+    }
+
+    /// The issued connection `conn` (see [`Conn::issued`]), for the calls
+    /// that work while it is still opening.
+    fn issued<'a>(&self, st: &'a mut State, conn: ConnId) -> Result<&'a mut Conn, ConnError> {
+        match st.conns.get_mut(conn) {
+            Some(c) if c.issued() => Ok(c),
+            _ => Err(ConnError::UnknownConnection(conn)),
+        }
+    }
+
+    /// The handler timer fired: hands every due token to `on_timer` and
+    /// arms the timer for the next deadline.
+    fn on_user_timer(self: &Arc<Self>) {
+        let mut due = Vec::new();
+        {
+            let mut q = lock(&self.timers);
+            let now = self.lp.now();
+            while let Some(token) = q.pop_due(now) {
+                due.push(token);
+            }
+            match q.next_deadline() {
+                Some(d) => self.user_timer.start(d.saturating_sub(now)),
+                None => self.user_timer.stop(),
+            }
+        }
+        if due.is_empty() {
+            return;
+        }
+        lock(&self.state)
+            .events
+            .extend(due.into_iter().map(Ev::Timer));
+        self.dispatch();
     }
 
     /// `NoResources` when `send_queue_depth` copy and zero-copy sends of a
@@ -1106,8 +1232,8 @@ impl Inner {
     }
 
     /// Queues a DATA frame on an established connection.
-    fn enqueue(&self, st: &mut State, id: u64, out: Out) {
-        if let Some(c) = st.conns.get_mut(&id) {
+    fn enqueue(&self, st: &mut State, id: ConnId, out: Out) {
+        if let Some(c) = st.conns.get_mut(id) {
             if let Out::Data {
                 unbuffered: true, ..
             } = out
@@ -1134,6 +1260,8 @@ enum Step {
     Blocked,
     /// The connection ended.
     Stop,
+    /// The connection is paused: what is left waits in the read buffer.
+    Paused,
 }
 
 fn refuse_reason(e: &io::Error) -> RefuseReason {
@@ -1155,6 +1283,18 @@ fn accept_error_is_transient(e: &io::Error) -> bool {
             e.raw_os_error(),
             Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM | libc::EINTR)
         )
+}
+
+/// Why an established connection ended, from the error its socket gave:
+/// `ETIMEDOUT` (the peer stopped acknowledging for `TCP_USER_TIMEOUT`, or
+/// stopped answering keepalive probes) is
+/// [`CloseReason::TimedOut`], anything else a reset.
+pub(crate) fn close_reason_for_io(e: &io::Error) -> CloseReason {
+    if e.raw_os_error() == Some(libc::ETIMEDOUT) || e.kind() == io::ErrorKind::TimedOut {
+        CloseReason::TimedOut
+    } else {
+        CloseReason::Reset
+    }
 }
 
 fn close_reason_for(e: &WireError) -> CloseReason {
@@ -1266,7 +1406,7 @@ impl Backend for TcpBackend {
         &self,
         address: EndpointAddress,
         params: ConnectionParams,
-    ) -> Result<(), OpenActiveError> {
+    ) -> Result<ConnId, OpenActiveError> {
         let inner = &self.inner;
         if !inner.thread_ok() {
             return Err(OpenActiveError::WrongThread);
@@ -1285,9 +1425,6 @@ impl Backend for TcpBackend {
             ));
         }
         let mut st = lock(&inner.state);
-        if st.by_remote.contains_key(&address) {
-            return Err(OpenActiveError::ActiveEndpointAlreadyExists(address));
-        }
         let fail = |e: io::Error| {
             if socket::is_connect_resource_error(&e) {
                 OpenActiveError::NoResources {
@@ -1301,16 +1438,13 @@ impl Backend for TcpBackend {
                 }
             }
         };
-        let stream = match socket::connect(address.socket_addr(), &inner.tcp).map_err(fail)? {
-            socket::Connect::Started(s) => s,
-            socket::Connect::Failed(e) => {
-                st.events.push(Ev::Refused(address, refuse_reason(&e)));
-                inner.post_dispatch(&mut st);
-                return Ok(());
-            }
-        };
+        let (stream, failed) =
+            match socket::connect(address.socket_addr(), &inner.tcp).map_err(fail)? {
+                socket::Connect::Started(s) => (s, None),
+                socket::Connect::Failed(s, e) => (s, Some(refuse_reason(&e))),
+            };
         let (limit, pool) = inner.recv_setup(&params, None);
-        inner
+        let id = inner
             .add_conn(
                 &mut st,
                 stream,
@@ -1323,7 +1457,15 @@ impl Backend for TcpBackend {
                 pool,
             )
             .map_err(fail)?;
-        Ok(())
+        if let Some(reason) = failed {
+            // Refused at once: reported later like any refusal, with the
+            // handle returned now (unless closed meanwhile).
+            inner.post_with(move |i| {
+                i.refuse_conn(&mut lock(&i.state), id, reason);
+                i.dispatch();
+            });
+        }
+        Ok(id)
     }
 
     fn close_listen_endpoint(&self, address: EndpointAddress) -> Result<(), CloseError> {
@@ -1337,11 +1479,11 @@ impl Backend for TcpBackend {
         };
         let _ = inner.lp.deregister(&mut l.sock, l.source);
         drop(l);
-        let accepted: Vec<(u64, Phase)> = st
+        let accepted: Vec<(ConnId, Phase)> = st
             .conns
             .iter()
             .filter(|(_, c)| c.listener == Some(address))
-            .map(|(&id, c)| (id, c.phase))
+            .map(|(id, c)| (id, c.phase))
             .collect();
         for (id, phase) in accepted {
             if phase == Phase::Established {
@@ -1359,46 +1501,44 @@ impl Backend for TcpBackend {
         Ok(())
     }
 
-    fn close_active_endpoint(&self, remote: EndpointAddress) -> Result<(), CloseError> {
+    fn close_active_endpoint(&self, conn: ConnId) -> Result<(), CloseError> {
         let inner = &self.inner;
         if !inner.thread_ok() {
             return Err(CloseError::WrongThread);
         }
         let mut st = lock(&inner.state);
-        let Some(&id) = st.by_remote.get(&remote) else {
-            return Err(CloseError::UnknownActiveEndpoint(remote));
+        let phase = match st.conns.get(conn) {
+            Some(c) if c.issued() => c.phase,
+            _ => return Err(CloseError::UnknownConnection(conn)),
         };
-        let phase = st.conns.get(&id).map(|c| c.phase);
-        match phase {
-            Some(Phase::Established) => {
-                inner.close_conn(&mut st, id, Some(CloseCode::Normal), CloseReason::Local)
-            }
-            Some(_) => inner.refuse_conn(&mut st, id, RefuseReason::Cancelled),
-            None => return Err(CloseError::UnknownActiveEndpoint(remote)),
+        if phase == Phase::Established {
+            inner.close_conn(&mut st, conn, Some(CloseCode::Normal), CloseReason::Local);
+        } else {
+            inner.refuse_conn(&mut st, conn, RefuseReason::Cancelled);
         }
         inner.post_dispatch(&mut st);
         Ok(())
     }
 
-    fn get_buffer(&self, remote: EndpointAddress) -> Result<Option<NetworkBuffer>, BufferError> {
-        Ok(self.send_pool(remote)?.get())
+    fn get_buffer(&self, conn: ConnId) -> Result<Option<NetworkBuffer>, BufferError> {
+        Ok(self.send_pool(conn)?.get())
     }
 
-    fn send_buffer(&self, remote: EndpointAddress, buffer: NetworkBuffer) -> Result<(), SendError> {
+    fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64) -> Result<(), SendError> {
         let inner = &self.inner;
-        let (mut st, id) = inner.send_target(remote)?;
-        let owns = st.conns[&id]
-            .send_pool
-            .as_ref()
+        let mut st = inner.send_target(conn)?;
+        let owns = st
+            .conns
+            .get(conn)
+            .and_then(|c| c.send_pool.as_ref())
             .is_some_and(|p| p.owns(&buffer));
         if !owns {
             return Err(SendError::ForeignBuffer);
         }
         let prefix = prefix_for(&[], buffer.len())?;
-        let key = buffer.index();
         inner.enqueue(
             &mut st,
-            id,
+            conn,
             Out::data(prefix, Payload::Buffer(buffer), key, false),
         );
         Ok(())
@@ -1406,15 +1546,18 @@ impl Backend for TcpBackend {
 
     fn send_data(
         &self,
-        remote: EndpointAddress,
+        conn: ConnId,
         data: &[RegionSlice],
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError> {
         let inner = &self.inner;
-        let (mut st, id) = inner.send_target(remote)?;
+        let mut st = inner.send_target(conn)?;
         header_check(header)?;
-        let c = &st.conns[&id];
+        let c = st
+            .conns
+            .get(conn)
+            .ok_or(SendError::UnknownConnection(conn))?;
         let region = c
             .params
             .send_zero_copy
@@ -1428,7 +1571,7 @@ impl Backend for TcpBackend {
         let lent = region.lend(data).map_err(|_| SendError::OutsideRegion)?;
         inner.enqueue(
             &mut st,
-            id,
+            conn,
             Out::data(prefix, Payload::Region(lent), key, true),
         );
         Ok(())
@@ -1436,31 +1579,89 @@ impl Backend for TcpBackend {
 
     fn send_data_copy(
         &self,
-        remote: EndpointAddress,
+        conn: ConnId,
         data: &[&[u8]],
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError> {
         let inner = &self.inner;
-        let (mut st, id) = inner.send_target(remote)?;
+        let mut st = inner.send_target(conn)?;
         header_check(header)?;
         let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
         let prefix = prefix_for(header, payload_len)?;
-        let Some(c) = st.conns.get_mut(&id) else {
-            return Err(SendError::UnknownActiveEndpoint(remote));
-        };
+        let c = st
+            .conns
+            .get_mut(conn)
+            .ok_or(SendError::UnknownConnection(conn))?;
         inner.check_queue_depth(&c.in_flight)?;
         let mut v = c.take_vec(prefix.as_bytes().len() + payload_len);
         v.extend_from_slice(prefix.as_bytes());
         for d in data {
             v.extend_from_slice(d);
         }
-        inner.enqueue(&mut st, id, Out::data(prefix, Payload::Copy(v), key, true));
+        inner.enqueue(
+            &mut st,
+            conn,
+            Out::data(prefix, Payload::Copy(v), key, true),
+        );
         Ok(())
     }
 
-    fn num_available_buffers(&self, remote: EndpointAddress) -> Result<usize, BufferError> {
-        Ok(self.send_pool(remote)?.take_low_water())
+    fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError> {
+        Ok(self.send_pool(conn)?.take_low_water())
+    }
+
+    fn pause_receive(&self, conn: ConnId) -> Result<(), ConnError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        let c = inner.issued(&mut st, conn)?;
+        c.paused.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    fn resume_receive(&self, conn: ConnId) -> Result<(), ConnError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        let c = inner.issued(&mut st, conn)?;
+        if c.paused.swap(false, Ordering::AcqRel) {
+            // Hand out what the read buffer holds, then read until the
+            // socket is empty: readiness that came while paused was
+            // ignored, and no new event may come for it.
+            inner.post_with(move |i| {
+                i.on_readable(conn);
+                i.dispatch();
+            });
+        }
+        Ok(())
+    }
+
+    fn remote_address(&self, conn: ConnId) -> Result<EndpointAddress, ConnError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        Ok(inner.issued(&mut st, conn)?.remote)
+    }
+
+    fn connection_to(&self, remote: EndpointAddress) -> Result<ConnId, ConnError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let st = lock(&inner.state);
+        st.conns
+            .iter()
+            .filter(|(_, c)| c.remote == remote && c.issued())
+            .min_by_key(|(_, c)| c.seq)
+            .map(|(id, _)| id)
+            .ok_or(ConnError::NoConnectionTo(remote))
     }
 
     fn memory_usage(&self) -> MemoryUsage {
@@ -1472,7 +1673,7 @@ impl Backend for TcpBackend {
             .shared_recv
             .iter()
             .chain(st.listeners.values().filter_map(|l| l.recv_pool.as_ref()))
-            .chain(st.conns.values().filter_map(|c| c.recv_pool.as_ref()));
+            .chain(st.conns.iter().filter_map(|(_, c)| c.recv_pool.as_ref()));
         for p in recv {
             if !counted.iter().any(|q| q.same_pool(p)) {
                 usage.receive_bytes += p.bytes();
@@ -1482,7 +1683,7 @@ impl Backend for TcpBackend {
         let send = inner
             .shared_send
             .iter()
-            .chain(st.conns.values().filter_map(|c| c.send_pool.as_ref()));
+            .chain(st.conns.iter().filter_map(|(_, c)| c.send_pool.as_ref()));
         for p in send {
             if !counted.iter().any(|q| q.same_pool(p)) {
                 usage.send_bytes += p.bytes();
@@ -1491,21 +1692,60 @@ impl Backend for TcpBackend {
         }
         usage
     }
+
+    fn now(&self) -> Duration {
+        self.inner.lp.now()
+    }
+
+    fn set_timer(&self, delay: Duration, token: u64) {
+        let inner = &self.inner;
+        let mut q = lock(&inner.timers);
+        let now = inner.lp.now();
+        let deadline = now.saturating_add(delay);
+        q.push(deadline, token);
+        if q.next_deadline() == Some(deadline) {
+            // The new earliest: the loop timer measures from now, never
+            // less than `delay`.
+            inner.user_timer.start(delay);
+        }
+    }
+
+    fn wake(&self, token: u64) {
+        let inner = &self.inner;
+        let mut st = lock(&inner.state);
+        st.events.push(Ev::Wake(token));
+        inner.post_dispatch(&mut st);
+    }
 }
 
 impl TcpBackend {
-    fn send_pool(&self, remote: EndpointAddress) -> Result<BufferPool, BufferError> {
+    fn send_pool(&self, conn: ConnId) -> Result<BufferPool, BufferError> {
         let inner = &self.inner;
         if !inner.thread_ok() {
             return Err(BufferError::WrongThread);
         }
         let st = lock(&inner.state);
-        let id = inner
-            .established(&st, remote)
-            .ok_or(BufferError::UnknownActiveEndpoint(remote))?;
-        st.conns[&id]
-            .send_pool
-            .clone()
-            .ok_or(BufferError::NoBuffersAllocated(remote))
+        match st.conns.get(conn) {
+            Some(c) if c.phase == Phase::Established => c
+                .send_pool
+                .clone()
+                .ok_or(BufferError::NoBuffersAllocated(conn)),
+            _ => Err(BufferError::UnknownConnection(conn)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etimedout_from_the_kernel_closes_with_timed_out_and_other_errors_with_reset() {
+        let timed_out = io::Error::from_raw_os_error(libc::ETIMEDOUT);
+        assert_eq!(close_reason_for_io(&timed_out), CloseReason::TimedOut);
+        for errno in [libc::ECONNRESET, libc::EPIPE, libc::EHOSTUNREACH] {
+            let e = io::Error::from_raw_os_error(errno);
+            assert_eq!(close_reason_for_io(&e), CloseReason::Reset, "errno {errno}");
+        }
     }
 }

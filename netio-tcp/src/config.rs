@@ -108,6 +108,85 @@ pub struct TcpConfig {
     /// [`OpenActiveError::NoResources`](netio_core::OpenActiveError::NoResources),
     /// whose source says "no free local port in …".
     pub connect_ports: Option<PortRange>,
+    /// TCP keepalive probes (`SO_KEEPALIVE`, `TCP_KEEPIDLE`,
+    /// `TCP_KEEPINTVL`, `TCP_KEEPCNT`) on every connection, opened or
+    /// accepted, or `None` (default): derived from
+    /// [`BackendConfig::peer_timeout`](netio_core::BackendConfig::peer_timeout)
+    /// when that is set ([`Keepalive::for_peer_timeout`]), off otherwise.
+    ///
+    /// An idle connection whose peer stops answering the probes closes
+    /// with [`CloseReason::TimedOut`](netio_core::CloseReason::TimedOut).
+    /// [`TcpBackend::tcp_config`](crate::TcpBackend::tcp_config) shows the
+    /// settings in effect, derived ones included.
+    pub keepalive: Option<Keepalive>,
+    /// `TCP_USER_TIMEOUT` of every connection: how long sent data may stay
+    /// unacknowledged (and, with keepalive, how long probes may go
+    /// unanswered) before the kernel gives the connection up, which closes
+    /// it with [`CloseReason::TimedOut`](netio_core::CloseReason::TimedOut).
+    /// `None` (default): `BackendConfig::peer_timeout` when that is set, the
+    /// system's retransmission limit (about 15 minutes) otherwise.
+    /// Millisecond resolution, at most `u32::MAX` ms.
+    pub user_timeout: Option<Duration>,
+}
+
+/// TCP keepalive settings (see [`TcpConfig::keepalive`]). The kernel takes
+/// whole seconds: durations are rounded up, and zero counts as one
+/// second.
+///
+/// ```
+/// use std::time::Duration;
+/// use netio_tcp::Keepalive;
+/// let k = Keepalive::for_peer_timeout(Duration::from_secs(60));
+/// assert_eq!(k.idle, Duration::from_secs(30));
+/// assert_eq!((k.interval, k.retries), (Duration::from_secs(10), 3));
+/// // Probing gives up within the peer timeout.
+/// assert!(k.idle + k.interval * k.retries <= Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Idle time before the first probe (`TCP_KEEPIDLE`).
+    pub idle: Duration,
+    /// Time between probes (`TCP_KEEPINTVL`).
+    pub interval: Duration,
+    /// Unanswered probes before the connection is dropped
+    /// (`TCP_KEEPCNT`, at least 1).
+    pub retries: u32,
+}
+
+impl Keepalive {
+    /// Keepalive that notices a silent peer within `peer_timeout`: probes
+    /// start after half of it (at least 1 s) and up to 3 probes share the
+    /// rest, so `idle + interval * retries` stays within the timeout
+    /// (timeouts under 2 s: 1 s + one probe after 1 s, the kernel's
+    /// smallest settings). `TCP_USER_TIMEOUT`, set to the timeout as well,
+    /// bounds the whole.
+    pub fn for_peer_timeout(peer_timeout: Duration) -> Self {
+        let secs = peer_timeout.as_secs() + u64::from(peer_timeout.subsec_nanos() > 0);
+        let secs = secs.max(2);
+        let idle = (secs / 2).max(1);
+        let rest = (secs - idle).max(1);
+        let retries = rest.min(3);
+        let interval = (rest / retries).max(1);
+        Self {
+            idle: Duration::from_secs(idle),
+            interval: Duration::from_secs(interval),
+            // At most 3.
+            retries: u32::try_from(retries).unwrap_or(3),
+        }
+    }
+}
+
+impl TcpConfig {
+    /// These settings with the liveness options derived from
+    /// `peer_timeout` where none are given explicitly.
+    pub(crate) fn with_peer_timeout(mut self, peer_timeout: Option<Duration>) -> Self {
+        if let Some(t) = peer_timeout {
+            self.keepalive
+                .get_or_insert_with(|| Keepalive::for_peer_timeout(t));
+            self.user_timeout.get_or_insert(t);
+        }
+        self
+    }
 }
 
 impl Default for TcpConfig {
@@ -123,6 +202,8 @@ impl Default for TcpConfig {
             listen_backlog: 1024,
             listen_ports: None,
             connect_ports: None,
+            keepalive: None,
+            user_timeout: None,
         }
     }
 }
@@ -228,7 +309,48 @@ pub struct PortRangeError {
 
 #[cfg(test)]
 mod tests {
-    use super::PortRange;
+    use std::time::Duration;
+
+    use super::{Keepalive, PortRange, TcpConfig};
+
+    #[test]
+    fn keepalive_derived_from_the_peer_timeout_gives_up_within_it() {
+        for secs in [1u64, 2, 3, 5, 10, 30, 60, 600, 7200] {
+            let t = Duration::from_secs(secs);
+            let k = Keepalive::for_peer_timeout(t);
+            assert!(k.retries >= 1 && k.retries <= 3, "{secs}: {k:?}");
+            assert!(k.idle >= Duration::from_secs(1) && k.interval >= Duration::from_secs(1));
+            let total = k.idle + k.interval * k.retries;
+            assert!(total <= t.max(Duration::from_secs(2)), "{secs}: {k:?}");
+        }
+        let k = Keepalive::for_peer_timeout(Duration::from_millis(1500));
+        assert_eq!(k.idle, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn explicit_liveness_settings_win_over_the_peer_timeout() {
+        let t = Duration::from_secs(8);
+        let derived = TcpConfig::default().with_peer_timeout(Some(t));
+        assert_eq!(derived.keepalive, Some(Keepalive::for_peer_timeout(t)));
+        assert_eq!(derived.user_timeout, Some(t));
+        let own = Keepalive {
+            idle: Duration::from_secs(100),
+            interval: Duration::from_secs(7),
+            retries: 9,
+        };
+        let cfg = TcpConfig {
+            keepalive: Some(own),
+            user_timeout: Some(Duration::from_secs(1)),
+            ..TcpConfig::default()
+        }
+        .with_peer_timeout(Some(t));
+        assert_eq!(cfg.keepalive, Some(own));
+        assert_eq!(cfg.user_timeout, Some(Duration::from_secs(1)));
+        assert_eq!(
+            TcpConfig::default().with_peer_timeout(None),
+            TcpConfig::default()
+        );
+    }
 
     #[test]
     fn ports_from_visits_every_port_once_from_the_start() {

@@ -10,8 +10,8 @@ use std::time::Instant;
 use mio::net::TcpStream;
 use netio_core::mio_loop::SourceId;
 use netio_core::{
-    BufferPool, Capabilities, CloseReason, ConnectionParams, EndpointAddress, Lent, NetworkBuffer,
-    RefuseReason,
+    BufferPool, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress, Lent,
+    NetworkBuffer, RefuseReason,
 };
 
 use crate::wire::{DataPrefix, FrameDecoder, HANDSHAKE_LEN};
@@ -29,12 +29,24 @@ const MAX_SPARE_VEC_CAPACITY: usize = 64 * 1024;
 /// is released, on the loop thread.
 #[derive(Debug)]
 pub(crate) enum Ev {
-    Established(EndpointAddress, Capabilities),
-    Refused(EndpointAddress, RefuseReason),
+    Established(ConnId, EndpointAddress, Capabilities),
+    Refused(ConnId, EndpointAddress, RefuseReason),
     /// With the pool buffers of the cancelled sends, given back when the
     /// close is reported.
-    Closed(EndpointAddress, CloseReason, Vec<u64>, Vec<NetworkBuffer>),
-    Completed(EndpointAddress, u64, Release),
+    Closed(
+        ConnId,
+        EndpointAddress,
+        CloseReason,
+        Vec<u64>,
+        Vec<NetworkBuffer>,
+    ),
+    /// Consecutive completions of one connection are reported in one
+    /// `on_sends_completed` call.
+    Completed(ConnId, u64, Release),
+    /// A handler timer is due.
+    Timer(u64),
+    /// `Backend::wake` was called.
+    Wake(u64),
 }
 
 /// What a send holds until its completion is reported to the handler: a
@@ -239,6 +251,11 @@ pub(crate) enum Flushed {
 
 /// One connection (opening or established).
 pub(crate) struct Conn {
+    /// Its handle.
+    pub(crate) id: ConnId,
+    /// When it was opened or accepted, in the backend's order: of several
+    /// connections to one address, `connection_to` gives the oldest.
+    pub(crate) seq: u64,
     pub(crate) remote: EndpointAddress,
     pub(crate) stream: Arc<TcpStream>,
     pub(crate) source: SourceId,
@@ -250,6 +267,9 @@ pub(crate) struct Conn {
     /// Cleared when the connection ends, so the loop thread stops handing
     /// out its messages at once.
     pub(crate) open: Arc<AtomicBool>,
+    /// Set by `pause_receive`: the socket is not read and nothing buffered
+    /// is handed out until `resume_receive`.
+    pub(crate) paused: Arc<AtomicBool>,
     /// `None` while the loop thread is reading.
     pub(crate) reader: Option<Reader>,
     /// Largest message accepted; `None`: no receive capability.
@@ -274,6 +294,8 @@ pub(crate) struct Conn {
 impl Conn {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
+        id: ConnId,
+        seq: u64,
         remote: EndpointAddress,
         stream: Arc<TcpStream>,
         source: SourceId,
@@ -290,6 +312,8 @@ impl Conn {
         queue.push_back(Out::Handshake(handshake));
         let shared_pool = params.recv.use_shared_pool;
         Self {
+            id,
+            seq,
             remote,
             stream,
             source,
@@ -298,6 +322,7 @@ impl Conn {
             listener,
             params,
             open: Arc::new(AtomicBool::new(true)),
+            paused: Arc::new(AtomicBool::new(false)),
             reader: Some(Reader {
                 dec: FrameDecoder::new(0, recv_limit),
                 assembling: None,
@@ -316,6 +341,14 @@ impl Conn {
             deadline: Some(deadline),
             spare: Vec::new(),
         }
+    }
+
+    /// `true` when the application knows the handle: the connection was
+    /// opened here (any phase), or accepted and reported established. An
+    /// accepted connection still exchanging handshakes has not been
+    /// issued to the application yet.
+    pub(crate) fn issued(&self) -> bool {
+        self.initiator || self.phase == Phase::Established
     }
 
     /// Bytes queued and not yet written.
@@ -403,7 +436,7 @@ impl Conn {
                         }
                     }
                 };
-                events.push(Ev::Completed(self.remote, key, release));
+                events.push(Ev::Completed(self.id, key, release));
             }
         }
     }
@@ -630,6 +663,8 @@ mod tests {
             )
             .unwrap();
         let mut c = Conn::new(
+            ConnId::new(0, 0),
+            0,
             EndpointAddress::localhost(1),
             Arc::new(TcpStream::from_std(s)),
             source,

@@ -6,8 +6,22 @@
 //! codec): a handshake that refuses foreign or mismatched peers, then
 //! length-prefixed frames.
 //!
+//! - Connections are named by [`ConnId`](netio_core::ConnId) handles and
+//!   kept in a [`ConnTable`](netio_core::ConnTable): every operation finds
+//!   its connection by index and generation, never by address. Each
+//!   accepted connection gets a handle of its own, so any number of
+//!   connections may share a remote address.
 //! - Non-blocking sockets, `TCP_NODELAY`, socket buffer sizes and timeouts
 //!   from [`TcpConfig`]; IPv4 and IPv6.
+//! - Liveness: with [`BackendConfig::peer_timeout`](netio_core::BackendConfig::peer_timeout)
+//!   every connection gets keepalive probes and `TCP_USER_TIMEOUT`
+//!   ([`TcpConfig::keepalive`], [`TcpConfig::user_timeout`]); a peer that
+//!   stops answering closes the connection with `CloseReason::TimedOut`.
+//! - Receive flow control: a paused connection
+//!   ([`pause_receive`](netio_core::Backend::pause_receive)) is not read,
+//!   so the kernel's receive window fills and the peer's sends back up.
+//! - Handler timers and wake-ups (`set_timer`, `wake`) run on the loop,
+//!   dispatched like every other event.
 //! - Receiving: each connection reads into one large buffer and hands
 //!   every whole message to `on_data` straight out of it; a message larger
 //!   than the buffer is assembled in a buffer of the connection's receive
@@ -16,6 +30,8 @@
 //! - Sending: queued frames are written with vectored writes, many messages
 //!   per system call. Zero-copy sends write straight from the registered
 //!   region; copy sends copy once; buffered sends write the pool buffer.
+//!   The sends one write completes are reported in one
+//!   `on_sends_completed` call per connection.
 //! - Thread-safe and thread-unsafe modes; handlers run on the loop thread,
 //!   never under a backend lock and never from inside an operation.
 //! - Port ranges: [`TcpConfig::listen_ports`] confines listeners to a
@@ -31,7 +47,7 @@
 //!
 //! use netio_core::mio_loop::MioLoop;
 //! use netio_core::{
-//!     Backend, BackendConfig, Capabilities, ConnectionParams, EndpointAddress, EventLoop,
+//!     Backend, BackendConfig, Capabilities, ConnId, ConnectionParams, EndpointAddress, EventLoop,
 //!     Handler, Provider,
 //! };
 //! use netio_tcp::{TcpBackend, TcpProvider};
@@ -39,12 +55,18 @@
 //! /// Sends "hello" once connected; stops the loop when it arrives.
 //! struct App(mpsc::Sender<Vec<u8>>, MioLoop);
 //! impl Handler<TcpBackend> for App {
-//!     fn on_connection_established(&mut self, b: &TcpBackend, r: EndpointAddress, c: Capabilities) {
+//!     fn on_connection_established(
+//!         &mut self,
+//!         b: &TcpBackend,
+//!         conn: ConnId,
+//!         _remote: EndpointAddress,
+//!         c: Capabilities,
+//!     ) {
 //!         if c.send_copy {
-//!             let _ = b.send_data_copy(r, &[b"hello"], &[], 1);
+//!             let _ = b.send_data_copy(conn, &[b"hello"], &[], 1);
 //!         }
 //!     }
-//!     fn on_data(&mut self, _: &TcpBackend, _: EndpointAddress, data: &[u8]) {
+//!     fn on_data(&mut self, _: &TcpBackend, _: ConnId, data: &[u8]) {
 //!         let _ = self.0.send(data.to_vec());
 //!         self.1.stop();
 //!     }
@@ -56,7 +78,8 @@
 //! let backend = TcpProvider::create(&lp, BackendConfig::default(), App(tx, lp.clone()))?;
 //! let params = ConnectionParams::receive(1024, 4);
 //! let addr = backend.open_listen_endpoint(EndpointAddress::localhost(0), params.clone())?;
-//! backend.open_active_endpoint(addr, params)?;
+//! let conn = backend.open_active_endpoint(addr, params)?;
+//! assert_eq!(backend.remote_address(conn)?, addr);
 //! lp.run(|| {});
 //! assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, b"hello");
 //! # Ok(())
@@ -123,7 +146,7 @@ pub mod wire;
 
 pub use addrs::{local_addresses, LocalAddress};
 pub use backend::TcpBackend;
-pub use config::{PortRange, PortRangeError, TcpConfig};
+pub use config::{Keepalive, PortRange, PortRangeError, TcpConfig};
 
 use netio_core::mio_loop::MioLoop;
 use netio_core::{BackendConfig, CreateError, Handler, Provider};

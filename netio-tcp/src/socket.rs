@@ -17,7 +17,29 @@ use crate::config::{PortRange, TcpConfig};
 pub(crate) fn tune_stream(s: &mio::net::TcpStream, cfg: &TcpConfig) -> io::Result<()> {
     let r = SockRef::from(s);
     r.set_tcp_nodelay(cfg.nodelay)?;
-    apply_buffer_sizes(&r, cfg)
+    apply_buffer_sizes(&r, cfg)?;
+    apply_liveness(&r, cfg)
+}
+
+/// Keepalive probes and `TCP_USER_TIMEOUT` (see [`TcpConfig::keepalive`]
+/// and [`TcpConfig::user_timeout`]).
+fn apply_liveness(s: &Socket, cfg: &TcpConfig) -> io::Result<()> {
+    if let Some(k) = cfg.keepalive {
+        let secs = |d: std::time::Duration| {
+            std::time::Duration::from_secs((d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1))
+        };
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(secs(k.idle))
+            .with_interval(secs(k.interval))
+            .with_retries(k.retries.max(1));
+        s.set_tcp_keepalive(&ka)?;
+    }
+    if let Some(t) = cfg.user_timeout {
+        // At least 1 ms: 0 would mean "the system's default".
+        let max = std::time::Duration::from_millis(u64::from(u32::MAX));
+        s.set_tcp_user_timeout(Some(t.clamp(std::time::Duration::from_millis(1), max)))?;
+    }
+    Ok(())
 }
 
 fn apply_buffer_sizes(s: &Socket, cfg: &TcpConfig) -> io::Result<()> {
@@ -34,8 +56,9 @@ fn apply_buffer_sizes(s: &Socket, cfg: &TcpConfig) -> io::Result<()> {
 pub(crate) enum Connect {
     /// Connecting (or connected): wait for writability.
     Started(mio::net::TcpStream),
-    /// The system refused at once; report it like a later refusal.
-    Failed(io::Error),
+    /// The system refused at once; report it like a later refusal. The
+    /// socket is kept so the connection gets a handle like any other.
+    Failed(mio::net::TcpStream, io::Error),
 }
 
 /// Starts a non-blocking connect to `addr` with the options of `cfg`. An
@@ -51,8 +74,8 @@ pub(crate) fn connect(addr: SocketAddr, cfg: &TcpConfig) -> io::Result<Connect> 
         let s = connecting_socket(addr, cfg)?;
         return match start_connect(s, addr)? {
             Attempt::Done(c) => Ok(c),
-            Attempt::PortTaken(e) if is_connect_resource_error(&e) => Err(e),
-            Attempt::PortTaken(e) => Ok(Connect::Failed(e)),
+            Attempt::PortTaken(_, e) if is_connect_resource_error(&e) => Err(e),
+            Attempt::PortTaken(s, e) => Ok(Connect::Failed(s, e)),
         };
     };
     let mut last_err = None;
@@ -74,7 +97,7 @@ pub(crate) fn connect(addr: SocketAddr, cfg: &TcpConfig) -> io::Result<Connect> 
         }
         match start_connect(s, addr)? {
             Attempt::Done(c) => return Ok(c),
-            Attempt::PortTaken(e) => last_err = Some(e),
+            Attempt::PortTaken(_, e) => last_err = Some(e),
         }
     }
     Err(PortRangeExhausted {
@@ -93,6 +116,7 @@ fn connecting_socket(addr: SocketAddr, cfg: &TcpConfig) -> io::Result<Socket> {
     s.set_tcp_nodelay(cfg.nodelay)?;
     // Before connecting, so the window scale is negotiated for them.
     apply_buffer_sizes(&s, cfg)?;
+    apply_liveness(&s, cfg)?;
     Ok(s)
 }
 
@@ -102,10 +126,11 @@ enum Attempt {
     /// `EADDRINUSE` or `EADDRNOTAVAIL`: the local port (or the four-tuple)
     /// is not available. With a port range, try the next port; without
     /// one, `EADDRNOTAVAIL` means the ephemeral ports are exhausted.
-    PortTaken(io::Error),
+    PortTaken(mio::net::TcpStream, io::Error),
 }
 
 fn start_connect(s: Socket, addr: SocketAddr) -> io::Result<Attempt> {
+    let stream = |s: Socket| mio::net::TcpStream::from_std(std::net::TcpStream::from(s));
     match s.connect(&SockAddr::from(addr)) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -116,15 +141,12 @@ fn start_connect(s: Socket, addr: SocketAddr) -> io::Result<Attempt> {
                 Some(libc::EADDRINUSE | libc::EADDRNOTAVAIL)
             ) =>
         {
-            return Ok(Attempt::PortTaken(e))
+            return Ok(Attempt::PortTaken(stream(s), e))
         }
         Err(e) if is_connect_resource_error(&e) => return Err(e),
-        Err(e) => return Ok(Attempt::Done(Connect::Failed(e))),
+        Err(e) => return Ok(Attempt::Done(Connect::Failed(stream(s), e))),
     }
-    let std: std::net::TcpStream = s.into();
-    Ok(Attempt::Done(Connect::Started(
-        mio::net::TcpStream::from_std(std),
-    )))
+    Ok(Attempt::Done(Connect::Started(stream(s))))
 }
 
 /// Binds and listens on `addr`. IPv6 listeners are IPv6-only, so an

@@ -10,7 +10,7 @@ mod common;
 
 use std::io::Write;
 use std::net::{Shutdown, TcpListener as StdListener, TcpStream as StdStream};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use common::raw;
@@ -76,7 +76,7 @@ impl Bench {
         let pong = format!("pong {key}").into_bytes();
         self.client
             .b
-            .send_data_copy(listen, &[&ping], &[], key)
+            .send_data_copy(self.client.conn(listen), &[&ping], &[], key)
             .expect("the good client sends");
         assert!(
             wait_until(|| self.server.has(|e| *e == Ev::Data(good, ping.clone()))),
@@ -85,7 +85,7 @@ impl Bench {
         );
         self.server
             .b
-            .send_data_copy(good, &[&pong], &[], key)
+            .send_data_copy(self.server.conn(good), &[&pong], &[], key)
             .expect("the server answers the good client");
         assert!(
             wait_until(|| self.client.has(|e| *e == Ev::Data(listen, pong.clone()))),
@@ -277,13 +277,16 @@ fn wrong_protocol_version() {
         matches!(e, Ev::Refused(r, RefuseReason::Handshake(why))
             if *r == target && why.contains("version 2") && why.contains("speaks 1"))
     });
-    // The endpoint is gone after the refusal: opening it again is allowed.
-    bench
+    // The handle is stale after the refusal; opening again gives a new one.
+    let refused = bench.server.conn(target);
+    assert!(bench.server.b.close_active_endpoint(refused).is_err());
+    let again = bench
         .server
         .b
         .open_active_endpoint(target, ConnectionParams::receive(64, 1))
         .expect("reopening after a refusal");
-    bench.server.b.close_active_endpoint(target).unwrap();
+    assert_ne!(again, refused);
+    bench.server.b.close_active_endpoint(again).unwrap();
     bench.wait_hostile(
         "the reopened endpoint is cancelled",
         |e| matches!(e, Ev::Refused(r, RefuseReason::Cancelled) if *r == target),
@@ -516,7 +519,7 @@ fn reset_in_the_middle_of_a_frame() {
             bench
                 .server
                 .b
-                .send_data_copy(remote, &[b"to the peer"], &[], k)
+                .send_data_copy(bench.server.conn(remote), &[b"to the peer"], &[], k)
                 .unwrap();
         }
         let mut out = raw::data_frame(b"before");
@@ -565,9 +568,11 @@ fn peer_never_reads() {
     let mut raw: StdStream = sock.into();
     raw.write_all(&Handshake::new(64).encode()).unwrap();
     let remote = bench.wait_established(&raw);
+    let conn = bench.server.conn(remote);
     let memory = bench.server.b.memory_usage();
-    let events = Arc::clone(&bench.server.events);
-    let completed = move |events: &Mutex<Vec<Ev>>, copy: bool| {
+    let events = Arc::clone(&bench.server.shared);
+    let completed = move |shared: &common::Shared, copy: bool| {
+        let events = &shared.events;
         events
             .lock()
             .unwrap()
@@ -591,7 +596,7 @@ fn peer_never_reads() {
         let (b, ev) = (bench.server.b.clone(), Arc::clone(&events));
         let (result, done) = bench.rt.on_loop(move || {
             let done = completed(&ev, true);
-            let r = b.send_data_copy(remote, &[&vec![0xAB; MSG]], &[], key);
+            let r = b.send_data_copy(conn, &[&vec![0xAB; MSG]], &[], key);
             (r, done)
         });
         let in_flight = copies.len() - done;
@@ -626,10 +631,10 @@ fn peer_never_reads() {
         let (b, ev) = (bench.server.b.clone(), Arc::clone(&events));
         let (key, done) = bench.rt.on_loop(move || {
             let done = completed(&ev, false);
-            let key = b.get_buffer(remote).unwrap().map(|mut buf| {
+            let key = b.get_buffer(conn).unwrap().map(|mut buf| {
                 buf.write(&[0xCD; MSG]).unwrap();
                 let key = buf.index();
-                b.send_buffer(remote, buf).unwrap();
+                b.send_buffer(conn, buf, key).unwrap();
                 key
             });
             (key, done)
@@ -656,7 +661,11 @@ fn peer_never_reads() {
 
     // Closing: every accepted send is reported once, completed or
     // cancelled; what was queued is let go of once the linger ends.
-    bench.server.b.close_active_endpoint(remote).unwrap();
+    bench
+        .server
+        .b
+        .close_active_endpoint(bench.server.conn(remote))
+        .unwrap();
     bench.wait_hostile(
         "closed locally",
         |e| matches!(e, Ev::Closed(r, CloseReason::Local, _) if *r == remote),
@@ -670,8 +679,8 @@ fn peer_never_reads() {
         bench.server.b.queued_send_bytes()
     );
     assert!(matches!(
-        bench.server.b.get_buffer(remote),
-        Err(BufferError::UnknownActiveEndpoint(_))
+        bench.server.b.get_buffer(bench.server.conn(remote)),
+        Err(BufferError::UnknownConnection(c)) if c == conn
     ));
     assert!(bench.server.b.memory_usage().send_bytes < memory.send_bytes);
     drop(raw);
@@ -798,9 +807,11 @@ fn a_handler_that_closes_mid_batch_gets_no_more_messages() {
 }
 
 #[test]
-fn a_send_holds_its_slot_and_buffer_until_its_completion_is_reported() {
+fn a_send_holds_its_slot_and_buffer_until_its_batch_is_reported() {
     // The client's handler stops in the first completion of each kind until
-    // the test lets it go; the completion after it is not reported yet.
+    // the test lets it go. The sends flushed by one write are reported in
+    // one batch, every slot and buffer of which is free when it is
+    // reported, and no other.
     let (entered_tx, entered) = mpsc::channel::<u64>();
     let (release, gate) = mpsc::channel::<()>();
     let mut blocked = Vec::new();
@@ -829,23 +840,27 @@ fn a_send_holds_its_slot_and_buffer_until_its_completion_is_reported() {
         ConnectionParams::receive(64, 8),
         ConnectionParams::buffered(64, 2),
     );
+    let conn = client.conn(addr);
 
     // Copy sends: two in one go (written in one flush).
     let b = client.b.clone();
     rt.on_loop(move || {
-        b.send_data_copy(addr, &[b"a"], &[], 100).unwrap();
-        b.send_data_copy(addr, &[b"b"], &[], 101).unwrap();
+        b.send_data_copy(conn, &[b"a"], &[], 100).unwrap();
+        b.send_data_copy(conn, &[b"b"], &[], 101).unwrap();
     });
     assert_eq!(entered.recv_timeout(DEADLINE).unwrap(), 100);
-    // 100 is being reported, 101 not yet: one slot is free.
-    client.b.send_data_copy(addr, &[b"c"], &[], 102).unwrap();
+    // The batch [100, 101] is being reported: both slots are free, and
+    // only they.
+    assert_eq!(client.batches(), vec![(conn, vec![100, 101])]);
+    client.b.send_data_copy(conn, &[b"c"], &[], 102).unwrap();
+    client.b.send_data_copy(conn, &[b"d"], &[], 103).unwrap();
     assert!(matches!(
-        client.b.send_data_copy(addr, &[b"d"], &[], 103),
+        client.b.send_data_copy(conn, &[b"e"], &[], 104),
         Err(SendError::NoResources)
     ));
     release.send(()).unwrap();
     assert!(wait_until(
-        || (100..=102).all(|k| client.has(|e| *e == Ev::Completed(addr, k)))
+        || (100..=103).all(|k| client.has(|e| *e == Ev::Completed(addr, k)))
     ));
 
     // Buffered sends: both buffers in one go.
@@ -853,24 +868,27 @@ fn a_send_holds_its_slot_and_buffer_until_its_completion_is_reported() {
     let keys = rt.on_loop(move || {
         let mut keys = Vec::new();
         for msg in [b"x", b"y"] {
-            let mut buf = b.get_buffer(addr).unwrap().unwrap();
+            let mut buf = b.get_buffer(conn).unwrap().unwrap();
             buf.write(msg).unwrap();
             keys.push(buf.index());
-            b.send_buffer(addr, buf).unwrap();
+            let key = buf.index();
+            b.send_buffer(conn, buf, key).unwrap();
         }
         keys
     });
     assert_eq!(entered.recv_timeout(DEADLINE).unwrap(), keys[0]);
-    // The first buffer is back in the pool, the second is not.
-    let again = client.b.get_buffer(addr).unwrap();
-    assert!(again.is_some());
-    assert!(client.b.get_buffer(addr).unwrap().is_none());
-    drop(again);
+    // Both buffers went out in one batch: both are back in the pool.
+    assert_eq!(client.batches().last(), Some(&(conn, keys.clone())));
+    let again = client.b.get_buffer(conn).unwrap();
+    let again2 = client.b.get_buffer(conn).unwrap();
+    assert!(again.is_some() && again2.is_some());
+    assert!(client.b.get_buffer(conn).unwrap().is_none());
+    drop((again, again2));
     release.send(()).unwrap();
     assert!(wait_until(|| keys
         .iter()
         .all(|&k| client.has(|e| *e == Ev::Completed(addr, k)))));
-    assert!(wait_until(|| server.data().len() == 5));
+    assert!(wait_until(|| server.data().len() == 6));
 }
 
 #[test]
@@ -976,7 +994,7 @@ fn stalled_partial_message_does_not_starve_a_shared_pool() {
         bench
             .client
             .b
-            .send_data_copy(listen, &[&first], &[], 1)
+            .send_data_copy(bench.client.conn(listen), &[&first], &[], 1)
             .unwrap();
         assert!(
             wait_until(|| bench.server.has(|e| *e == Ev::Data(good, first.clone()))),
@@ -1007,7 +1025,7 @@ fn stalled_partial_message_does_not_starve_a_shared_pool() {
         bench
             .client
             .b
-            .send_data_copy(listen, &[&second], &[], 2)
+            .send_data_copy(bench.client.conn(listen), &[&second], &[], 2)
             .unwrap();
         assert!(
             wait_until(|| bench.server.has(|e| *e == Ev::Data(good, second.clone()))),

@@ -61,7 +61,9 @@ fn cpu_ticks(stat: &str) -> Duration {
 
 /// One message from `from` to `to` (the name of `to`'s end on `from`).
 fn exchange(from: &Side, to: &Side, remote: EndpointAddress, msg: &[u8], key: u64) {
-    from.b.send_data_copy(remote, &[msg], &[], key).unwrap();
+    from.b
+        .send_data_copy(from.conn(remote), &[msg], &[], key)
+        .unwrap();
     assert!(
         wait_until(|| to.data().iter().any(|d| d == msg)),
         "{:?}",

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use common::{raw, wait_until, Running};
 use netio_core::{
-    Backend, BackendConfig, Capabilities, CloseReason, ConnectionParams, EndpointAddress, Handler,
-    RefuseReason,
+    Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
+    Handler, RefuseReason,
 };
 use netio_tcp::{TcpBackend, TcpConfig, TcpProvider};
 
@@ -42,16 +42,29 @@ impl Tally {
 struct Echo(Arc<Tally>);
 
 impl Handler<TcpBackend> for Echo {
-    fn on_connection_established(&mut self, _: &TcpBackend, _: EndpointAddress, _: Capabilities) {
+    fn on_connection_established(
+        &mut self,
+        _: &TcpBackend,
+        _: ConnId,
+        _: EndpointAddress,
+        _: Capabilities,
+    ) {
         self.0.established.fetch_add(1, Ordering::SeqCst);
     }
-    fn on_connection_refused(&mut self, _: &TcpBackend, r: EndpointAddress, why: &RefuseReason) {
+    fn on_connection_refused(
+        &mut self,
+        _: &TcpBackend,
+        _: ConnId,
+        r: EndpointAddress,
+        why: &RefuseReason,
+    ) {
         self.0.refused.fetch_add(1, Ordering::SeqCst);
         self.0.fault(format!("server: {r} refused: {why}"));
     }
     fn on_connection_closed(
         &mut self,
         _: &TcpBackend,
+        _: ConnId,
         r: EndpointAddress,
         why: &CloseReason,
         keys: &[u64],
@@ -62,13 +75,13 @@ impl Handler<TcpBackend> for Echo {
         }
         self.0.closed.fetch_add(1, Ordering::SeqCst);
     }
-    fn on_data(&mut self, b: &TcpBackend, r: EndpointAddress, d: &[u8]) {
+    fn on_data(&mut self, b: &TcpBackend, r: ConnId, d: &[u8]) {
         self.0.data.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = b.send_data_copy(r, &[d], &[], 7) {
             self.0.fault(format!("server: echo to {r}: {e}"));
         }
     }
-    fn on_send_completed(&mut self, _: &TcpBackend, _: EndpointAddress, _: u64) {
+    fn on_send_completed(&mut self, _: &TcpBackend, _: ConnId, _: u64) {
         self.0.completed.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -88,7 +101,13 @@ impl Client {
 }
 
 impl Handler<TcpBackend> for Client {
-    fn on_connection_established(&mut self, b: &TcpBackend, r: EndpointAddress, _: Capabilities) {
+    fn on_connection_established(
+        &mut self,
+        b: &TcpBackend,
+        r: ConnId,
+        _: EndpointAddress,
+        _: Capabilities,
+    ) {
         self.tally.established.fetch_add(1, Ordering::SeqCst);
         for j in 0..M {
             if let Err(e) = b.send_data_copy(r, &[&self.message(j)], &[], j as u64) {
@@ -97,7 +116,13 @@ impl Handler<TcpBackend> for Client {
             }
         }
     }
-    fn on_connection_refused(&mut self, _: &TcpBackend, _: EndpointAddress, why: &RefuseReason) {
+    fn on_connection_refused(
+        &mut self,
+        _: &TcpBackend,
+        _: ConnId,
+        _: EndpointAddress,
+        why: &RefuseReason,
+    ) {
         self.tally.refused.fetch_add(1, Ordering::SeqCst);
         self.tally
             .fault(format!("client {} refused: {why}", self.id));
@@ -105,6 +130,7 @@ impl Handler<TcpBackend> for Client {
     fn on_connection_closed(
         &mut self,
         _: &TcpBackend,
+        _: ConnId,
         _: EndpointAddress,
         why: &CloseReason,
         keys: &[u64],
@@ -117,7 +143,7 @@ impl Handler<TcpBackend> for Client {
         }
         self.tally.closed.fetch_add(1, Ordering::SeqCst);
     }
-    fn on_data(&mut self, _: &TcpBackend, _: EndpointAddress, d: &[u8]) {
+    fn on_data(&mut self, _: &TcpBackend, _: ConnId, d: &[u8]) {
         if d != self.message(self.next_echo) {
             self.tally.fault(format!(
                 "client {}: echo {} is {:?}",
@@ -129,7 +155,7 @@ impl Handler<TcpBackend> for Client {
         self.next_echo += 1;
         self.tally.data.fetch_add(1, Ordering::SeqCst);
     }
-    fn on_send_completed(&mut self, _: &TcpBackend, _: EndpointAddress, _: u64) {
+    fn on_send_completed(&mut self, _: &TcpBackend, _: ConnId, _: u64) {
         self.tally.completed.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -216,8 +242,9 @@ fn thousand_connections_exchange_messages_then_close() {
             .collect();
         let fds_idle = raw::open_fds();
 
+        let mut conns = Vec::new();
         for c in &clients {
-            c.open_active_endpoint(listen, params.clone()).unwrap();
+            conns.push(c.open_active_endpoint(listen, params.clone()).unwrap());
         }
         let report = |what: &str| {
             format!(
@@ -252,8 +279,8 @@ fn thousand_connections_exchange_messages_then_close() {
         );
         assert_eq!(load(&server_tally.data), N * M, "{}", report("exchanged"));
 
-        for c in &clients {
-            c.close_active_endpoint(listen).unwrap();
+        for (c, &conn) in clients.iter().zip(&conns) {
+            c.close_active_endpoint(conn).unwrap();
         }
         assert!(
             wait_until(|| load(&client_tally.closed) == N && load(&server_tally.closed) == N),

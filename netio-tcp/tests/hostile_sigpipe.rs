@@ -42,11 +42,12 @@ fn a_peer_that_shuts_down_then_resets_raises_no_sigpipe() {
         // is then EPIPE, the one that raises SIGPIPE); then the backend
         // sends.
         let b = server.b.clone();
+        let conn = server.conn(remote);
         let key = 10 + round;
         let sent = rt.on_loop(move || {
             raw.shutdown(Shutdown::Write).unwrap();
             raw::reset(raw);
-            b.send_data_copy(remote, &[b"into a broken pipe"], &[], key)
+            b.send_data_copy(conn, &[b"into a broken pipe"], &[], key)
         });
         sent.expect("the send is accepted");
         assert!(
@@ -70,7 +71,10 @@ fn a_peer_that_shuts_down_then_resets_raises_no_sigpipe() {
         assert_eq!(ended, 1, "{:?}", server.events());
     }
     // And the well-behaved connection still works.
-    client.b.send_data_copy(listen, &[b"ping"], &[], 1).unwrap();
+    client
+        .b
+        .send_data_copy(client.conn(listen), &[b"ping"], &[], 1)
+        .unwrap();
     assert!(wait_until(
         || server.has(|e| *e == Ev::Data(good, b"ping".to_vec()))
     ));

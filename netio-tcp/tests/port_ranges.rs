@@ -200,7 +200,10 @@ fn outgoing_connection_uses_a_local_port_in_the_range() {
 
     // Messages flow over such a connection.
     let peer = established(&server)[0];
-    server.b.send_data_copy(peer, &[b"ranged"], &[], 1).unwrap();
+    server
+        .b
+        .send_data_copy(server.conn(peer), &[b"ranged"], &[], 1)
+        .unwrap();
     assert!(wait_until(|| client.data() == [b"ranged".to_vec()]));
 }
 
@@ -235,7 +238,7 @@ fn a_local_port_of_the_range_is_used_again_after_its_connection_closed() {
         );
         let peer = *established(&server).last().unwrap();
         assert_eq!(peer.port(), only, "round {round}");
-        client.b.close_active_endpoint(l).unwrap();
+        client.b.close_active_endpoint(client.conn(l)).unwrap();
         assert!(
             wait_until(|| server
                 .has(|e| matches!(e, Ev::Closed(r, CloseReason::PeerClosed, _) if *r == peer))),
@@ -294,7 +297,10 @@ fn exhausted_port_range_is_a_clear_error() {
         "the error names the range and the remote: {text}"
     );
     // Nothing was attempted: no event.
-    client.b.close_active_endpoint(target).unwrap_err();
+    client
+        .b
+        .close_active_endpoint(client.conn(target))
+        .unwrap_err();
 
     // Retrying once a port is free works.
     let freed = block.free(1);

@@ -9,9 +9,9 @@ use std::sync::mpsc;
 
 use common::{connect, wait_until, Ev, Recorder, Running, Side};
 use netio_core::{
-    Backend, BackendConfig, BufferError, CloseError, CloseReason, ConnectionParams,
-    EndpointAddress, MemoryRegion, OpenActiveError, OpenListenError, PoolParams, RefuseReason,
-    SendError, ThreadSafety,
+    Backend, BackendConfig, BufferError, CloseError, CloseReason, ConnError, ConnId,
+    ConnectionParams, EndpointAddress, MemoryRegion, OpenActiveError, OpenListenError, PoolParams,
+    RefuseReason, SendError, ThreadSafety,
 };
 use netio_tcp::TcpConfig;
 
@@ -54,14 +54,17 @@ fn copy_send_arrives_as_header_then_payload_over_ipv4() {
 
     client
         .b
-        .send_data_copy(addr, &[b"pay", b"load"], b"HDR", 7)
+        .send_data_copy(client.conn(addr), &[b"pay", b"load"], b"HDR", 7)
         .unwrap();
     assert!(wait_until(|| client.has(|e| *e == Ev::Completed(addr, 7))));
     assert!(wait_until(|| server.data() == vec![b"HDRpayload".to_vec()]));
     assert!(server.has(|e| *e == Ev::Data(peer, b"HDRpayload".to_vec())));
 
     // And back.
-    server.b.send_data_copy(peer, &[b"pong"], &[], 8).unwrap();
+    server
+        .b
+        .send_data_copy(server.conn(peer), &[b"pong"], &[], 8)
+        .unwrap();
     assert!(wait_until(|| client.data() == vec![b"pong".to_vec()]));
 }
 
@@ -82,7 +85,10 @@ fn connects_over_ipv6() {
         params(),
     );
     assert!(addr.ip().is_ipv6() && peer.ip().is_ipv6());
-    client.b.send_data_copy(addr, &[b"six"], &[], 1).unwrap();
+    client
+        .b
+        .send_data_copy(client.conn(addr), &[b"six"], &[], 1)
+        .unwrap();
     assert!(wait_until(|| server.data() == vec![b"six".to_vec()]));
 }
 
@@ -104,10 +110,16 @@ fn zero_copy_send_writes_from_the_region_and_locks_it_until_completion() {
     );
     let s1 = region.slice(0, 4).unwrap();
     let s2 = region.slice(5, 12).unwrap();
-    client.b.send_data(addr, &[s1, s2], b"H", 1).unwrap();
+    client
+        .b
+        .send_data(client.conn(addr), &[s1, s2], b"H", 1)
+        .unwrap();
     // A large one, assembled by the receiver in a pool buffer.
     let s3 = region.slice(1000, big.len()).unwrap();
-    client.b.send_data(addr, &[s3], &[], 2).unwrap();
+    client
+        .b
+        .send_data(client.conn(addr), &[s3], &[], 2)
+        .unwrap();
     assert!(wait_until(|| client
         .count(|e| matches!(e, Ev::Completed(..)))
         == 2));
@@ -123,16 +135,16 @@ fn zero_copy_send_writes_from_the_region_and_locks_it_until_completion() {
     assert!(matches!(
         client
             .b
-            .send_data(addr, &[other.slice(0, 4).unwrap()], &[], 3),
+            .send_data(client.conn(addr), &[other.slice(0, 4).unwrap()], &[], 3),
         Err(SendError::OutsideRegion)
     ));
     assert!(matches!(
-        client.b.send_data(addr, &[s1], &[0; 17], 3),
+        client.b.send_data(client.conn(addr), &[s1], &[0; 17], 3),
         Err(SendError::HeaderTooLong { len: 17, max: 16 })
     ));
     let peer = server.first_remote().unwrap();
     assert!(matches!(
-        server.b.send_data(peer, &[s1], &[], 3),
+        server.b.send_data(server.conn(peer), &[s1], &[], 3),
         Err(SendError::NotSupported(_))
     ));
 }
@@ -149,30 +161,43 @@ fn buffered_send_completes_with_the_buffer_index_and_returns_it() {
         ConnectionParams::receive(4096, 2),
         ConnectionParams::buffered(64, 2),
     );
-    let mut a = client.b.get_buffer(addr).unwrap().unwrap();
-    let b = client.b.get_buffer(addr).unwrap().unwrap();
-    assert!(client.b.get_buffer(addr).unwrap().is_none());
-    assert_eq!(client.b.num_available_buffers(addr).unwrap(), 0);
+    let mut a = client.b.get_buffer(client.conn(addr)).unwrap().unwrap();
+    let b = client.b.get_buffer(client.conn(addr)).unwrap().unwrap();
+    assert!(client.b.get_buffer(client.conn(addr)).unwrap().is_none());
+    assert_eq!(
+        client.b.num_available_buffers(client.conn(addr)).unwrap(),
+        0
+    );
     a.write(b"buffered").unwrap();
     let key = a.index();
-    client.b.send_buffer(addr, a).unwrap();
+    client.b.send_buffer(client.conn(addr), a, key).unwrap();
     drop(b);
     assert!(wait_until(|| client.has(|e| *e == Ev::Completed(addr, key))));
     assert!(wait_until(|| server.data() == vec![b"buffered".to_vec()]));
-    assert!(wait_until(|| client.b.get_buffer(addr).unwrap().is_some()));
+    assert!(wait_until(|| client
+        .b
+        .get_buffer(client.conn(addr))
+        .unwrap()
+        .is_some()));
     // The low-water mark of the period that began with none free is 0; the
     // next period starts from the current number.
-    assert_eq!(client.b.num_available_buffers(addr).unwrap(), 0);
-    assert_eq!(client.b.num_available_buffers(addr).unwrap(), 2);
+    assert_eq!(
+        client.b.num_available_buffers(client.conn(addr)).unwrap(),
+        0
+    );
+    assert_eq!(
+        client.b.num_available_buffers(client.conn(addr)).unwrap(),
+        2
+    );
 
     // The server has no send buffers; a foreign buffer is refused.
     assert!(matches!(
-        server.b.get_buffer(peer),
+        server.b.get_buffer(server.conn(peer)),
         Err(BufferError::NoBuffersAllocated(_))
     ));
     let foreign = netio_core::BufferPool::new(8, 1).get().unwrap();
     assert!(matches!(
-        client.b.send_buffer(addr, foreign),
+        client.b.send_buffer(client.conn(addr), foreign, 9),
         Err(SendError::ForeignBuffer)
     ));
 }
@@ -213,7 +238,10 @@ fn many_messages_of_mixed_sizes_arrive_in_order_exactly_once() {
     while i < n {
         rounds += 1;
         assert!(rounds < 1_000_000, "sending made no progress");
-        match client.b.send_data_copy(addr, &[&msg(i)], &[], u64::from(i)) {
+        match client
+            .b
+            .send_data_copy(client.conn(addr), &[&msg(i)], &[], u64::from(i))
+        {
             Ok(()) => i += 1,
             Err(SendError::NoResources) => std::thread::yield_now(),
             Err(e) => panic!("send {i}: {e}"),
@@ -245,11 +273,11 @@ fn message_above_the_receive_limit_closes_both_sides() {
     );
     client
         .b
-        .send_data_copy(addr, &[&[1u8; 1024]], &[], 1)
+        .send_data_copy(client.conn(addr), &[&[1u8; 1024]], &[], 1)
         .unwrap();
     client
         .b
-        .send_data_copy(addr, &[&[2u8; 1025]], &[], 2)
+        .send_data_copy(client.conn(addr), &[&[2u8; 1025]], &[], 2)
         .unwrap();
     let too_large = CloseReason::MessageTooLarge {
         size: 1025,
@@ -283,7 +311,10 @@ fn message_on_a_connection_without_receive_is_a_protocol_error() {
         ConnectionParams::default(),
         ConnectionParams::default(),
     );
-    client.b.send_data_copy(addr, &[b"x"], &[], 1).unwrap();
+    client
+        .b
+        .send_data_copy(client.conn(addr), &[b"x"], &[], 1)
+        .unwrap();
     assert!(wait_until(|| server.has(|e| matches!(
         e,
         Ev::Closed(_, CloseReason::Protocol(_), _)
@@ -298,10 +329,12 @@ fn message_on_a_connection_without_receive_is_a_protocol_error() {
 fn closing_reports_local_and_peer_closed_and_allows_reopening() {
     let rt = Running::start();
     let (server, client, addr, peer) = default_pair(&rt);
-    client.b.close_active_endpoint(addr).unwrap();
+    let conn = client.conn(addr);
+    client.b.close_active_endpoint(conn).unwrap();
+    // The handle is stale at once.
     assert!(matches!(
-        client.b.close_active_endpoint(addr),
-        Err(CloseError::UnknownActiveEndpoint(_))
+        client.b.close_active_endpoint(conn),
+        Err(CloseError::UnknownConnection(c)) if c == conn
     ));
     assert!(wait_until(|| client.has(
         |e| matches!(e, Ev::Closed(r, CloseReason::Local, k) if *r == addr && k.is_empty())
@@ -310,13 +343,21 @@ fn closing_reports_local_and_peer_closed_and_allows_reopening() {
         |e| matches!(e, Ev::Closed(r, CloseReason::PeerClosed, _) if *r == peer)
     )));
     assert!(matches!(
-        client.b.send_data_copy(addr, &[b"late"], &[], 1),
-        Err(SendError::UnknownActiveEndpoint(_))
+        client.b.send_data_copy(conn, &[b"late"], &[], 1),
+        Err(SendError::UnknownConnection(c)) if c == conn
     ));
-    client.b.open_active_endpoint(addr, params()).unwrap();
+    let again = client.b.open_active_endpoint(addr, params()).unwrap();
+    assert_ne!(again, conn);
     assert!(wait_until(|| client
         .count(|e| matches!(e, Ev::Established(r, _) if *r == addr))
         == 2));
+    // The old handle stays stale; the new one works.
+    assert!(matches!(
+        client.b.send_data_copy(conn, &[b"late"], &[], 1),
+        Err(SendError::UnknownConnection(_))
+    ));
+    client.b.send_data_copy(again, &[b"again"], &[], 2).unwrap();
+    assert!(wait_until(|| server.data() == vec![b"again".to_vec()]));
 }
 
 #[test]
@@ -365,14 +406,17 @@ fn closing_with_sends_in_flight_reports_each_key_once() {
     let payload = vec![7u8; 60_000];
     let mut accepted = Vec::new();
     for k in 0..64u64 {
-        match client.b.send_data_copy(addr, &[&payload], &[], k) {
+        match client
+            .b
+            .send_data_copy(client.conn(addr), &[&payload], &[], k)
+        {
             Ok(()) => accepted.push(k),
             Err(SendError::NoResources) => break,
             Err(e) => panic!("{e}"),
         }
     }
     assert!(!accepted.is_empty());
-    client.b.close_active_endpoint(addr).unwrap();
+    client.b.close_active_endpoint(client.conn(addr)).unwrap();
     release.send(()).unwrap();
     assert!(wait_until(
         || client.has(|e| matches!(e, Ev::Closed(_, CloseReason::Local, _)))
@@ -436,7 +480,10 @@ fn backpressure_stops_completions_until_the_receiver_reads() {
     let mut stalled = false;
     let end = std::time::Instant::now() + common::DEADLINE;
     while std::time::Instant::now() < end && sent < 10_000 {
-        match client.b.send_data_copy(addr, &[&payload], &[], sent) {
+        match client
+            .b
+            .send_data_copy(client.conn(addr), &[&payload], &[], sent)
+        {
             Ok(()) => sent += 1,
             Err(SendError::NoResources) => {
                 // Backpressure holds when completions stop for a while
@@ -462,7 +509,9 @@ fn backpressure_stops_completions_until_the_receiver_reads() {
     assert!(stalled, "sent {sent} without backpressure");
     assert!(completed() < sent as usize);
     assert!(matches!(
-        client.b.send_data_copy(addr, &[&payload], &[], sent),
+        client
+            .b
+            .send_data_copy(client.conn(addr), &[&payload], &[], sent),
         Err(SendError::NoResources)
     ));
     release.send(()).unwrap();
@@ -523,15 +572,22 @@ fn closing_a_connection_still_opening_is_a_cancelled_refusal() {
     // A listener that accepts at the TCP level but never speaks.
     let silent = StdListener::bind("127.0.0.1:0").unwrap();
     let addr = EndpointAddress::from(silent.local_addr().unwrap());
-    client.b.open_active_endpoint(addr, params()).unwrap();
+    let conn = client.b.open_active_endpoint(addr, params()).unwrap();
+    // Still opening: no sends yet, but its address is known.
     assert!(matches!(
-        client.b.open_active_endpoint(addr, params()),
-        Err(OpenActiveError::ActiveEndpointAlreadyExists(_))
+        client.b.send_data_copy(conn, &[b"x"], &[], 1),
+        Err(SendError::UnknownConnection(_))
     ));
-    client.b.close_active_endpoint(addr).unwrap();
+    assert_eq!(client.b.remote_address(conn).unwrap(), addr);
+    assert_eq!(client.b.connection_to(addr).unwrap(), conn);
+    client.b.close_active_endpoint(conn).unwrap();
     assert!(wait_until(|| client.has(
         |e| matches!(e, Ev::Refused(r, RefuseReason::Cancelled) if *r == addr)
     )));
+    assert!(client
+        .log()
+        .iter()
+        .any(|(c, e)| *c == conn && matches!(e, Ev::Refused(..))));
     assert!(!client.has(|e| matches!(e, Ev::Closed(..) | Ev::Established(..))));
 }
 
@@ -586,17 +642,26 @@ fn operations_report_their_documented_errors() {
         b.open_listen_endpoint("192.0.2.1:0".parse().unwrap(), params()),
         Err(OpenListenError::FailedOpenListenEndpoint { .. })
     ));
+    let never = common::NEVER_ISSUED;
     assert!(matches!(
-        b.send_data_copy(nowhere, &[b"x"], &[], 1),
-        Err(SendError::UnknownActiveEndpoint(_))
+        b.send_data_copy(never, &[b"x"], &[], 1),
+        Err(SendError::UnknownConnection(c)) if c == never
     ));
     assert!(matches!(
-        b.get_buffer(nowhere),
-        Err(BufferError::UnknownActiveEndpoint(_))
+        b.get_buffer(never),
+        Err(BufferError::UnknownConnection(_))
     ));
     assert!(matches!(
-        b.close_active_endpoint(nowhere),
-        Err(CloseError::UnknownActiveEndpoint(_))
+        b.close_active_endpoint(never),
+        Err(CloseError::UnknownConnection(_))
+    ));
+    assert!(matches!(
+        b.connection_to(nowhere),
+        Err(ConnError::NoConnectionTo(a)) if a == nowhere
+    ));
+    assert!(matches!(
+        b.remote_address(never),
+        Err(ConnError::UnknownConnection(_))
     ));
     assert!(matches!(
         b.close_listen_endpoint(nowhere),
@@ -626,11 +691,11 @@ fn thread_unsafe_mode_refuses_calls_off_the_loop_thread() {
         Err(OpenListenError::WrongThread)
     ));
     assert!(matches!(
-        client.b.send_data_copy(any, &[b"x"], &[], 1),
+        client.b.send_data_copy(client.conn(any), &[b"x"], &[], 1),
         Err(SendError::WrongThread)
     ));
     assert!(matches!(
-        client.b.get_buffer(any),
+        client.b.get_buffer(client.conn(any)),
         Err(BufferError::WrongThread)
     ));
     let sb = server.b.clone();
@@ -638,13 +703,14 @@ fn thread_unsafe_mode_refuses_calls_off_the_loop_thread() {
         .on_loop(move || sb.open_listen_endpoint(any, params()))
         .unwrap();
     let cb = client.b.clone();
-    rt.on_loop(move || cb.open_active_endpoint(addr, params()))
+    let conn = rt
+        .on_loop(move || cb.open_active_endpoint(addr, params()))
         .unwrap();
     assert!(wait_until(
         || client.has(|e| matches!(e, Ev::Established(..)))
     ));
     let cb = client.b.clone();
-    rt.on_loop(move || cb.send_data_copy(addr, &[b"on loop"], &[], 1))
+    rt.on_loop(move || cb.send_data_copy(conn, &[b"on loop"], &[], 1))
         .unwrap();
     assert!(wait_until(|| server.data() == vec![b"on loop".to_vec()]));
 }
@@ -740,13 +806,13 @@ fn shared_pools_keep_memory_constant_as_connections_grow() {
         == 3));
     assert_eq!(server.b.memory_usage(), before);
     // Every connection's get_buffer hands out the shared send pool.
-    let remotes: Vec<EndpointAddress> = server
-        .events()
+    let remotes: Vec<ConnId> = server
+        .log()
         .iter()
-        .filter_map(|e| match e {
-            Ev::Established(r, c) => {
+        .filter_map(|(conn, e)| match e {
+            Ev::Established(_, c) => {
                 assert!(c.send_buffered && c.receive);
-                Some(*r)
+                Some(*conn)
             }
             _ => None,
         })
@@ -813,7 +879,7 @@ fn large_messages_share_a_small_receive_pool_without_loss() {
     for round in 0..3u8 {
         for (i, c) in clients.iter().enumerate() {
             let m = msg(round * 3 + i as u8);
-            c.b.send_data_copy(addr, &[&m], &[], u64::from(round))
+            c.b.send_data_copy(c.conn(addr), &[&m], &[], u64::from(round))
                 .unwrap();
         }
     }
@@ -867,7 +933,10 @@ fn a_zero_copy_message_of_more_slices_than_one_write_takes_arrives_whole() {
         want.extend_from_slice(&chunk);
     }
     for k in 0..3 {
-        client.b.send_data(addr, &slices, b"head", k).unwrap();
+        client
+            .b
+            .send_data(client.conn(addr), &slices, b"head", k)
+            .unwrap();
     }
     assert!(wait_until(|| server.data().len() == 3));
     assert!(server.data().iter().all(|d| *d == want));

@@ -85,14 +85,14 @@ fn a_peer_written_from_the_document_interoperates() {
 
     server
         .b
-        .send_data_copy(peer, &[b"hello"], b"hdr", 1)
+        .send_data_copy(server.conn(peer), &[b"hello"], b"hdr", 1)
         .unwrap();
     assert_eq!(
         read_n(&mut raw, 16),
         [1, 0, 0, 0, 8, 0, 0, 0, b'h', b'd', b'r', b'h', b'e', b'l', b'l', b'o']
     );
     // An orderly close: a CLOSE frame (code 0), then end of stream.
-    server.b.close_active_endpoint(peer).unwrap();
+    server.b.close_active_endpoint(server.conn(peer)).unwrap();
     let rest = read_to_end(&mut raw);
     assert!(rest.len() >= 10, "{rest:?}");
     assert_eq!(&rest[..4], &[2, 0, 0, 0]);
