@@ -37,4 +37,4 @@ LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" RUSTFLAGS="--cfg loom" \
     cargo test -p netio-core --lib --release --locked -- loom
 
 step "cargo test --workspace"
-cargo test --workspace --locked
+NETIO_REQUIRE_NETNS=1 cargo test --workspace --locked

@@ -176,3 +176,9 @@ where
         ))),
     }
 }
+
+/// The code of `docs/user-guide.md`, compiled and run as doc tests so the
+/// guide cannot drift from the API.
+#[cfg(all(doctest, feature = "sim", feature = "tcp"))]
+#[doc = include_str!("../../docs/user-guide.md")]
+pub struct UserGuide;
