@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::addr::EndpointAddress;
-use crate::conn::ConnId;
 use crate::buffer::NetworkBuffer;
+use crate::conn::ConnId;
 use crate::error::{
     BufferError, CloseError, ConnError, CreateError, OpenActiveError, OpenListenError, SendError,
 };
@@ -83,8 +83,7 @@ pub trait Backend: Send + Sync {
     /// `buffer.index() as u64` for netio3's buffer-index keys). The buffer
     /// returns to its pool when the send completes or is cancelled; on error
     /// it returns to its pool at once.
-    fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64)
-        -> Result<(), SendError>;
+    fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64) -> Result<(), SendError>;
 
     /// Sends `header` (at most [`MAX_HEADER_LEN`](crate::MAX_HEADER_LEN)
     /// bytes, copied at once) followed by the bytes of `data`, which must lie

@@ -237,7 +237,9 @@ impl<T> ConnTable<T> {
     /// Every entry with its handle, in slot order.
     pub fn iter(&self) -> impl Iterator<Item = (ConnId, &T)> + '_ {
         self.slots.iter().enumerate().filter_map(|(i, s)| match s {
-            Slot::Occupied { generation, value } => Some((ConnId::new(i as u32, *generation), value)),
+            Slot::Occupied { generation, value } => {
+                Some((ConnId::new(i as u32, *generation), value))
+            }
             Slot::Vacant { .. } => None,
         })
     }
@@ -296,7 +298,11 @@ mod tests {
         }
         for round in 0..100 {
             let id = t.insert(round);
-            assert!(id.index() < 5, "slot {} beyond the high-water mark", id.index());
+            assert!(
+                id.index() < 5,
+                "slot {} beyond the high-water mark",
+                id.index()
+            );
             assert_eq!(t.remove(id), Some(round));
         }
         assert_eq!(t.slots.len(), 5);
