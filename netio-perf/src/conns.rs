@@ -13,7 +13,7 @@
 //! - Connecting side: one backend opening every connection (per-connection
 //!   receive buffers, or `BackendConfig::shared_receive_pool`), all to one
 //!   listener of one backend here: connections are named by their handle
-//!   ([`ConnId`](netio::ConnId)), so many to one address are distinct.
+//!   ([`ConnId`]), so many to one address are distinct.
 //!
 //! On the simulator both sides live in the child (one world), so the
 //! figures cover both ends of each connection.
