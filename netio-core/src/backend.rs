@@ -7,12 +7,13 @@ use crate::addr::EndpointAddress;
 use crate::buffer::NetworkBuffer;
 use crate::conn::ConnId;
 use crate::error::{
-    BufferError, CloseError, ConnError, CreateError, OpenActiveError, OpenListenError, SendError,
+    BufferError, ChunkSendError, CloseError, ConnError, CreateError, OpenActiveError,
+    OpenListenError, SendError,
 };
 use crate::event_loop::EventLoop;
 use crate::handler::Handler;
 use crate::params::{BackendConfig, ConnectionParams, Features};
-use crate::region::RegionSlice;
+use crate::region::{RegionChunk, RegionSlice};
 
 /// Buffer memory a backend holds, for monitoring and for checking that
 /// shared pools keep memory constant.
@@ -96,6 +97,34 @@ pub trait Backend: Send + Sync {
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError>;
+
+    /// Sends `header` followed by the bytes of `chunk`, a piece of the
+    /// connection's registered region filled in place
+    /// ([`MemoryRegion::chunk`](crate::MemoryRegion::chunk)): zero-copy
+    /// without `unsafe`. Completes with `key`; the chunk's range is free for
+    /// the next `chunk` once the send completes or is cancelled. When the
+    /// send is refused the error gives the chunk back unchanged, so it can
+    /// be sent again after `NoResources`.
+    ///
+    /// Provided: it hands the chunk's range to
+    /// [`send_data`](Self::send_data), read-only, so every provider that
+    /// sends zero-copy supports it.
+    fn send_chunk(
+        &self,
+        conn: ConnId,
+        chunk: RegionChunk,
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), ChunkSendError> {
+        let sending = chunk.into_sending();
+        match self.send_data(conn, &[sending.slice()], header, key) {
+            Ok(()) => Ok(()),
+            Err(error) => Err(ChunkSendError {
+                error,
+                chunk: sending.into_chunk(),
+            }),
+        }
+    }
 
     /// Sends `header` followed by `data`, copied at once: the caller may
     /// reuse its memory as soon as this returns. Completes with `key`.

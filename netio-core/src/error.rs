@@ -304,6 +304,32 @@ into_io!(ConnError,
     ConnError::UnknownConnection(_) => io::ErrorKind::NotFound,
     ConnError::NoConnectionTo(_) => io::ErrorKind::NotFound);
 
+/// Error of [`Backend::send_chunk`](crate::Backend::send_chunk): why the
+/// send was refused, and the chunk, given back unchanged so it can be sent
+/// again (after `NoResources`). `chunk` is `None` only when another send of
+/// the same bytes still has them lent.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct ChunkSendError {
+    /// Why the send was refused.
+    pub error: SendError,
+    /// The chunk, writable again.
+    pub chunk: Option<crate::region::RegionChunk>,
+}
+
+impl ChunkSendError {
+    /// `true` for "no resources, retry later" (see [`SendError::is_retryable`]).
+    pub fn is_retryable(&self) -> bool {
+        self.error.is_retryable()
+    }
+}
+
+impl From<ChunkSendError> for SendError {
+    fn from(e: ChunkSendError) -> SendError {
+        e.error
+    }
+}
+
 /// Errors creating a backend.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

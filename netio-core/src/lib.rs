@@ -74,8 +74,8 @@ pub use backend::{Backend, MemoryUsage, Provider};
 pub use buffer::{BufferFull, BufferPool, NetworkBuffer, WireInt};
 pub use conn::{ConnId, ConnTable};
 pub use error::{
-    BufferError, CloseError, ConnError, CreateError, OpenActiveError, OpenListenError, SendError,
-    Source,
+    BufferError, ChunkSendError, CloseError, ConnError, CreateError, OpenActiveError,
+    OpenListenError, SendError, Source,
 };
 pub use event_loop::{thread_token, EventLoop, Signal, Timer};
 pub use handler::{CloseReason, DynHandler, Handler, NoopHandler, RefuseReason};
@@ -83,7 +83,7 @@ pub use params::{
     BackendConfig, BufferedSendParams, Capabilities, ConnectionParams, Features, NetworkMode,
     PoolParams, RecvParams, ThreadSafety, DEFAULT_SEND_QUEUE_DEPTH, MAX_HEADER_LEN,
 };
-pub use region::{Lent, MemoryRegion, RegionError, RegionSlice};
+pub use region::{Lent, MemoryRegion, RegionChunk, RegionError, RegionSlice};
 pub use timer_queue::TimerQueue;
 
 /// Locks a std mutex, ignoring poisoning (state is kept consistent before

@@ -8,6 +8,24 @@
 //! there when the send was queued. The raw path ([`MemoryRegion::as_mut_ptr`])
 //! puts that duty on the caller.
 //!
+//! To fill the region in place without `unsafe`, take a [`RegionChunk`]
+//! ([`MemoryRegion::chunk`]): an owned, writable piece of the region that
+//! nothing else reads or writes while it exists. Hand it to
+//! [`Backend::send_chunk`](crate::Backend::send_chunk); its range is free
+//! for the next `chunk` once the send completes or is cancelled.
+//!
+//! ```
+//! use netio_core::MemoryRegion;
+//! let region = MemoryRegion::new(64);
+//! let mut a = region.chunk(16).unwrap();
+//! a[..5].copy_from_slice(b"hello"); // in place
+//! let b = region.chunk(64); // only 48 bytes are free
+//! assert!(b.is_none());
+//! assert!(region.write(a.offset(), b"x").is_err()); // the chunk is exclusive
+//! drop(a);
+//! assert!(region.chunk(64).is_some());
+//! ```
+//!
 //! ```
 //! use netio_core::MemoryRegion;
 //! let region = MemoryRegion::new(1024);
@@ -46,6 +64,14 @@ pub enum RegionError {
     /// The range overlaps data of a send that has not completed.
     #[error("range {offset}+{len} overlaps data of a send in flight")]
     InFlight {
+        /// Start of the range.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+    },
+    /// The range overlaps a [`RegionChunk`] handed out for writing.
+    #[error("range {offset}+{len} overlaps a chunk handed out for writing")]
+    Held {
         /// Start of the range.
         offset: usize,
         /// Length of the range.
@@ -155,7 +181,7 @@ impl MemoryRegion {
                 id: NEXT_REGION_ID.fetch_add(1, StdOrdering::Relaxed),
                 ptr,
                 len,
-                lent: Mutex::new(Vec::new()),
+                book: Mutex::new(Book::default()),
             }),
         }
     }
@@ -186,32 +212,37 @@ impl MemoryRegion {
     }
 
     /// Copies `data` into the region at `offset`. Refused if any of those
-    /// bytes belong to a send in flight.
+    /// bytes belong to a send in flight or to a [`RegionChunk`].
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), RegionError> {
         self.inner.check_bounds(offset, data.len())?;
-        let lent = crate::sync_std_lock(&self.inner.lent);
-        if overlaps(&lent, offset, data.len()) {
-            return Err(RegionError::InFlight {
-                offset,
-                len: data.len(),
-            });
-        }
-        // SAFETY: the range is in bounds (checked above), and no `Lent` guard
-        // covers it while we hold the lock, so no shared reference to these
-        // bytes exists: `Lent` is the only way the safe API hands out
-        // references into the region, and new guards need the lock.
+        let book = crate::sync_std_lock(&self.inner.book);
+        book.check_free(offset, data.len())?;
+        // SAFETY: the range is in bounds (checked above), and no `Lent`
+        // guard, chunk or chunk being sent covers it while we hold the lock,
+        // so no other reference to these bytes exists: those are the only
+        // ways the safe API hands out references into the region, and new
+        // ones need the lock.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.inner.ptr.add(offset), data.len());
         }
         Ok(())
     }
 
-    /// Copies `out.len()` bytes at `offset` out of the region.
+    /// Copies `out.len()` bytes at `offset` out of the region. Refused if
+    /// any of those bytes belong to a [`RegionChunk`] (its owner may be
+    /// writing them).
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), RegionError> {
         self.inner.check_bounds(offset, out.len())?;
-        let _lent = crate::sync_std_lock(&self.inner.lent);
-        // SAFETY: in bounds (checked above); writers through the safe API
-        // hold the same lock, so no write races with this read.
+        let book = crate::sync_std_lock(&self.inner.book);
+        if overlaps(&book.held, offset, out.len()) {
+            return Err(RegionError::Held {
+                offset,
+                len: out.len(),
+            });
+        }
+        // SAFETY: in bounds (checked above); no chunk covers the range
+        // (checked under the lock, and new chunks need the lock), and
+        // `write` holds the same lock, so no write races with this read.
         unsafe {
             std::ptr::copy_nonoverlapping(self.inner.ptr.add(offset), out.as_mut_ptr(), out.len());
         }
@@ -219,9 +250,9 @@ impl MemoryRegion {
     }
 
     /// Lends the ranges of `slices` for a send: checks that each belongs to
-    /// this region, then keeps them from being written until the returned
-    /// guard is dropped. Providers call this when they accept a zero-copy
-    /// send.
+    /// this region and that none overlaps a [`RegionChunk`], then keeps them
+    /// from being written until the returned guard is dropped. Providers
+    /// call this when they accept a zero-copy send.
     pub fn lend(&self, slices: &[RegionSlice]) -> Result<Lent, RegionError> {
         let mut ranges = Ranges::with_capacity(slices.len());
         for s in slices {
@@ -231,10 +262,48 @@ impl MemoryRegion {
             self.inner.check_bounds(s.offset, s.len)?;
             ranges.push((s.offset, s.len));
         }
-        crate::sync_std_lock(&self.inner.lent).extend_from_slice(ranges.as_slice());
+        let mut book = crate::sync_std_lock(&self.inner.book);
+        for &(offset, len) in ranges.as_slice() {
+            if overlaps(&book.held, offset, len) {
+                return Err(RegionError::Held { offset, len });
+            }
+        }
+        book.lent.extend_from_slice(ranges.as_slice());
         Ok(Lent {
             region: Arc::clone(&self.inner),
             ranges,
+        })
+    }
+
+    /// An owned, writable piece of `len` bytes of the region that no send in
+    /// flight and no other chunk uses (the first such range from the
+    /// start), or `None` when there is no such range now. Fill it in place
+    /// and send it with [`Backend::send_chunk`](crate::Backend::send_chunk);
+    /// its range is free again once that send completes or is cancelled,
+    /// or when the chunk is dropped unsent.
+    pub fn chunk(&self, len: usize) -> Option<RegionChunk> {
+        let mut book = crate::sync_std_lock(&self.inner.book);
+        let offset = book.first_fit(len, self.inner.len)?;
+        book.held.push((offset, len));
+        Some(RegionChunk {
+            region: Arc::clone(&self.inner),
+            offset,
+            len,
+        })
+    }
+
+    /// The chunk of `len` bytes at `offset`, for applications with a fixed
+    /// layout; refused if any of those bytes belong to a send in flight or
+    /// to another chunk.
+    pub fn chunk_at(&self, offset: usize, len: usize) -> Result<RegionChunk, RegionError> {
+        self.inner.check_bounds(offset, len)?;
+        let mut book = crate::sync_std_lock(&self.inner.book);
+        book.check_free(offset, len)?;
+        book.held.push((offset, len));
+        Ok(RegionChunk {
+            region: Arc::clone(&self.inner),
+            offset,
+            len,
         })
     }
 
@@ -304,11 +373,9 @@ impl fmt::Debug for Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        let mut lent = crate::sync_std_lock(&self.region.lent);
+        let mut book = crate::sync_std_lock(&self.region.book);
         for r in self.ranges.as_slice() {
-            if let Some(pos) = lent.iter().position(|x| x == r) {
-                lent.swap_remove(pos);
-            }
+            remove_one(&mut book.lent, *r);
         }
     }
 }
@@ -318,13 +385,202 @@ struct RegionInner {
     /// Start of a `Box<[u8]>` of `len` bytes, owned by this value.
     ptr: *mut u8,
     len: usize,
-    /// Ranges `(offset, len)` lent to sends in flight.
-    lent: Mutex<Vec<(usize, usize)>>,
+    /// Which ranges are in use, and how.
+    book: Mutex<Book>,
+}
+
+/// The ranges `(offset, len)` of a region in use. A range may be in `lent`
+/// more than once (two sends of the same bytes); a range in `held` overlaps
+/// nothing else in the book.
+#[derive(Default)]
+struct Book {
+    /// Lent to sends in flight: read by providers, written by nobody.
+    lent: Vec<(usize, usize)>,
+    /// Chunks handed out: written by their owner, read by nobody else.
+    held: Vec<(usize, usize)>,
+    /// Chunks on their way into a send (`Backend::send_chunk`): written by
+    /// nobody, may be lent.
+    sending: Vec<(usize, usize)>,
+}
+
+impl Book {
+    /// `Ok` when no send, chunk or chunk being sent uses any byte of the
+    /// range.
+    fn check_free(&self, offset: usize, len: usize) -> Result<(), RegionError> {
+        if overlaps(&self.held, offset, len) {
+            Err(RegionError::Held { offset, len })
+        } else if overlaps(&self.lent, offset, len) || overlaps(&self.sending, offset, len) {
+            Err(RegionError::InFlight { offset, len })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The lowest offset where `len` free bytes start, below `region_len`.
+    fn first_fit(&self, len: usize, region_len: usize) -> Option<usize> {
+        let mut busy: Vec<(usize, usize)> = self
+            .lent
+            .iter()
+            .chain(&self.held)
+            .chain(&self.sending)
+            .copied()
+            .filter(|r| r.1 > 0)
+            .collect();
+        busy.sort_unstable();
+        let mut start = 0usize;
+        for (o, l) in busy {
+            if o >= start && o - start >= len {
+                break;
+            }
+            start = start.max(o + l);
+        }
+        (start.checked_add(len)? <= region_len).then_some(start)
+    }
+}
+
+fn remove_one(v: &mut Vec<(usize, usize)>, r: (usize, usize)) {
+    if let Some(pos) = v.iter().position(|x| *x == r) {
+        v.swap_remove(pos);
+    }
+}
+
+/// An owned, writable piece of a [`MemoryRegion`] (from
+/// [`MemoryRegion::chunk`]): it dereferences to its bytes, mutably, and
+/// nothing else reads or writes them while it exists. Send it with
+/// [`Backend::send_chunk`](crate::Backend::send_chunk); dropping it unsent
+/// frees its range.
+pub struct RegionChunk {
+    region: Arc<RegionInner>,
+    offset: usize,
+    len: usize,
+}
+
+impl RegionChunk {
+    /// Start of the chunk in its region.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The id of the region ([`MemoryRegion::id`]).
+    pub fn region_id(&self) -> u64 {
+        self.region.id
+    }
+
+    /// Hands the chunk over for sending: from now on nobody writes it, and
+    /// it may be lent. The range stays reserved until the returned value is
+    /// dropped.
+    pub(crate) fn into_sending(self) -> SendingChunk {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; the Arc is moved
+        // out exactly once.
+        let region = unsafe { std::ptr::read(&this.region) };
+        let r = (this.offset, this.len);
+        {
+            let mut book = crate::sync_std_lock(&region.book);
+            remove_one(&mut book.held, r);
+            book.sending.push(r);
+        }
+        SendingChunk {
+            region,
+            offset: r.0,
+            len: r.1,
+        }
+    }
+}
+
+impl std::ops::Deref for RegionChunk {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the range was bounds-checked when the chunk was made and
+        // is in `held` until the chunk drops: `write`, `read`, `lend` and
+        // other chunks refuse it, so only this chunk refers to the bytes;
+        // the memory lives as long as `self.region`.
+        unsafe { std::slice::from_raw_parts(self.region.ptr.add(self.offset), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for RegionChunk {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference
+        // derived from the chunk.
+        unsafe { std::slice::from_raw_parts_mut(self.region.ptr.add(self.offset), self.len) }
+    }
+}
+
+impl fmt::Debug for RegionChunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegionChunk")
+            .field("region", &self.region.id)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Drop for RegionChunk {
+    fn drop(&mut self) {
+        remove_one(
+            &mut crate::sync_std_lock(&self.region.book).held,
+            (self.offset, self.len),
+        );
+    }
+}
+
+/// A chunk on its way into a send: read-only, may be lent; the range is
+/// reserved until this drops (by then the provider holds a [`Lent`] on it,
+/// or refused the send).
+pub(crate) struct SendingChunk {
+    region: Arc<RegionInner>,
+    offset: usize,
+    len: usize,
+}
+
+impl SendingChunk {
+    /// The chunk's range, for `send_data`.
+    pub(crate) fn slice(&self) -> RegionSlice {
+        RegionSlice {
+            region: self.region.id,
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+
+    /// Makes it a writable chunk again (the send was refused), unless a
+    /// send still has its bytes lent.
+    pub(crate) fn into_chunk(self) -> Option<RegionChunk> {
+        let r = (self.offset, self.len);
+        let mut book = crate::sync_std_lock(&self.region.book);
+        if overlaps(&book.lent, r.0, r.1) {
+            return None;
+        }
+        remove_one(&mut book.sending, r);
+        book.held.push(r);
+        drop(book);
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again; the Arc is moved
+        // out exactly once.
+        let region = unsafe { std::ptr::read(&this.region) };
+        Some(RegionChunk {
+            region,
+            offset: r.0,
+            len: r.1,
+        })
+    }
+}
+
+impl Drop for SendingChunk {
+    fn drop(&mut self) {
+        remove_one(
+            &mut crate::sync_std_lock(&self.region.book).sending,
+            (self.offset, self.len),
+        );
+    }
 }
 
 // SAFETY: the memory is owned (like a `Box<[u8]>`, which is Send + Sync);
-// every access through the safe API is serialised by the `lent` lock or
-// limited to ranges no safe writer can touch (see `Lent`).
+// every access through the safe API is serialised by the `book` lock or
+// limited to ranges the book reserves for one user (see `Lent` and
+// `RegionChunk`).
 unsafe impl Send for RegionInner {}
 // SAFETY: see `Send` above.
 unsafe impl Sync for RegionInner {}
@@ -395,6 +651,79 @@ mod tests {
         assert!(r.write(19, b"x").is_err());
         drop(lent);
         r.write(0, &[9; 20]).unwrap();
+    }
+
+    #[test]
+    fn chunks_are_exclusive_and_their_range_is_free_again_when_dropped() {
+        let r = MemoryRegion::new(32);
+        let mut a = r.chunk(10).unwrap();
+        let b = r.chunk(10).unwrap();
+        assert_eq!((a.offset(), b.offset()), (0, 10));
+        a.copy_from_slice(b"0123456789");
+        assert_eq!(&a[..], b"0123456789");
+        assert!(matches!(r.write(5, b"x"), Err(RegionError::Held { .. })));
+        assert!(matches!(
+            r.read(9, &mut [0; 2]),
+            Err(RegionError::Held { .. })
+        ));
+        assert!(matches!(
+            r.lend(&[r.slice(0, 1).unwrap()]),
+            Err(RegionError::Held { .. })
+        ));
+        assert!(matches!(r.chunk_at(19, 2), Err(RegionError::Held { .. })));
+        assert!(r.chunk(13).is_none(), "only 12 bytes are free");
+        let c = r.chunk(12).unwrap();
+        assert_eq!(c.offset(), 20);
+        drop(a);
+        let mut out = [0u8; 10];
+        r.read(0, &mut out).unwrap();
+        assert_eq!(&out, b"0123456789", "a dropped chunk keeps what it wrote");
+        assert_eq!(r.chunk(10).unwrap().offset(), 0);
+        drop((b, c));
+    }
+
+    #[test]
+    fn a_chunk_being_sent_can_be_lent_but_not_written_or_taken_and_comes_back_unless_lent() {
+        let r = MemoryRegion::new(16);
+        let mut c = r.chunk(8).unwrap();
+        c.copy_from_slice(b"abcdefgh");
+        let sending = c.into_sending();
+        assert!(matches!(
+            r.write(0, b"x"),
+            Err(RegionError::InFlight { .. })
+        ));
+        assert_eq!(r.chunk(16).map(|c| c.offset()), None);
+        assert_eq!(r.chunk(8).map(|c| c.offset()), Some(8));
+        // Refused send: the chunk comes back, bytes unchanged.
+        let c = sending
+            .into_chunk()
+            .expect("nothing lent: the chunk comes back");
+        assert_eq!(&c[..], b"abcdefgh");
+        // Accepted send: lent; the chunk does not come back while lent, and
+        // the range stays busy until the lend ends.
+        let sending = c.into_sending();
+        let lent = r.lend(&[sending.slice()]).unwrap();
+        assert_eq!(lent.chunks().next().unwrap(), b"abcdefgh");
+        let s2 = r.chunk_at(0, 8).map(|_| ());
+        assert!(matches!(s2, Err(RegionError::InFlight { .. })));
+        drop(sending);
+        assert!(r.chunk_at(0, 8).is_err(), "still lent to the send");
+        drop(lent);
+        assert_eq!(r.chunk(16).unwrap().offset(), 0);
+    }
+
+    #[test]
+    fn first_fit_skips_busy_ranges_and_respects_the_end() {
+        let r = MemoryRegion::new(10);
+        let _lent = r
+            .lend(&[r.slice(2, 2).unwrap(), r.slice(6, 1).unwrap()])
+            .unwrap();
+        assert_eq!(r.chunk(2).unwrap().offset(), 0);
+        let a = r.chunk(2).unwrap();
+        assert_eq!(a.offset(), 0);
+        assert_eq!(r.chunk(3).unwrap().offset(), 7);
+        assert!(r.chunk(4).is_none());
+        assert_eq!(r.chunk(0).map(|c| c.len()), Some(0));
     }
 
     #[test]

@@ -332,11 +332,12 @@ pub fn connect(
         .b
         .open_listen_endpoint(listen_at, server_params)
         .expect("listen");
-    let conn = client
+    // (Some callers' handlers close the connection at once, so the handle
+    // may be stale by the time the events are seen.)
+    client
         .b
         .open_active_endpoint(addr, client_params)
         .expect("connect");
-    assert_eq!(client.b.remote_address(conn).unwrap(), addr);
     assert!(
         wait_until(|| client.has(|e| matches!(e, Ev::Established(r, _) if *r == addr))),
         "client established: {:?}",
