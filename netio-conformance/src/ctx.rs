@@ -612,8 +612,18 @@ impl<H: Harness> Ctx<H> {
         self.h.reset(node.id, remote);
     }
 
+    /// Prepares the harness for [`Ctx::partition`] (see
+    /// [`Harness::isolate`]); call it before making any node.
+    pub fn isolate(&mut self) {
+        assert_eq!(
+            self.nodes, 0,
+            "Ctx::isolate must come before the test makes its nodes"
+        );
+        self.h.isolate();
+    }
+
     /// Makes `a` and `b` unreachable from each other (see
-    /// [`Harness::partition`]).
+    /// [`Harness::partition`]); the test called [`Ctx::isolate`] first.
     pub fn partition(&mut self, a: &Node<H>, b: &Node<H>) {
         self.h.partition(a.id, b.id);
     }

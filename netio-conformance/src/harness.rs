@@ -118,11 +118,24 @@ pub trait Harness: Sized + 'static {
         false
     }
 
+    /// Called by a test that will partition its nodes, first thing, before
+    /// it makes any loop or backend: a harness that partitions by cutting
+    /// a network private to the test sets that network up here.
+    /// [`MioHarness`](crate::mio::MioHarness) moves the test's thread into
+    /// a fresh network namespace, which the loop threads it starts
+    /// afterwards inherit. It must panic (fail the test) if it cannot, not
+    /// go on without. Called only when [`Harness::can_partition`] says so.
+    /// The default does nothing (a simulator partitions virtual hosts).
+    fn isolate(&mut self) {}
+
     /// Makes backends `a` and `b` unreachable from each other, in both
     /// directions, the way a cut cable or a dropping firewall does: nothing
     /// either sends reaches the other and neither hears a reset, until
     /// [`Harness::heal`]. Called only when [`Harness::can_partition`] says
-    /// so.
+    /// so, in a test that called [`Harness::isolate`] before making its
+    /// backends. A harness may cut more than `a` and `b` from each other
+    /// (MioHarness cuts the test's whole loopback network, and so accepts
+    /// only a test whose nodes are `a` and `b`).
     fn partition(&mut self, a: NodeId, b: NodeId) {
         let _ = (a, b);
         panic!("this harness cannot partition nodes (Harness::can_partition is false)");

@@ -62,6 +62,17 @@
 //! another ([`Harness::can_partition`]), which the liveness behaviour
 //! needs. Each may carry a reason: `name = "why"`.
 //!
+//! A test that partitions calls [`Harness::isolate`] before it makes its
+//! nodes. The simulator partitions virtual hosts and needs nothing there;
+//! [`mio::MioHarness`], for a provider that sets
+//! [`mio::MioProvider::NETNS_PARTITION`], moves the test's thread into a
+//! network namespace of its own (Linux, root), so that the loop threads it
+//! starts and every socket of the test live there with a private loopback
+//! interface, and partitions by dropping every packet that arrives on that
+//! interface (see the [`mio`] module). Nothing changes in the host's
+//! namespace. Without the privilege the test fails; it never passes
+//! without partitioning.
+//!
 //! [`behaviours`] lists the same tests at run time, for tools that run the
 //! suite themselves (the suite's own test of broken providers does).
 #![warn(missing_docs)]

@@ -13,8 +13,9 @@
 //!     fn local_ip() -> IpAddr { Ipv4Addr::LOCALHOST.into() }
 //!     fn refusing_address() -> EndpointAddress { /* bind a port, close it, return it */ }
 //! }
-//! // The ready-made harness cannot partition nodes (Harness::can_partition
-//! // is false), so the liveness behaviour is declared unsupported:
+//! // Without `const NETNS_PARTITION: bool = true` (see below) the harness
+//! // cannot partition nodes, so the liveness behaviour is declared
+//! // unsupported:
 //! netio_conformance::suite!(
 //!     netio_conformance::mio::MioHarness<crate::Mine>,
 //!     unsupported = [partition = "loopback sockets cannot be partitioned"]
@@ -27,6 +28,32 @@
 //! harness stops every loop and joins its thread, giving up (and leaving
 //! the thread behind) after a few seconds if a loop is stuck, so a
 //! deadlocked provider fails its test instead of hanging the run.
+//!
+//! # Partitions in a private network namespace
+//!
+//! A provider whose backends reach each other over the loopback interface
+//! only (TCP on 127.0.0.1 or ::1, say) sets [`MioProvider::NETNS_PARTITION`];
+//! the harness can then partition nodes (Linux, root: `CAP_SYS_ADMIN`, and
+//! `CAP_BPF` or `CAP_SYS_ADMIN`). A test that partitions calls
+//! [`Harness::isolate`] before it makes any backend; the harness moves the
+//! test's thread into a fresh network namespace (`unshare(CLONE_NEWNET)`)
+//! and brings its `lo` up. A network namespace belongs to a thread and is
+//! inherited by the threads it starts, so the loop threads, and every
+//! socket of that test, live in the private namespace, where loopback is
+//! the only interface. [`Harness::partition`] attaches an XDP program that
+//! drops every packet (generic mode) to that `lo`: each packet leaves its
+//! sender and is dropped on arrival, with no reset, no answer and no local
+//! error, as behind a cut cable. Since `lo` carries all of the test's
+//! traffic, this cuts all of the test's nodes from each other, so it is
+//! accepted only in a test whose nodes are the two it names.
+//! [`Harness::heal`] detaches the program. Nothing changes in the host's
+//! namespace (no firewall rule, no address, no interface). Dropping the
+//! harness moves the test's thread back into the namespace it came from;
+//! the private one disappears with its last socket and thread. If the
+//! namespace or the program cannot be made (no privilege, no BPF),
+//! `isolate` or `partition` panics, so the test fails instead of passing: a
+//! provider that cannot run it declares `partition` unsupported with a
+//! reason.
 
 use std::marker::PhantomData;
 use std::net::IpAddr;
@@ -40,6 +67,10 @@ use netio_core::{
 };
 
 use crate::harness::{Harness, NodeId};
+
+mod netns;
+
+use netns::Netns;
 
 /// Wall time `wait_until` gives a condition on a loaded machine.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -90,6 +121,14 @@ pub trait MioProvider: 'static {
         open_fds()
     }
 
+    /// `true` if backends reach each other over the loopback interface
+    /// only ([`MioProvider::local_ip`] is a loopback address), so that the
+    /// harness can partition them by running the test in a private network
+    /// namespace and dropping every packet on its `lo` (see the
+    /// [module](self) docs; Linux, needs root). `false` (default): the harness
+    /// cannot partition; declare `partition` unsupported.
+    const NETNS_PARTITION: bool = false;
+
     /// `true` if [`MioProvider::reset`] works.
     fn can_reset() -> bool {
         false
@@ -122,13 +161,17 @@ struct LoopThread<B> {
 }
 
 /// The ready-made [`Harness`] for a [`MioProvider`]: one loop thread per
-/// backend, waiting on the wall clock. It cannot partition nodes
-/// ([`Harness::can_partition`] is `false`): declare `partition`
+/// backend, waiting on the wall clock. It partitions nodes only for a
+/// provider with [`MioProvider::NETNS_PARTITION`] (in a private network
+/// namespace, see the [module](self) docs); otherwise declare `partition`
 /// unsupported in [`suite!`](crate::suite).
 pub struct MioHarness<P: MioProvider> {
     loops: Vec<LoopThread<P::Backend>>,
     /// Loops made for the event loop tests (not running here).
     spare: Vec<MioLoop>,
+    /// The test's private network namespace, once [`Harness::isolate`]
+    /// made it (left on drop, after the loop threads ended).
+    netns: Option<Netns>,
     _turn: Option<MutexGuard<'static, ()>>,
     _provider: PhantomData<P>,
 }
@@ -161,6 +204,9 @@ impl<P: MioProvider> Drop for MioHarness<P> {
             }
         }
         self.loops.clear();
+        self.spare.clear();
+        // Back to the thread's own network namespace, last.
+        self.netns.take();
     }
 }
 
@@ -176,6 +222,7 @@ impl<P: MioProvider> Harness for MioHarness<P> {
         Self {
             loops: Vec::new(),
             spare: Vec::new(),
+            netns: None,
             _turn: turn,
             _provider: PhantomData,
         }
@@ -287,5 +334,73 @@ impl<P: MioProvider> Harness for MioHarness<P> {
     fn reset(&mut self, node: NodeId, remote: EndpointAddress) {
         let _ = node;
         P::reset(P::local_ip(), remote);
+    }
+
+    fn can_partition(&self) -> bool {
+        P::NETNS_PARTITION
+    }
+
+    /// With [`MioProvider::NETNS_PARTITION`]: moves the calling (test)
+    /// thread into a fresh network namespace with `lo` up, so that the
+    /// loops and backends made afterwards live there. Panics if that
+    /// cannot be done (no privilege), or if backends exist already.
+    /// Without it: nothing.
+    fn isolate(&mut self) {
+        if !P::NETNS_PARTITION {
+            return;
+        }
+        assert!(
+            self.loops.is_empty() && self.spare.is_empty(),
+            "Harness::isolate must be called before any loop or backend is made"
+        );
+        assert!(self.netns.is_none(), "Harness::isolate was called twice");
+        assert!(
+            P::local_ip().is_loopback(),
+            "MioProvider::NETNS_PARTITION needs a loopback local_ip(), not {}",
+            P::local_ip()
+        );
+        let ns = Netns::enter().unwrap_or_else(|e| {
+            panic!(
+                "partitioning needs a private network namespace for the test's threads, \
+                 which could not be made: {e}. Run as root (CAP_SYS_ADMIN), or declare \
+                 `partition` unsupported with a reason in suite!"
+            )
+        });
+        self.netns = Some(ns);
+    }
+
+    fn partition(&mut self, a: NodeId, b: NodeId) {
+        self.set_partitioned(a, b, true);
+    }
+
+    fn heal(&mut self, a: NodeId, b: NodeId) {
+        self.set_partitioned(a, b, false);
+    }
+}
+
+impl<P: MioProvider> MioHarness<P> {
+    /// Cuts (`partitioned`) or mends the loopback network of the test's
+    /// private namespace.
+    fn set_partitioned(&mut self, a: NodeId, b: NodeId, partitioned: bool) {
+        assert!(
+            P::NETNS_PARTITION,
+            "this provider's harness cannot partition nodes (MioProvider::NETNS_PARTITION is false)"
+        );
+        let n = self.loops.len();
+        assert!(
+            a < n && b < n && a != b,
+            "partition of nodes {a} and {b} of {n}"
+        );
+        assert!(
+            n == 2,
+            "the harness partitions by cutting the test's loopback interface, which cuts \
+             every node from every other: a test that partitions must have exactly the two \
+             nodes it names (it has {n})"
+        );
+        let ns = self.netns.as_mut().unwrap_or_else(|| {
+            panic!("Harness::partition needs Harness::isolate before the backends are made")
+        });
+        if partitioned { ns.cut() } else { ns.mend() }
+            .unwrap_or_else(|e| panic!("partition of nodes {a} and {b}: {e}"));
     }
 }

@@ -9,7 +9,5 @@
 mod conformance_harness;
 
 netio_conformance::suite!(
-    crate::conformance_harness::TcpHarness<crate::conformance_harness::V4BusyPoll>,
-    unsupported = [partition =
-        "loopback cannot be cut between two backends of one process; see tests/liveness_netns.rs"]
+    crate::conformance_harness::TcpHarness<crate::conformance_harness::V4BusyPoll>
 );

@@ -21,9 +21,7 @@ const REQUIRE: &str = "NETIO_REQUIRE_IPV6";
 #[cfg(netio_tcp_ipv6_loopback)]
 mod ipv6 {
     netio_conformance::suite!(
-        crate::conformance_harness::TcpHarness<crate::conformance_harness::V6>,
-        unsupported = [partition =
-            "loopback cannot be cut between two backends of one process; see tests/liveness_netns.rs"]
+        crate::conformance_harness::TcpHarness<crate::conformance_harness::V6>
     );
 }
 

@@ -6,7 +6,10 @@
 //! [`MioHarness`](netio_conformance::mio::MioHarness): one loop thread per
 //! backend, waiting on the wall clock. Connections are reset with the
 //! kernel's socket-destroy request (`ss -K`, which needs root), so the peer
-//! sees a real TCP reset.
+//! sees a real TCP reset. Nodes are partitioned in a network namespace of
+//! the test's own, on whose loopback interface the harness drops every
+//! packet (`MioProvider::NETNS_PARTITION`; needs root too), so a peer really
+//! stops answering and the kernel times the connection out.
 #![allow(dead_code)]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
@@ -86,6 +89,7 @@ macro_rules! flavor {
                     ..LoopConfig::default()
                 }
             }
+            const NETNS_PARTITION: bool = true;
             fn can_reset() -> bool {
                 true
             }
