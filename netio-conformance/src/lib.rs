@@ -186,6 +186,8 @@ macro_rules! __behaviours {
             both low_water_mark_of_free_buffers_resets_on_read [],
             // zero-copy
             both zero_copy_header_is_prepended_to_payload [send_zero_copy],
+            both a_chunk_written_in_place_arrives_and_its_range_is_free_again_after_completion [send_zero_copy],
+            both a_refused_chunk_send_gives_the_chunk_back_unchanged [send_zero_copy],
             both zero_copy_header_longer_than_16_bytes_is_rejected [send_zero_copy],
             both zero_copy_data_outside_region_is_rejected [send_zero_copy],
             both zero_copy_completion_carries_callers_key [send_zero_copy],

@@ -686,6 +686,71 @@ pub fn zero_copy_header_is_prepended_to_payload<H: Harness>(mode: ThreadSafety) 
     );
 }
 
+/// A chunk of the registered region filled in place and sent with
+/// `send_chunk` arrives as written, after its header, completes with the
+/// caller's key, and its range is free for the next chunk once the send
+/// completed.
+pub fn a_chunk_written_in_place_arrives_and_its_range_is_free_again_after_completion<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::new(64);
+    let p = zc_pair(&mut c, &region);
+    let to_server = p.to_server;
+    let mut chunk = region.chunk(16).expect("an empty region has a free chunk");
+    let offset = chunk.offset();
+    chunk.copy_from_slice(b"written in place");
+    c.call(&p.client, move |b| b.send_chunk(to_server, chunk, b"H:", 5))
+        .expect("send_chunk on an established zero-copy connection");
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("the chunk arrives and its send completes", || {
+        !sl.data_on(p.to_client).is_empty() && cl.completed(to_server) == vec![5]
+    });
+    assert_eq!(
+        p.server.log.data_on(p.to_client),
+        vec![b"H:written in place".to_vec()],
+        "the receiver gets the header, then the chunk's bytes as written"
+    );
+    let again = region.chunk_at(offset, 16);
+    assert!(
+        again.is_ok(),
+        "a completed chunk send frees its range for the next chunk: {again:?}"
+    );
+}
+
+/// A refused `send_chunk` gives the chunk back unchanged, and it can be
+/// sent again.
+pub fn a_refused_chunk_send_gives_the_chunk_back_unchanged<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::new(64);
+    let p = zc_pair(&mut c, &region);
+    let to_server = p.to_server;
+    let mut chunk = region.chunk(8).expect("an empty region has a free chunk");
+    chunk.copy_from_slice(b"retry me");
+    let offset = chunk.offset();
+    let back = c.call(&p.client, move |b| {
+        match b.send_chunk(to_server, chunk, &[0u8; MAX_HEADER_LEN + 1], 1) {
+            Ok(()) => Err("a 17-byte header was accepted".to_string()),
+            Err(e) => match (e.error, e.chunk) {
+                (SendError::HeaderTooLong { .. }, Some(ch)) => Ok(ch),
+                (err, ch) => Err(format!("error {err:?}, chunk back: {}", ch.is_some())),
+            },
+        }
+    });
+    let chunk = back.expect("a refused send answers HeaderTooLong and gives the chunk back");
+    assert_eq!((&chunk[..], chunk.offset()), (&b"retry me"[..], offset));
+    c.call(&p.client, move |b| b.send_chunk(to_server, chunk, &[], 2))
+        .expect("the chunk given back can be sent");
+    let sl = p.server.log.clone();
+    c.wait("the chunk arrives", || !sl.data_on(p.to_client).is_empty());
+    c.settle();
+    assert_eq!(
+        p.server.log.data_on(p.to_client),
+        vec![b"retry me".to_vec()],
+        "only the accepted send is delivered"
+    );
+}
+
 /// A header longer than 16 bytes is rejected with `HeaderTooLong`; 16 bytes
 /// are fine.
 pub fn zero_copy_header_longer_than_16_bytes_is_rejected<H: Harness>(mode: ThreadSafety) {

@@ -1285,12 +1285,26 @@ fn accept_error_is_transient(e: &io::Error) -> bool {
         )
 }
 
-/// Why an established connection ended, from the error its socket gave:
-/// `ETIMEDOUT` (the peer stopped acknowledging for `TCP_USER_TIMEOUT`, or
-/// stopped answering keepalive probes) is
-/// [`CloseReason::TimedOut`], anything else a reset.
+/// Why an established connection ended, from the error its socket gave.
+///
+/// The kernel gives up on a peer that stopped acknowledging (for
+/// `TCP_USER_TIMEOUT`, or through unanswered keepalive probes) with
+/// `ETIMEDOUT`, or with the last soft error it saw on the way (a host or
+/// network unreachable from ICMP or a failed route lookup): an established
+/// socket reports those only then. All of them are
+/// [`CloseReason::TimedOut`]; anything else is a reset.
 pub(crate) fn close_reason_for_io(e: &io::Error) -> CloseReason {
-    if e.raw_os_error() == Some(libc::ETIMEDOUT) || e.kind() == io::ErrorKind::TimedOut {
+    let gave_up = matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ETIMEDOUT
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::EHOSTDOWN
+                | libc::ENETDOWN
+        )
+    );
+    if gave_up || e.kind() == io::ErrorKind::TimedOut {
         CloseReason::TimedOut
     } else {
         CloseReason::Reset
@@ -1740,10 +1754,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn etimedout_from_the_kernel_closes_with_timed_out_and_other_errors_with_reset() {
-        let timed_out = io::Error::from_raw_os_error(libc::ETIMEDOUT);
-        assert_eq!(close_reason_for_io(&timed_out), CloseReason::TimedOut);
-        for errno in [libc::ECONNRESET, libc::EPIPE, libc::EHOSTUNREACH] {
+    fn the_kernel_giving_up_on_a_peer_closes_with_timed_out_and_other_errors_with_reset() {
+        for errno in [
+            libc::ETIMEDOUT,
+            libc::EHOSTUNREACH,
+            libc::ENETUNREACH,
+            libc::EHOSTDOWN,
+            libc::ENETDOWN,
+        ] {
+            let e = io::Error::from_raw_os_error(errno);
+            assert_eq!(
+                close_reason_for_io(&e),
+                CloseReason::TimedOut,
+                "errno {errno}"
+            );
+        }
+        for errno in [libc::ECONNRESET, libc::EPIPE, libc::ECONNABORTED] {
             let e = io::Error::from_raw_os_error(errno);
             assert_eq!(close_reason_for_io(&e), CloseReason::Reset, "errno {errno}");
         }

@@ -26,7 +26,13 @@ struct Netns(String);
 
 impl Netns {
     fn create() -> Result<Self, String> {
-        let name = format!("netio-tcp-liveness-{}", std::process::id());
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "netio-tcp-liveness-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
         let ns = Self(name);
         ns.ip(&["netns", "add", &ns.0])?;
         ns.exec(&["ip", "link", "set", "lo", "up"])?;
@@ -74,6 +80,17 @@ impl Drop for Netns {
 
 #[test]
 fn a_peer_that_stops_answering_closes_both_sides_with_timed_out() {
+    in_a_namespace(EndpointAddress::localhost(0));
+}
+
+/// Over IPv6 the kernel gives up with the route failure it met on the way
+/// (`ENETUNREACH` once `lo` is down), not `ETIMEDOUT`: still a timeout.
+#[test]
+fn a_peer_that_stops_answering_over_ipv6_closes_both_sides_with_timed_out() {
+    in_a_namespace("[::1]:0".parse().unwrap());
+}
+
+fn in_a_namespace(listen_at: EndpointAddress) {
     let ns = match Netns::create() {
         Ok(ns) => ns,
         Err(e) => {
@@ -91,7 +108,7 @@ fn a_peer_that_stops_answering_closes_both_sides_with_timed_out() {
     let result = thread::spawn(move || {
         let ns = Netns(name);
         ns.enter();
-        run_in_namespace(&ns);
+        run_in_namespace(&ns, listen_at);
         std::mem::forget(ns); // deleted by the outer handle
     })
     .join();
@@ -101,7 +118,7 @@ fn a_peer_that_stops_answering_closes_both_sides_with_timed_out() {
     }
 }
 
-fn run_in_namespace(ns: &Netns) {
+fn run_in_namespace(ns: &Netns, listen_at: EndpointAddress) {
     let rt = Running::start();
     let config = BackendConfig {
         peer_timeout: Some(Duration::from_secs(1)),
@@ -115,13 +132,7 @@ fn run_in_namespace(ns: &Netns) {
     );
     let client = Side::with(&rt.lp, config, TcpConfig::default(), Recorder::default());
     let params = ConnectionParams::receive(1024, 4);
-    let (addr, peer) = common::connect(
-        &server,
-        &client,
-        EndpointAddress::localhost(0),
-        params.clone(),
-        params,
-    );
+    let (addr, peer) = common::connect(&server, &client, listen_at, params.clone(), params);
     let conn = client.conn(addr);
     client.b.send_data_copy(conn, &[b"before"], &[], 1).unwrap();
     assert!(wait_until(|| server.data() == vec![b"before".to_vec()]));
