@@ -549,14 +549,19 @@ impl Inner {
         // longer reads (those sends are cancelled, not completed). A
         // connection still connecting reads after the connect completed
         // (the peer's handshake may have come with the same event).
+        // Data alone (no end of stream, no error) may stop at a short read:
+        // a read that did not fill the buffer emptied the socket, and data
+        // arriving after it raises a new edge. An end of stream or an error
+        // has no edge to come, so it is read until `WouldBlock`.
+        let data_only = ev.is_readable() && !ev.is_read_closed() && !ev.is_error();
         if readable && !connecting {
-            self.on_readable(id);
+            self.read_conn(id, data_only);
         }
         if writable {
             self.on_writable(id);
         }
         if readable && connecting {
-            self.on_readable(id);
+            self.read_conn(id, data_only);
         }
         self.dispatch();
     }
@@ -661,6 +666,14 @@ impl Inner {
     /// out what the read buffer holds and reads until the socket is empty
     /// (mio is edge-triggered: no new readiness event may come).
     fn on_readable(self: &Arc<Self>, id: ConnId) {
+        self.read_conn(id, false);
+    }
+
+    /// Reads connection `id` until `WouldBlock` (or the per-event budget);
+    /// with `stop_short`, also stops after a read that did not fill the
+    /// buffer, saving the read that would find nothing (see
+    /// `on_conn_event`).
+    fn read_conn(self: &Arc<Self>, id: ConnId, stop_short: bool) {
         let backend = self.backend();
         for _ in 0..MAX_READS_PER_EVENT {
             let taken = {
@@ -689,6 +702,7 @@ impl Inner {
             };
             let (mut reader, stream, open, paused, phase, pool, limit) = taken;
             let room = reader.dec.read_buf();
+            let room_len = room.len();
             // No room: whole frames wait in the buffer (a connection that
             // waited for a pool buffer); hand them out before reading.
             let read = if room.is_empty() {
@@ -696,10 +710,12 @@ impl Inner {
             } else {
                 (&*stream).read(room)
             };
+            let mut drained = false;
             let mut end = match read {
                 Ok(0) => ReadEnd::Eof,
                 Ok(n) => {
                     reader.dec.advance(n);
+                    drained = stop_short && n < room_len;
                     ReadEnd::Continue
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadEnd::WouldBlock,
@@ -741,8 +757,8 @@ impl Inner {
                 return;
             }
             match end {
-                ReadEnd::Continue => {}
-                ReadEnd::WouldBlock => {
+                ReadEnd::Continue if !drained => {}
+                ReadEnd::Continue | ReadEnd::WouldBlock => {
                     self.put_reader(&mut st, id, reader);
                     return;
                 }
