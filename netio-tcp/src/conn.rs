@@ -22,8 +22,43 @@ pub(crate) const MAX_IOV: usize = 512;
 const MAX_WRITES_PER_FLUSH: usize = 16;
 /// Copy-send vectors kept for reuse per connection.
 const MAX_SPARE_VECS: usize = 16;
-/// Largest copy-send vector kept for reuse.
-const MAX_SPARE_VEC_CAPACITY: usize = 64 * 1024;
+/// Bytes of copy-send vectors kept for reuse per connection, in all: large
+/// copies (a MiB) reuse their memory too instead of faulting in fresh pages
+/// for every message.
+const SPARE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Copy-send vectors of one connection kept for reuse, within
+/// [`MAX_SPARE_VECS`] and [`SPARE_BYTES`].
+#[derive(Default)]
+struct SpareVecs {
+    vecs: Vec<Vec<u8>>,
+    /// Total capacity of `vecs`.
+    bytes: usize,
+}
+
+impl SpareVecs {
+    /// An empty vector of at least `capacity`, reused when one is spare.
+    fn take(&mut self, capacity: usize) -> Vec<u8> {
+        match self.vecs.pop() {
+            Some(mut v) => {
+                self.bytes -= v.capacity();
+                v.clear();
+                v.reserve(capacity);
+                v
+            }
+            None => Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Keeps `v` for reuse if the budget allows, else frees it.
+    fn put(&mut self, v: Vec<u8>) {
+        let cap = v.capacity();
+        if self.vecs.len() < MAX_SPARE_VECS && self.bytes + cap <= SPARE_BYTES {
+            self.bytes += cap;
+            self.vecs.push(v);
+        }
+    }
+}
 
 /// A handler event, collected under the state lock and dispatched after it
 /// is released, on the loop thread.
@@ -288,7 +323,7 @@ pub(crate) struct Conn {
     pub(crate) dirty: bool,
     /// Give up if not established by then.
     pub(crate) deadline: Option<Instant>,
-    spare: Vec<Vec<u8>>,
+    spare: SpareVecs,
 }
 
 impl Conn {
@@ -339,7 +374,7 @@ impl Conn {
             in_flight: Arc::new(AtomicUsize::new(0)),
             dirty: false,
             deadline: Some(deadline),
-            spare: Vec::new(),
+            spare: SpareVecs::default(),
         }
     }
 
@@ -359,21 +394,12 @@ impl Conn {
 
     /// A vector for a copy send, reused when one is spare.
     pub(crate) fn take_vec(&mut self, capacity: usize) -> Vec<u8> {
-        match self.spare.pop() {
-            Some(mut v) => {
-                v.clear();
-                v.reserve(capacity);
-                v
-            }
-            None => Vec::with_capacity(capacity),
-        }
+        self.spare.take(capacity)
     }
 
     fn recycle(&mut self, payload: Payload) {
         if let Payload::Copy(v) = payload {
-            if self.spare.len() < MAX_SPARE_VECS && v.capacity() <= MAX_SPARE_VEC_CAPACITY {
-                self.spare.push(v);
-            }
+            self.spare.put(v);
         }
     }
 
@@ -614,6 +640,26 @@ mod tests {
         assert_eq!(n, 3);
         let mut small = [IoSlice::new(&[]); 2];
         assert_eq!(fill_iov(&q, 0, &mut small), 2);
+    }
+
+    #[test]
+    fn a_large_copy_vector_is_reused_and_the_spare_budget_holds() {
+        let mut spare = SpareVecs::default();
+        let v = spare.take(1 << 20);
+        let ptr = v.as_ptr();
+        spare.put(v);
+        let again = spare.take(1 << 20);
+        assert_eq!(again.as_ptr(), ptr, "a 1 MiB vector is reused, not allocated anew");
+        assert!(again.is_empty());
+        for _ in 0..8 {
+            spare.put(Vec::with_capacity(1 << 20));
+        }
+        assert!(spare.bytes <= SPARE_BYTES, "{} bytes kept", spare.bytes);
+        assert_eq!(spare.vecs.len(), SPARE_BYTES >> 20);
+        for _ in 0..40 {
+            spare.put(Vec::with_capacity(16));
+        }
+        assert!(spare.vecs.len() <= MAX_SPARE_VECS);
     }
 
     #[test]
