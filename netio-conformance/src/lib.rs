@@ -16,7 +16,8 @@
 //! Backend behaviours run twice, in `thread_safe` (calls from the test
 //! thread) and `thread_unsafe` (calls on the loop thread). Behaviours that
 //! need a feature the provider lists as unsupported are generated as
-//! ignored tests whose reason says "not supported by this provider", never
+//! ignored tests whose reason says "not supported by this provider" (or
+//! gives the provider's own reason), never
 //! as passes; `declared_features_match_the_unsupported_list` checks the list
 //! against [`Harness::features`], [`Harness::can_reset`] and
 //! [`Harness::can_partition`].
@@ -378,52 +379,81 @@ macro_rules! __member {
 #[macro_export]
 macro_rules! __reason {
     ($f:ident, $name:ident, $u:tt) => {
-        $crate::__ignored_reason!($name, $crate::__reason_text!($f, $u));
+        $crate::__reason_text! { @test: $name, $f, $u }
     };
 }
 
-/// The reason an unsupported behaviour is ignored: the feature's name,
-/// followed by the provider's reason when the list gives one
-/// (`name = "reason"`).
+/// The reason an unsupported behaviour is ignored, as one string literal
+/// (libtest shows only a literal `#[ignore = "…"]`): "not supported by
+/// this provider: <feature>", or the provider's own reason when the list
+/// gives one (`name = "reason"`). `__reason_text!(feature, [list])` is the
+/// text; the `@test: name` form makes the ignored test.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __reason_text {
-    ($f:ident, []) => {
-        concat!("not supported by this provider: ", stringify!($f))
+    ($f:ident, $u:tt) => {
+        $crate::__reason_text! { @text, $f, $u }
     };
-    (send_copy, [send_copy = $why:literal $(, $($r:tt)*)?]) => {
-        concat!("not supported by this provider: send_copy: ", $why)
+    (@$m:ident $(: $n:ident)?, send_copy, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: send_copy" }
     };
-    (send_zero_copy, [send_zero_copy = $why:literal $(, $($r:tt)*)?]) => {
-        concat!("not supported by this provider: send_zero_copy: ", $why)
+    (@$m:ident $(: $n:ident)?, send_zero_copy, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: send_zero_copy" }
     };
-    (buffered_with_zero_copy, [buffered_with_zero_copy = $why:literal $(, $($r:tt)*)?]) => {
-        concat!("not supported by this provider: buffered_with_zero_copy: ", $why)
+    (@$m:ident $(: $n:ident)?, buffered_with_zero_copy, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: buffered_with_zero_copy" }
     };
-    (thread_unsafe_mode, [thread_unsafe_mode = $why:literal $(, $($r:tt)*)?]) => {
-        concat!("not supported by this provider: thread_unsafe_mode: ", $why)
+    (@$m:ident $(: $n:ident)?, thread_unsafe_mode, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: thread_unsafe_mode" }
     };
-    (shared_receive_pool, [shared_receive_pool = $why:literal $(, $($r:tt)*)?]) => {
-        concat!("not supported by this provider: shared_receive_pool: ", $why)
+    (@$m:ident $(: $n:ident)?, shared_receive_pool, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: shared_receive_pool" }
     };
-    (shared_send_pool, [shared_send_pool = $why:literal $(, $($r:tt)*)?]) => {
-        concat!("not supported by this provider: shared_send_pool: ", $why)
+    (@$m:ident $(: $n:ident)?, shared_send_pool, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: shared_send_pool" }
     };
-    (reset, [reset = $why:literal $(, $($r:tt)*)?]) => {
-        concat!("not supported by this provider: reset: ", $why)
+    (@$m:ident $(: $n:ident)?, reset, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: reset" }
     };
-    (partition, [partition = $why:literal $(, $($r:tt)*)?]) => {
-        concat!("not supported by this provider: partition: ", $why)
+    (@$m:ident $(: $n:ident)?, partition, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: partition" }
     };
-    ($f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?]) => {
-        $crate::__reason_text!($f, [$($($r)*)?])
+    (@$m:ident $(: $n:ident)?, send_copy, [send_copy = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, send_zero_copy, [send_zero_copy = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, buffered_with_zero_copy, [buffered_with_zero_copy = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, thread_unsafe_mode, [thread_unsafe_mode = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, shared_receive_pool, [shared_receive_pool = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, shared_send_pool, [shared_send_pool = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, reset, [reset = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, partition, [partition = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, $f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?]) => {
+        $crate::__reason_text! { @$m $(: $n)?, $f, [$($($r)*)?] }
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __ignored_reason {
-    ($name:ident, $reason:expr) => {
+macro_rules! __reason_emit {
+    (@text, $reason:literal) => {
+        $reason
+    };
+    (@test: $name:ident, $reason:literal) => {
         #[test]
         #[ignore = $reason]
         fn $name() {}

@@ -88,7 +88,7 @@ fn the_ignore_reason_carries_the_providers_reason() {
             partition,
             [send_copy, partition = "loopback cannot drop packets"]
         ),
-        "not supported by this provider: partition: loopback cannot drop packets"
+        "loopback cannot drop packets"
     );
     assert_eq!(
         reason!(partition, [partition]),
