@@ -649,7 +649,11 @@ mod tests {
         let ptr = v.as_ptr();
         spare.put(v);
         let again = spare.take(1 << 20);
-        assert_eq!(again.as_ptr(), ptr, "a 1 MiB vector is reused, not allocated anew");
+        assert_eq!(
+            again.as_ptr(),
+            ptr,
+            "a 1 MiB vector is reused, not allocated anew"
+        );
         assert!(again.is_empty());
         for _ in 0..8 {
             spare.put(Vec::with_capacity(1 << 20));
