@@ -22,6 +22,22 @@ if ! command -v ss >/dev/null 2>&1; then
     fi
 fi
 
+# netio-libfabric-sys links the system libfabric (>= 1.17), found with
+# pkg-config; its tests use the tcp and sockets providers on 127.0.0.1.
+if ! pkg-config --exists 'libfabric >= 1.17' 2>/dev/null; then
+    step "installing libfabric-dev, libfabric-bin and pkg-config for netio-libfabric-sys"
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq libfabric-dev libfabric-bin pkg-config
+    else
+        echo "error: libfabric >= 1.17 (pkg-config 'libfabric') is missing and cannot be installed here (needs root and apt-get)" >&2
+        exit 1
+    fi
+    if ! pkg-config --exists 'libfabric >= 1.17'; then
+        echo "error: libfabric >= 1.17 is still not found by pkg-config after installing libfabric-dev" >&2
+        exit 1
+    fi
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
