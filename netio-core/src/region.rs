@@ -417,24 +417,29 @@ impl Book {
     }
 
     /// The lowest offset where `len` free bytes start, below `region_len`.
+    /// Allocates nothing (it runs once per `chunk`, on the send path):
+    /// every step moves the candidate past one busy range, so it ends
+    /// after at most as many steps as there are ranges.
     fn first_fit(&self, len: usize, region_len: usize) -> Option<usize> {
-        let mut busy: Vec<(usize, usize)> = self
-            .lent
-            .iter()
-            .chain(&self.held)
-            .chain(&self.sending)
-            .copied()
-            .filter(|r| r.1 > 0)
-            .collect();
-        busy.sort_unstable();
         let mut start = 0usize;
-        for (o, l) in busy {
-            if o >= start && o - start >= len {
-                break;
+        loop {
+            let end = start.checked_add(len)?;
+            if end > region_len {
+                return None;
             }
-            start = start.max(o + l);
+            let blocking = self
+                .lent
+                .iter()
+                .chain(&self.held)
+                .chain(&self.sending)
+                .filter(|&&(o, l)| l > 0 && len > 0 && o < end && start < o + l)
+                .map(|&(o, l)| o + l)
+                .max();
+            match blocking {
+                Some(past) => start = past,
+                None => return Some(start),
+            }
         }
-        (start.checked_add(len)? <= region_len).then_some(start)
     }
 }
 

@@ -424,6 +424,15 @@ impl Inner {
                         // frames one write flushed), every slot and buffer
                         // of it free first.
                         release.release();
+                        let more = matches!(
+                            events.peek(),
+                            Some(Ev::Completed(next, ..)) if *next == c
+                        );
+                        if !more {
+                            // A run of one (a ping-pong's reply): no vector.
+                            h.on_sends_completed(&backend, c, &[key]);
+                            continue;
+                        }
                         keys.clear();
                         keys.push(key);
                         while let Some(Ev::Completed(next, ..)) = events.peek() {
