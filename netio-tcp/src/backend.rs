@@ -30,7 +30,7 @@ use netio_core::{
 
 use crate::config::TcpConfig;
 use crate::conn::{
-    Conn, Ev, Flushed, LingerStatus, Lingering, Out, Payload, Phase, Reader, Release,
+    Conn, Ev, Events, Flushed, LingerStatus, Lingering, Out, Payload, Phase, Reader, Release,
 };
 use crate::socket;
 use crate::wire::{
@@ -44,6 +44,11 @@ const MAX_ACCEPTS_PER_EVENT: usize = 256;
 /// Period of the timer that enforces handshake, partial-message and linger
 /// deadlines.
 const DEADLINE_TICK: Duration = Duration::from_millis(50);
+/// A copy send of at least this many bytes on a connection with nothing
+/// queued is written straight from the caller's slices (the kernel's copy
+/// is then the only one); smaller ones are copied into the connection's
+/// ring and leave together with the sends made in the same callback.
+const WRITE_THROUGH_MIN: usize = 32 * 1024;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -137,7 +142,7 @@ struct State {
     conns: ConnTable<Conn>,
     /// Sockets of closed connections still finishing their last frames.
     lingering: HashMap<ConnId, Lingering>,
-    events: Vec<Ev>,
+    events: Events,
     dispatch_posted: bool,
     dirty: Vec<ConnId>,
     flush_posted: bool,
@@ -392,65 +397,32 @@ impl Inner {
     /// is held while the handler runs.
     fn dispatch(self: &Arc<Self>) {
         let backend = self.backend();
-        let mut batch = Vec::new();
-        let mut keys = Vec::new();
+        let mut batch = Events::default();
         // Each round dispatches what earlier rounds' callbacks queued;
         // bounded so a handler that queues forever cannot starve the loop.
         for _ in 0..64 {
             {
                 let mut st = lock(&self.state);
                 if st.events.is_empty() {
-                    if st.events.capacity() == 0 {
-                        std::mem::swap(&mut st.events, &mut batch);
-                    }
+                    // Keep the larger lists for the next batch.
+                    std::mem::swap(&mut st.events, &mut batch);
                     return;
                 }
                 std::mem::swap(&mut st.events, &mut batch);
             }
             let mut h = lock(&self.handler);
-            let mut events = batch.drain(..).peekable();
-            while let Some(ev) = events.next() {
-                match ev {
-                    Ev::Established(c, r, caps) => {
-                        h.on_connection_established(&backend, c, r, caps)
-                    }
-                    Ev::Refused(c, r, why) => h.on_connection_refused(&backend, c, r, &why),
-                    Ev::Closed(c, r, why, keys, buffers) => {
-                        drop(buffers);
-                        h.on_connection_closed(&backend, c, r, &why, &keys)
-                    }
-                    Ev::Completed(c, key, release) => {
-                        // One call for the run of completions of `c` (the
-                        // frames one write flushed), every slot and buffer
-                        // of it free first.
-                        release.release();
-                        let more = matches!(
-                            events.peek(),
-                            Some(Ev::Completed(next, ..)) if *next == c
-                        );
-                        if !more {
-                            // A run of one (a ping-pong's reply): no vector.
-                            h.on_sends_completed(&backend, c, &[key]);
-                            continue;
-                        }
-                        keys.clear();
-                        keys.push(key);
-                        while let Some(Ev::Completed(next, ..)) = events.peek() {
-                            if *next != c {
-                                break;
-                            }
-                            if let Some(Ev::Completed(_, key, release)) = events.next() {
-                                release.release();
-                                keys.push(key);
-                            }
-                        }
-                        h.on_sends_completed(&backend, c, &keys)
-                    }
-                    Ev::Timer(token) => h.on_timer(&backend, token),
-                    Ev::Wake(token) => h.on_wake(&backend, token),
+            batch.drain(|ev, keys| match ev {
+                Ev::Established(c, r, caps) => h.on_connection_established(&backend, c, r, caps),
+                Ev::Refused(c, r, why) => h.on_connection_refused(&backend, c, r, &why),
+                Ev::Closed(c, r, why, keys, buffers) => {
+                    drop(buffers);
+                    h.on_connection_closed(&backend, c, r, &why, &keys)
                 }
-            }
-            drop(events);
+                // Every slot and buffer of the run is free by now.
+                Ev::Completed(c, _) => h.on_sends_completed(&backend, c, keys),
+                Ev::Timer(token) => h.on_timer(&backend, token),
+                Ev::Wake(token) => h.on_wake(&backend, token),
+            });
         }
         let mut st = lock(&self.state);
         self.post_dispatch(&mut st);
@@ -488,7 +460,7 @@ impl Inner {
             .is_some_and(|r| r.assembling.take().is_some());
         let text = reason.to_string();
         if let Some(key) = ended.completed {
-            st.events.push(Ev::Completed(id, key, Release::Nothing));
+            st.events.completed(id, key, Release::Nothing);
         }
         st.events.push(Ev::Closed(
             id,
@@ -1241,9 +1213,11 @@ impl Inner {
         if due.is_empty() {
             return;
         }
-        lock(&self.state)
-            .events
-            .extend(due.into_iter().map(Ev::Timer));
+        let mut st = lock(&self.state);
+        for token in due {
+            st.events.push(Ev::Timer(token));
+        }
+        drop(st);
         self.dispatch();
     }
 
@@ -1633,16 +1607,23 @@ impl Backend for TcpBackend {
             .get_mut(conn)
             .ok_or(SendError::UnknownConnection(conn))?;
         inner.check_queue_depth(&c.in_flight)?;
-        let mut v = c.take_vec(prefix.as_bytes().len() + payload_len);
-        v.extend_from_slice(prefix.as_bytes());
-        for d in data {
-            v.extend_from_slice(d);
+        c.in_flight.fetch_add(1, Ordering::AcqRel);
+        let frame_len = payload_len + prefix.as_bytes().len();
+        let written = if c.queue.is_empty() && frame_len >= WRITE_THROUGH_MIN {
+            c.write_through(&prefix, data)
+        } else {
+            0
+        };
+        if written == frame_len {
+            let State { conns, events, .. } = &mut *st;
+            if let Some(c) = conns.get(conn) {
+                events.completed(conn, key, Release::Slot(&c.in_flight));
+            }
+            inner.post_dispatch(&mut st);
+        } else {
+            c.push_copied(prefix, data, written, key);
+            inner.schedule_flush(&mut st, conn);
         }
-        inner.enqueue(
-            &mut st,
-            conn,
-            Out::data(prefix, Payload::Copy(v), key, true),
-        );
         Ok(())
     }
 

@@ -14,51 +14,17 @@ use netio_core::{
     NetworkBuffer, RefuseReason,
 };
 
+use crate::ring::ByteRing;
 use crate::wire::{DataPrefix, FrameDecoder, HANDSHAKE_LEN};
 
 /// Slices handed to one `writev`: many messages per system call.
 pub(crate) const MAX_IOV: usize = 512;
 /// `writev` calls per flush of one connection before others get a turn.
 const MAX_WRITES_PER_FLUSH: usize = 16;
-/// Copy-send vectors kept for reuse per connection.
-const MAX_SPARE_VECS: usize = 16;
-/// Bytes of copy-send vectors kept for reuse per connection, in all: large
-/// copies (a MiB) reuse their memory too instead of faulting in fresh pages
-/// for every message.
+/// Bytes of a connection's copy-send ring kept allocated once it empties:
+/// large copies (a MiB) reuse their memory instead of faulting in fresh
+/// pages for every message, and an idle connection holds no more.
 const SPARE_BYTES: usize = 4 * 1024 * 1024;
-
-/// Copy-send vectors of one connection kept for reuse, within
-/// [`MAX_SPARE_VECS`] and [`SPARE_BYTES`].
-#[derive(Default)]
-struct SpareVecs {
-    vecs: Vec<Vec<u8>>,
-    /// Total capacity of `vecs`.
-    bytes: usize,
-}
-
-impl SpareVecs {
-    /// An empty vector of at least `capacity`, reused when one is spare.
-    fn take(&mut self, capacity: usize) -> Vec<u8> {
-        match self.vecs.pop() {
-            Some(mut v) => {
-                self.bytes -= v.capacity();
-                v.clear();
-                v.reserve(capacity);
-                v
-            }
-            None => Vec::with_capacity(capacity),
-        }
-    }
-
-    /// Keeps `v` for reuse if the budget allows, else frees it.
-    fn put(&mut self, v: Vec<u8>) {
-        let cap = v.capacity();
-        if self.vecs.len() < MAX_SPARE_VECS && self.bytes + cap <= SPARE_BYTES {
-            self.bytes += cap;
-            self.vecs.push(v);
-        }
-    }
-}
 
 /// A handler event, collected under the state lock and dispatched after it
 /// is released, on the loop thread.
@@ -75,72 +41,139 @@ pub(crate) enum Ev {
         Vec<u64>,
         Vec<NetworkBuffer>,
     ),
-    /// Consecutive completions of one connection are reported in one
-    /// `on_sends_completed` call.
-    Completed(ConnId, u64, Release),
+    /// Consecutive completions of one connection, reported in one
+    /// `on_sends_completed` call: their keys and pool buffers are the
+    /// next ones in [`Events`].
+    Completed(ConnId, Run),
     /// A handler timer is due.
     Timer(u64),
     /// `Backend::wake` was called.
     Wake(u64),
 }
 
-/// What a send holds until its completion is reported to the handler: a
-/// slot of the connection's send queue depth, or its pool buffer. So a
-/// handler never sees more sends in flight than the depth or the pool
-/// allows, however long reporting takes.
+/// A run of completions of one connection (see [`Ev::Completed`]). What a
+/// send holds until its completion is reported to the handler (a slot of
+/// the connection's send queue depth, or its pool buffer) is given back
+/// right before the report, so a handler never sees more sends in flight
+/// than the depth or the pool allows, however long reporting takes, and
+/// may send again from its callback.
 #[derive(Debug)]
-pub(crate) enum Release {
+pub(crate) struct Run {
+    /// Keys in the run.
+    keys: usize,
+    /// Pool buffers of its buffered sends.
+    buffers: usize,
+    /// Slots of its copy and zero-copy sends, in `in_flight`.
+    slots: usize,
+    in_flight: Option<Arc<AtomicUsize>>,
+}
+
+/// What a completed send gives back (see [`Run`]).
+pub(crate) enum Release<'a> {
     /// Nothing (the connection is gone).
     Nothing,
     /// A copy or zero-copy send's slot: the connection's in-flight count.
-    Slot(Arc<AtomicUsize>),
+    Slot(&'a Arc<AtomicUsize>),
     /// A buffered send's buffer.
     Buffer(NetworkBuffer),
 }
 
-impl Release {
-    /// Gives the slot or buffer back; called right before the completion
-    /// is reported, so the handler may send again from its callback.
-    pub(crate) fn release(self) {
-        match self {
+/// Handler events collected under the state lock and dispatched after it
+/// is released, on the loop thread. Completions are kept compact: one
+/// event per run of one connection, its keys and buffers in lists of
+/// their own.
+#[derive(Default)]
+pub(crate) struct Events {
+    list: Vec<Ev>,
+    keys: Vec<u64>,
+    buffers: Vec<NetworkBuffer>,
+}
+
+impl Events {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    pub(crate) fn push(&mut self, ev: Ev) {
+        self.list.push(ev);
+    }
+
+    /// A send of `conn` completed: joins the run before it when that run
+    /// is `conn`'s.
+    pub(crate) fn completed(&mut self, conn: ConnId, key: u64, release: Release<'_>) {
+        if !matches!(self.list.last(), Some(Ev::Completed(c, _)) if *c == conn) {
+            self.list.push(Ev::Completed(
+                conn,
+                Run {
+                    keys: 0,
+                    buffers: 0,
+                    slots: 0,
+                    in_flight: None,
+                },
+            ));
+        }
+        let Some(Ev::Completed(_, run)) = self.list.last_mut() else {
+            unreachable!("the last event is a run of this connection");
+        };
+        self.keys.push(key);
+        run.keys += 1;
+        match release {
             Release::Nothing => {}
             Release::Slot(n) => {
-                n.fetch_sub(1, Ordering::AcqRel);
+                if run.in_flight.is_none() {
+                    run.in_flight = Some(Arc::clone(n));
+                }
+                run.slots += 1;
             }
-            Release::Buffer(b) => drop(b),
+            Release::Buffer(b) => {
+                self.buffers.push(b);
+                run.buffers += 1;
+            }
         }
+    }
+
+    /// Hands every event to `f` in order, a completion run with its keys
+    /// once its slots and buffers were given back; leaves `self` empty
+    /// with its memory kept.
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(Ev, &[u64])) {
+        let mut keys_at = 0;
+        let mut buffers = self.buffers.drain(..);
+        for ev in self.list.drain(..) {
+            if let Ev::Completed(_, run) = &ev {
+                for _ in 0..run.buffers {
+                    drop(buffers.next());
+                }
+                if let Some(n) = &run.in_flight {
+                    n.fetch_sub(run.slots, Ordering::AcqRel);
+                }
+                let keys = &self.keys[keys_at..keys_at + run.keys];
+                keys_at += run.keys;
+                f(ev, keys);
+            } else {
+                f(ev, &[]);
+            }
+        }
+        drop(buffers);
+        self.keys.clear();
+    }
+
+    /// The keys of every completion run, in order (for tests).
+    #[cfg(test)]
+    pub(crate) fn completed_keys(&self) -> &[u64] {
+        &self.keys
     }
 }
 
 /// The bytes of a message after its prefix.
 pub(crate) enum Payload {
-    /// `send_data_copy`: the whole frame, prefix included, copied at once
-    /// (one slice per message in the gather write).
-    Copy(Vec<u8>),
+    /// `send_data_copy`: the whole frame, prefix included, copied into the
+    /// connection's [`ByteRing`] (consecutive copied frames go out as one
+    /// slice of the gather write).
+    Copied,
     /// `send_data`: straight from the registered region.
     Region(Lent),
     /// `send_buffer`: the pool buffer itself.
     Buffer(NetworkBuffer),
-}
-
-impl Payload {
-    fn chunks<'a>(&'a self, f: &mut dyn FnMut(&'a [u8]) -> bool) {
-        match self {
-            Payload::Copy(v) => {
-                f(v);
-            }
-            Payload::Buffer(b) => {
-                f(b.as_slice());
-            }
-            Payload::Region(l) => {
-                for c in l.chunks() {
-                    if !f(c) {
-                        break;
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// One item of a connection's send queue.
@@ -180,33 +213,105 @@ impl Out {
         }
     }
 
-    /// Calls `f` with each slice of the frame in order until it returns
-    /// `false`.
+    /// `true` for a frame held in the connection's ring.
+    fn is_copied(&self) -> bool {
+        matches!(
+            self,
+            Out::Data {
+                payload: Payload::Copied,
+                ..
+            }
+        )
+    }
+
+    /// Calls `f` with each slice of a frame not held in the ring, in order,
+    /// until it returns `false`.
     fn chunks<'a>(&'a self, f: &mut dyn FnMut(&'a [u8]) -> bool) {
         match self {
             Out::Handshake(h) => {
                 f(h);
             }
             Out::Data {
-                payload: payload @ Payload::Copy(_),
+                payload: Payload::Copied,
                 ..
-            } => payload.chunks(f),
+            } => {}
             Out::Data {
                 prefix, payload, ..
             } => {
-                if f(prefix.as_bytes()) {
-                    payload.chunks(f);
+                if !f(prefix.as_bytes()) {
+                    return;
+                }
+                match payload {
+                    Payload::Copied => {}
+                    Payload::Buffer(b) => {
+                        f(b.as_slice());
+                    }
+                    Payload::Region(l) => {
+                        for c in l.chunks() {
+                            if !f(c) {
+                                break;
+                            }
+                        }
+                    }
                 }
             }
         }
     }
 }
 
+/// Puts the run of `*run_len` ring bytes at `*run_at` into `iov` from
+/// `*n` on, then starts an empty run after it; `false` when `iov` is full.
+fn put_run<'a>(
+    ring: &'a ByteRing,
+    iov: &mut [IoSlice<'a>],
+    n: &mut usize,
+    run_at: &mut usize,
+    run_len: &mut usize,
+) -> bool {
+    if *run_len == 0 {
+        return true;
+    }
+    let (a, b) = ring.slices(*run_at, *run_len);
+    *run_at += *run_len;
+    *run_len = 0;
+    for s in [a, b] {
+        if s.is_empty() {
+            continue;
+        }
+        if *n == iov.len() {
+            return false;
+        }
+        iov[*n] = IoSlice::new(s);
+        *n += 1;
+    }
+    true
+}
+
 /// Fills `iov` with the unwritten slices of `queue`, skipping the first
-/// `skip` bytes (already written). Returns the number of slices.
-fn fill_iov<'a>(queue: &'a VecDeque<Out>, mut skip: usize, iov: &mut [IoSlice<'a>]) -> usize {
+/// `skip` bytes (already written of the front frame). Copied frames come
+/// from `ring`, which holds exactly their unwritten bytes in queue order;
+/// a run of them is one slice (two where the ring wraps). Returns the
+/// number of slices.
+fn fill_iov<'a>(
+    queue: &'a VecDeque<Out>,
+    ring: &'a ByteRing,
+    mut skip: usize,
+    iov: &mut [IoSlice<'a>],
+) -> usize {
     let mut n = 0;
+    // The run of copied frames not yet put into `iov`: where it starts in
+    // the ring, and its length.
+    let mut run_at = 0;
+    let mut run_len = 0;
     for out in queue {
+        if out.is_copied() {
+            run_len += out.len() - skip;
+            skip = 0;
+            continue;
+        }
+        if !put_run(ring, iov, &mut n, &mut run_at, &mut run_len) {
+            return n;
+        }
         let mut full = false;
         out.chunks(&mut |c: &'a [u8]| {
             let c = if skip >= c.len() {
@@ -226,9 +331,10 @@ fn fill_iov<'a>(queue: &'a VecDeque<Out>, mut skip: usize, iov: &mut [IoSlice<'a
             true
         });
         if full || n == iov.len() {
-            break;
+            return n;
         }
     }
+    put_run(ring, iov, &mut n, &mut run_at, &mut run_len);
     n
 }
 
@@ -323,7 +429,8 @@ pub(crate) struct Conn {
     pub(crate) dirty: bool,
     /// Give up if not established by then.
     pub(crate) deadline: Option<Instant>,
-    spare: SpareVecs,
+    /// The unwritten bytes of the copied frames in `queue`, in order.
+    ring: ByteRing,
 }
 
 impl Conn {
@@ -374,7 +481,7 @@ impl Conn {
             in_flight: Arc::new(AtomicUsize::new(0)),
             dirty: false,
             deadline: Some(deadline),
-            spare: SpareVecs::default(),
+            ring: ByteRing::default(),
         }
     }
 
@@ -392,27 +499,65 @@ impl Conn {
         total - self.offset
     }
 
-    /// A vector for a copy send, reused when one is spare.
-    pub(crate) fn take_vec(&mut self, capacity: usize) -> Vec<u8> {
-        self.spare.take(capacity)
+    /// Queues a copy send whose first `written` bytes already went out
+    /// (see [`Conn::write_through`]): the rest of its frame (`prefix`, then
+    /// `data`) is copied into the ring. Only the front frame may be partly
+    /// written.
+    pub(crate) fn push_copied(
+        &mut self,
+        prefix: DataPrefix,
+        data: &[&[u8]],
+        written: usize,
+        key: u64,
+    ) {
+        let out = Out::data(prefix, Payload::Copied, key, true);
+        debug_assert!(written == 0 || self.queue.is_empty());
+        self.ring.reserve(out.len() - written);
+        let mut skip = written;
+        for part in std::iter::once(prefix.as_bytes()).chain(data.iter().copied()) {
+            if skip >= part.len() {
+                skip -= part.len();
+            } else {
+                self.ring.push(&part[skip..]);
+                skip = 0;
+            }
+        }
+        if written > 0 {
+            self.offset = written;
+        }
+        self.queue.push_back(out);
     }
 
-    fn recycle(&mut self, payload: Payload) {
-        if let Payload::Copy(v) = payload {
-            self.spare.put(v);
+    /// Writes a copy send's frame straight from the caller's slices, for a
+    /// connection whose queue is empty: a large message is then copied once
+    /// (by the kernel), not twice. Returns the bytes written; 0 when the
+    /// socket takes nothing or fails (the queued frame then meets the same
+    /// error in the next flush, which handles it).
+    pub(crate) fn write_through(&mut self, prefix: &DataPrefix, data: &[&[u8]]) -> usize {
+        debug_assert!(self.queue.is_empty());
+        if data.len() >= MAX_IOV {
+            return 0;
         }
+        let mut iov = [IoSlice::new(&[]); MAX_IOV];
+        iov[0] = IoSlice::new(prefix.as_bytes());
+        for (slot, d) in iov[1..].iter_mut().zip(data) {
+            *slot = IoSlice::new(d);
+        }
+        socket2::SockRef::from(&*self.stream)
+            .send_vectored_with_flags(&iov[..=data.len()], libc::MSG_NOSIGNAL)
+            .unwrap_or(0)
     }
 
     /// Writes as much of the queue as the socket takes, completing every
     /// message fully written (its event goes to `events`).
-    pub(crate) fn flush(&mut self, events: &mut Vec<Ev>) -> io::Result<Flushed> {
+    pub(crate) fn flush(&mut self, events: &mut Events) -> io::Result<Flushed> {
         for _ in 0..MAX_WRITES_PER_FLUSH {
             if self.queue.is_empty() {
                 return Ok(Flushed::Done);
             }
             let written = {
                 let mut iov = [IoSlice::new(&[]); MAX_IOV];
-                let n = fill_iov(&self.queue, self.offset, &mut iov);
+                let n = fill_iov(&self.queue, &self.ring, self.offset, &mut iov);
                 // `sendmsg` with MSG_NOSIGNAL rather than `writev`: a peer
                 // that resets the connection must not kill a process that
                 // has not ignored SIGPIPE.
@@ -434,16 +579,23 @@ impl Conn {
         })
     }
 
-    fn advance(&mut self, written: usize, events: &mut Vec<Ev>) {
-        let mut w = written + self.offset;
-        self.offset = 0;
+    fn advance(&mut self, written: usize, events: &mut Events) {
+        let mut w = written;
         while let Some(front) = self.queue.front() {
-            let len = front.len();
-            if w < len {
-                self.offset = w;
+            let left = front.len() - self.offset;
+            let copied = front.is_copied();
+            if w < left {
+                if copied {
+                    self.ring.consume(w);
+                }
+                self.offset += w;
                 break;
             }
-            w -= len;
+            w -= left;
+            if copied {
+                self.ring.consume(left);
+            }
+            self.offset = 0;
             if let Some(Out::Data {
                 payload,
                 key,
@@ -453,17 +605,14 @@ impl Conn {
             {
                 let release = match payload {
                     Payload::Buffer(b) => Release::Buffer(b),
-                    other => {
-                        self.recycle(other);
-                        if unbuffered {
-                            Release::Slot(Arc::clone(&self.in_flight))
-                        } else {
-                            Release::Nothing
-                        }
-                    }
+                    _ if unbuffered => Release::Slot(&self.in_flight),
+                    _ => Release::Nothing,
                 };
-                events.push(Ev::Completed(self.id, key, release));
+                events.completed(self.id, key, release);
             }
+        }
+        if self.queue.is_empty() && self.ring.capacity() > SPARE_BYTES {
+            self.ring.clear(SPARE_BYTES);
         }
     }
 
@@ -484,7 +633,11 @@ impl Conn {
                     ended.cancelled.push(*key);
                 }
             }
-            if partial || matches!(out, Out::Handshake(_)) {
+            if partial && out.is_copied() {
+                let (a, b) = self.ring.slices(0, out.len() - self.offset);
+                ended.rest.extend_from_slice(a);
+                ended.rest.extend_from_slice(b);
+            } else if partial || matches!(out, Out::Handshake(_)) {
                 let mut skip = if partial { self.offset } else { 0 };
                 out.chunks(&mut |c| {
                     if skip >= c.len() {
@@ -507,6 +660,7 @@ impl Conn {
             }
         }
         self.offset = 0;
+        self.ring.clear(SPARE_BYTES);
         ended
     }
 }
@@ -609,10 +763,10 @@ impl Lingering {
 mod tests {
     use super::*;
 
-    fn data(bytes: &[u8], key: u64) -> Out {
+    /// Queues a copy send of `bytes` on `c`.
+    fn copy(c: &mut Conn, bytes: &[u8], key: u64) {
         let prefix = DataPrefix::new(&[], bytes.len()).unwrap();
-        let frame = [prefix.as_bytes(), bytes].concat();
-        Out::data(prefix, Payload::Copy(frame), key, true)
+        c.push_copied(prefix, &[bytes], 0, key);
     }
 
     #[test]
@@ -631,65 +785,111 @@ mod tests {
         let mut q = VecDeque::new();
         q.push_back(buffered(b"abc", 1));
         q.push_back(buffered(b"de", 2));
+        let ring = ByteRing::default();
         let mut iov = [IoSlice::new(&[]); 8];
-        let n = fill_iov(&q, 9, &mut iov);
+        let n = fill_iov(&q, &ring, 9, &mut iov);
         let got: Vec<&[u8]> = iov[..n].iter().map(|s| &**s).collect();
         assert_eq!(got[0], b"bc");
         assert_eq!(got[1].len(), 8);
         assert_eq!(got[2], b"de");
         assert_eq!(n, 3);
         let mut small = [IoSlice::new(&[]); 2];
-        assert_eq!(fill_iov(&q, 0, &mut small), 2);
+        assert_eq!(fill_iov(&q, &ring, 0, &mut small), 2);
+    }
+
+    /// The slices `fill_iov` gives for `c`'s queue, concatenated per slice.
+    fn iov_of(c: &Conn, slots: usize) -> Vec<Vec<u8>> {
+        let mut iov = vec![IoSlice::new(&[]); slots];
+        let n = fill_iov(&c.queue, &c.ring, c.offset, &mut iov);
+        iov[..n].iter().map(|s| s.to_vec()).collect()
+    }
+
+    fn frame(bytes: &[u8]) -> Vec<u8> {
+        let prefix = DataPrefix::new(&[], bytes.len()).unwrap();
+        [prefix.as_bytes(), bytes].concat()
     }
 
     #[test]
-    fn a_large_copy_vector_is_reused_and_the_spare_budget_holds() {
-        let mut spare = SpareVecs::default();
-        let v = spare.take(1 << 20);
-        let ptr = v.as_ptr();
-        spare.put(v);
-        let again = spare.take(1 << 20);
-        assert_eq!(
-            again.as_ptr(),
-            ptr,
-            "a 1 MiB vector is reused, not allocated anew"
-        );
-        assert!(again.is_empty());
-        for _ in 0..8 {
-            spare.put(Vec::with_capacity(1 << 20));
-        }
-        assert!(spare.bytes <= SPARE_BYTES, "{} bytes kept", spare.bytes);
-        assert_eq!(spare.vecs.len(), SPARE_BYTES >> 20);
-        for _ in 0..40 {
-            spare.put(Vec::with_capacity(16));
-        }
-        assert!(spare.vecs.len() <= MAX_SPARE_VECS);
+    fn consecutive_copied_messages_are_one_slice() {
+        let (mut c, _keep) = conn();
+        copy(&mut c, b"abc", 1);
+        copy(&mut c, b"de", 2);
+        copy(&mut c, b"f", 3);
+        c.advance(1, &mut Events::default());
+        let all = [frame(b"abc"), frame(b"de"), frame(b"f")].concat();
+        assert_eq!(iov_of(&c, 8), vec![all[1..].to_vec()]);
     }
 
     #[test]
-    fn a_copied_message_is_one_slice() {
-        let mut q = VecDeque::new();
-        q.push_back(data(b"abc", 1));
-        q.push_back(data(b"de", 2));
-        let mut iov = [IoSlice::new(&[]); 8];
-        let n = fill_iov(&q, 9, &mut iov);
-        let got: Vec<&[u8]> = iov[..n].iter().map(|s| &**s).collect();
-        assert_eq!(
-            got,
-            vec![&b"bc"[..], &[1, 0, 0, 0, 2, 0, 0, 0, b'd', b'e'][..]]
-        );
+    fn copied_runs_and_other_sends_keep_their_order() {
+        let (mut c, _keep) = conn();
+        let pool = BufferPool::new(8, 2);
+        copy(&mut c, b"abc", 1);
+        copy(&mut c, b"de", 2);
+        let mut b = pool.get().unwrap();
+        b.write(b"xyz").unwrap();
+        let prefix = DataPrefix::new(&[], 3).unwrap();
+        c.queue
+            .push_back(Out::data(prefix, Payload::Buffer(b), 3, false));
+        copy(&mut c, b"g", 4);
+        let got = iov_of(&c, 8);
+        assert_eq!(got.len(), 4, "run, buffer prefix, buffer, run: {got:?}");
+        assert_eq!(got[0], [frame(b"abc"), frame(b"de")].concat());
+        assert_eq!([got[1].clone(), got[2].clone()].concat(), frame(b"xyz"));
+        assert_eq!(got[3], frame(b"g"));
+        // With room for one slice only, the first run comes alone.
+        assert_eq!(iov_of(&c, 1).len(), 1);
+    }
+
+    #[test]
+    fn a_run_across_the_end_of_the_ring_is_two_slices_and_completes_in_order() {
+        let (mut c, _keep) = conn();
+        let mut events = Events::default();
+        let big = vec![5u8; 3000];
+        copy(&mut c, &big, 1);
+        c.advance(3008, &mut events);
+        // The ring (4096 bytes) restarts at its front once empty; fill it
+        // past its end with a frame partly written.
+        copy(&mut c, &big, 2);
+        c.advance(2000, &mut events);
+        copy(&mut c, &[6u8; 2000], 3);
+        let got = iov_of(&c, 8);
+        assert_eq!(got.len(), 2, "the run wraps");
+        let expect = [frame(&big)[2000..].to_vec(), frame(&[6u8; 2000])].concat();
+        assert_eq!(got.concat(), expect);
+        c.advance(expect.len(), &mut events);
+        let keys = events.completed_keys().to_vec();
+        assert_eq!(keys, vec![1, 2, 3]);
+        assert_eq!(c.ring.len(), 0);
+        assert!(c.queue.is_empty());
+    }
+
+    #[test]
+    fn a_frame_partly_written_through_keeps_only_its_rest_in_the_ring() {
+        let (mut c, _keep) = conn();
+        let prefix = DataPrefix::new(&[], 5).unwrap();
+        c.push_copied(prefix, &[b"hel", b"lo"], 10, 7);
+        assert_eq!(c.ring.len(), 3);
+        assert_eq!(c.queued_bytes(), 3);
+        assert_eq!(iov_of(&c, 4), vec![b"llo".to_vec()]);
+        let ended = c.cancel_sends();
+        assert_eq!(ended.completed, Some(7));
+        assert_eq!(ended.rest, b"llo");
     }
 
     #[test]
     fn advance_completes_whole_frames_and_keeps_the_offset() {
-        let mut q = VecDeque::new();
-        q.push_back(data(b"abc", 1));
-        q.push_back(data(b"de", 2));
-        q.push_back(data(b"f", 3));
-        let mut events = Vec::new();
-        let (keys, rest) = split_after(q, 11 + 4, &mut events);
+        let (mut c, _keep) = conn();
+        copy(&mut c, b"abc", 1);
+        copy(&mut c, b"de", 2);
+        copy(&mut c, b"f", 3);
+        c.in_flight.store(3, Ordering::Relaxed);
+        let mut events = Events::default();
         // Frame 1 (11 bytes) complete, 4 bytes of frame 2 written.
+        c.advance(11 + 4, &mut events);
+        let keys = events.completed_keys().to_vec();
         assert_eq!(keys, vec![1]);
+        let rest = c.cancel_sends();
         assert_eq!(rest.completed, Some(2));
         assert_eq!(rest.cancelled, vec![3]);
         // The unwritten rest of frame 2: 6 of its 10 bytes.
@@ -697,9 +897,11 @@ mod tests {
         assert_eq!(&rest.rest[4..], b"de");
     }
 
-    /// Writes `written` bytes of `q` (as a socket would take them), then
-    /// ends sending; returns the completed keys and what ending left.
-    fn split_after(q: VecDeque<Out>, written: usize, events: &mut Vec<Ev>) -> (Vec<u64>, Ended) {
+    /// What a test connection needs to stay alive.
+    type Keep = (std::net::TcpListener, netio_core::mio_loop::MioLoop);
+
+    /// An established connection over loopback with an empty send queue.
+    fn conn() -> (Conn, Keep) {
         use std::os::fd::AsRawFd;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let s = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
@@ -727,16 +929,7 @@ mod tests {
             Instant::now(),
             [0; HANDSHAKE_LEN],
         );
-        c.queue = q;
-        c.in_flight.store(3, Ordering::Relaxed);
-        c.advance(written, events);
-        let keys = events
-            .iter()
-            .filter_map(|e| match e {
-                Ev::Completed(_, k, _) => Some(*k),
-                _ => None,
-            })
-            .collect();
-        (keys, c.cancel_sends())
+        c.queue.clear();
+        (c, (listener, lp))
     }
 }

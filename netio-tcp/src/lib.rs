@@ -141,6 +141,7 @@ mod addrs;
 mod backend;
 mod config;
 mod conn;
+mod ring;
 mod socket;
 pub mod wire;
 
