@@ -34,7 +34,8 @@ use crate::conn::{
 };
 use crate::socket;
 use crate::wire::{
-    CloseCode, CloseFrame, DataPrefix, Frame, FrameDecoder, Handshake, WireError, MAX_MESSAGE_LEN,
+    CloseCode, CloseFrame, DataPrefix, Frame, FrameDecoder, FrameHeader, FrameType, Handshake,
+    WireError, FRAME_HEADER_LEN, MAX_MESSAGE_LEN,
 };
 
 /// Reads per readable event before other sources get a turn.
@@ -49,6 +50,10 @@ const DEADLINE_TICK: Duration = Duration::from_millis(50);
 /// is then the only one); smaller ones are copied into the connection's
 /// ring and leave together with the sends made in the same callback.
 const WRITE_THROUGH_MIN: usize = 32 * 1024;
+/// A buffered send of at most this many bytes is copied into the
+/// connection's ring (its buffer held until it completes): a gather write
+/// costs the kernel more per slice than copying a small message costs here.
+const COALESCE_MAX: usize = 2048;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -1330,6 +1335,26 @@ fn header_check(header: &[u8]) -> Result<(), SendError> {
     Ok(())
 }
 
+/// The frame header of a DATA frame carrying `header` and `payload_len`
+/// bytes of payload.
+fn data_frame_header(
+    header: &[u8],
+    payload_len: usize,
+) -> Result<[u8; FRAME_HEADER_LEN], SendError> {
+    let len = header.len().saturating_add(payload_len);
+    match u32::try_from(len) {
+        Ok(len) => Ok(FrameHeader {
+            frame_type: FrameType::Data,
+            len,
+        }
+        .encode()),
+        Err(_) => Err(SendError::MessageTooLarge {
+            len,
+            max: MAX_MESSAGE_LEN,
+        }),
+    }
+}
+
 fn prefix_for(header: &[u8], payload_len: usize) -> Result<DataPrefix, SendError> {
     DataPrefix::new(header, payload_len).map_err(|_| SendError::MessageTooLarge {
         len: header.len().saturating_add(payload_len),
@@ -1534,26 +1559,32 @@ impl Backend for TcpBackend {
     }
 
     fn get_buffer(&self, conn: ConnId) -> Result<Option<NetworkBuffer>, BufferError> {
-        Ok(self.send_pool(conn)?.get())
+        // Under the state lock, without cloning the pool handle: a pop from
+        // the pool's free list.
+        self.with_send_pool(conn, BufferPool::get)
     }
 
     fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64) -> Result<(), SendError> {
         let inner = &self.inner;
         let mut st = inner.send_target(conn)?;
-        let owns = st
-            .conns
-            .get(conn)
-            .and_then(|c| c.send_pool.as_ref())
-            .is_some_and(|p| p.owns(&buffer));
-        if !owns {
+        let Some(c) = st.conns.get_mut(conn) else {
+            return Err(SendError::UnknownConnection(conn));
+        };
+        if !c.send_pool.as_ref().is_some_and(|p| p.owns(&buffer)) {
             return Err(SendError::ForeignBuffer);
         }
-        let prefix = prefix_for(&[], buffer.len())?;
-        inner.enqueue(
-            &mut st,
-            conn,
-            Out::data(prefix, Payload::Buffer(buffer), key, false),
-        );
+        if buffer.len() <= COALESCE_MAX {
+            let frame = data_frame_header(&[], buffer.len())?;
+            c.push_buffered_copy(&frame, buffer, key);
+            inner.schedule_flush(&mut st, conn);
+        } else {
+            let prefix = prefix_for(&[], buffer.len())?;
+            inner.enqueue(
+                &mut st,
+                conn,
+                Out::data(prefix, Payload::Buffer(buffer), key, false),
+            );
+        }
         Ok(())
     }
 
@@ -1601,16 +1632,16 @@ impl Backend for TcpBackend {
         let mut st = inner.send_target(conn)?;
         header_check(header)?;
         let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
-        let prefix = prefix_for(header, payload_len)?;
+        let frame = data_frame_header(header, payload_len)?;
         let c = st
             .conns
             .get_mut(conn)
             .ok_or(SendError::UnknownConnection(conn))?;
         inner.check_queue_depth(&c.in_flight)?;
         c.in_flight.fetch_add(1, Ordering::AcqRel);
-        let frame_len = payload_len + prefix.as_bytes().len();
+        let frame_len = FRAME_HEADER_LEN + header.len() + payload_len;
         let written = if c.queue.is_empty() && frame_len >= WRITE_THROUGH_MIN {
-            c.write_through(&prefix, data)
+            c.write_through(&frame, header, data)
         } else {
             0
         };
@@ -1621,14 +1652,14 @@ impl Backend for TcpBackend {
             }
             inner.post_dispatch(&mut st);
         } else {
-            c.push_copied(prefix, data, written, key);
+            c.push_copied(&frame, header, data, frame_len, written, key);
             inner.schedule_flush(&mut st, conn);
         }
         Ok(())
     }
 
     fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError> {
-        Ok(self.send_pool(conn)?.take_low_water())
+        self.with_send_pool(conn, BufferPool::take_low_water)
     }
 
     fn pause_receive(&self, conn: ConnId) -> Result<(), ConnError> {
@@ -1739,7 +1770,12 @@ impl Backend for TcpBackend {
 }
 
 impl TcpBackend {
-    fn send_pool(&self, conn: ConnId) -> Result<BufferPool, BufferError> {
+    /// `f` of the send pool of established connection `conn`.
+    fn with_send_pool<R>(
+        &self,
+        conn: ConnId,
+        f: impl FnOnce(&BufferPool) -> R,
+    ) -> Result<R, BufferError> {
         let inner = &self.inner;
         if !inner.thread_ok() {
             return Err(BufferError::WrongThread);
@@ -1748,7 +1784,8 @@ impl TcpBackend {
         match st.conns.get(conn) {
             Some(c) if c.phase == Phase::Established => c
                 .send_pool
-                .clone()
+                .as_ref()
+                .map(f)
                 .ok_or(BufferError::NoBuffersAllocated(conn)),
             _ => Err(BufferError::UnknownConnection(conn)),
         }

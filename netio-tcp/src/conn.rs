@@ -14,18 +14,13 @@ use netio_core::{
     NetworkBuffer, RefuseReason,
 };
 
-use crate::ring::ByteRing;
-use crate::wire::{DataPrefix, FrameDecoder, HANDSHAKE_LEN};
+use crate::ring::{ByteRing, CopyQueue};
+use crate::wire::{DataPrefix, FrameDecoder, FRAME_HEADER_LEN, HANDSHAKE_LEN};
 
 /// Slices handed to one `writev`: many messages per system call.
 pub(crate) const MAX_IOV: usize = 512;
 /// `writev` calls per flush of one connection before others get a turn.
 const MAX_WRITES_PER_FLUSH: usize = 16;
-/// Bytes of a connection's copy-send ring kept allocated once it empties:
-/// large copies (a MiB) reuse their memory instead of faulting in fresh
-/// pages for every message, and an idle connection holds no more.
-const SPARE_BYTES: usize = 4 * 1024 * 1024;
-
 /// A handler event, collected under the state lock and dispatched after it
 /// is released, on the loop thread.
 #[derive(Debug)]
@@ -166,10 +161,6 @@ impl Events {
 
 /// The bytes of a message after its prefix.
 pub(crate) enum Payload {
-    /// `send_data_copy`: the whole frame, prefix included, copied into the
-    /// connection's [`ByteRing`] (consecutive copied frames go out as one
-    /// slice of the gather write).
-    Copied,
     /// `send_data`: straight from the registered region.
     Region(Lent),
     /// `send_buffer`: the pool buffer itself.
@@ -180,6 +171,10 @@ pub(crate) enum Payload {
 pub(crate) enum Out {
     /// This side's handshake.
     Handshake([u8; HANDSHAKE_LEN]),
+    /// Copy sends (`send_data_copy`), one whole frame after the other in
+    /// the connection's [`CopyQueue`]: their total length. Consecutive copy
+    /// sends make one item, written as one slice of the gather write.
+    Copied(usize),
     /// A DATA frame.
     Data {
         prefix: DataPrefix,
@@ -209,19 +204,13 @@ impl Out {
     fn len(&self) -> usize {
         match self {
             Out::Handshake(h) => h.len(),
-            Out::Data { len, .. } => *len,
+            Out::Copied(len) | Out::Data { len, .. } => *len,
         }
     }
 
     /// `true` for a frame held in the connection's ring.
     fn is_copied(&self) -> bool {
-        matches!(
-            self,
-            Out::Data {
-                payload: Payload::Copied,
-                ..
-            }
-        )
+        matches!(self, Out::Copied(_))
     }
 
     /// Calls `f` with each slice of a frame not held in the ring, in order,
@@ -231,10 +220,7 @@ impl Out {
             Out::Handshake(h) => {
                 f(h);
             }
-            Out::Data {
-                payload: Payload::Copied,
-                ..
-            } => {}
+            Out::Copied(_) => {}
             Out::Data {
                 prefix, payload, ..
             } => {
@@ -242,7 +228,6 @@ impl Out {
                     return;
                 }
                 match payload {
-                    Payload::Copied => {}
                     Payload::Buffer(b) => {
                         f(b.as_slice());
                     }
@@ -429,8 +414,8 @@ pub(crate) struct Conn {
     pub(crate) dirty: bool,
     /// Give up if not established by then.
     pub(crate) deadline: Option<Instant>,
-    /// The unwritten bytes of the copied frames in `queue`, in order.
-    ring: ByteRing,
+    /// The copied frames of `queue`: their unwritten bytes and keys.
+    copies: CopyQueue,
 }
 
 impl Conn {
@@ -481,7 +466,7 @@ impl Conn {
             in_flight: Arc::new(AtomicUsize::new(0)),
             dirty: false,
             deadline: Some(deadline),
-            ring: ByteRing::default(),
+            copies: CopyQueue::default(),
         }
     }
 
@@ -500,51 +485,72 @@ impl Conn {
     }
 
     /// Queues a copy send whose first `written` bytes already went out
-    /// (see [`Conn::write_through`]): the rest of its frame (`prefix`, then
-    /// `data`) is copied into the ring. Only the front frame may be partly
-    /// written.
+    /// (see [`Conn::write_through`]): the rest of its frame (`frame`
+    /// header, application `header`, then `data`, `frame_len` bytes in
+    /// all) is copied into the ring. Only a send on a connection with
+    /// nothing queued may be partly written.
     pub(crate) fn push_copied(
         &mut self,
-        prefix: DataPrefix,
+        frame: &[u8; FRAME_HEADER_LEN],
+        header: &[u8],
         data: &[&[u8]],
+        frame_len: usize,
         written: usize,
         key: u64,
     ) {
-        let out = Out::data(prefix, Payload::Copied, key, true);
         debug_assert!(written == 0 || self.queue.is_empty());
-        self.ring.reserve(out.len() - written);
-        let mut skip = written;
-        for part in std::iter::once(prefix.as_bytes()).chain(data.iter().copied()) {
-            if skip >= part.len() {
-                skip -= part.len();
-            } else {
-                self.ring.push(&part[skip..]);
-                skip = 0;
-            }
+        self.copies
+            .push(frame, header, data, written, frame_len, key);
+        match self.queue.back_mut() {
+            Some(Out::Copied(len)) => *len += frame_len,
+            _ => self.queue.push_back(Out::Copied(frame_len)),
         }
         if written > 0 {
             self.offset = written;
         }
-        self.queue.push_back(out);
     }
 
-    /// Writes a copy send's frame straight from the caller's slices, for a
-    /// connection whose queue is empty: a large message is then copied once
-    /// (by the kernel), not twice. Returns the bytes written; 0 when the
-    /// socket takes nothing or fails (the queued frame then meets the same
-    /// error in the next flush, which handles it).
-    pub(crate) fn write_through(&mut self, prefix: &DataPrefix, data: &[&[u8]]) -> usize {
+    /// Queues a small buffered send by copying its bytes into the ring
+    /// (its frame then leaves in one slice with its neighbours instead of
+    /// two of its own); the buffer is held until the send completes.
+    pub(crate) fn push_buffered_copy(
+        &mut self,
+        frame: &[u8; FRAME_HEADER_LEN],
+        buffer: NetworkBuffer,
+        key: u64,
+    ) {
+        let frame_len = FRAME_HEADER_LEN + buffer.len();
+        self.copies.push_buffer(frame, buffer, key);
+        match self.queue.back_mut() {
+            Some(Out::Copied(len)) => *len += frame_len,
+            _ => self.queue.push_back(Out::Copied(frame_len)),
+        }
+    }
+
+    /// Writes a copy send's frame (`frame` header, application `header`,
+    /// `data`) straight from the caller's slices, for a connection whose
+    /// queue is empty: a large message is then copied once (by the
+    /// kernel), not twice. Returns the bytes written; 0 when the socket
+    /// takes nothing or fails (the queued frame then meets the same error
+    /// in the next flush, which handles it).
+    pub(crate) fn write_through(
+        &mut self,
+        frame: &[u8; FRAME_HEADER_LEN],
+        header: &[u8],
+        data: &[&[u8]],
+    ) -> usize {
         debug_assert!(self.queue.is_empty());
-        if data.len() >= MAX_IOV {
+        if data.len() + 2 > MAX_IOV {
             return 0;
         }
         let mut iov = [IoSlice::new(&[]); MAX_IOV];
-        iov[0] = IoSlice::new(prefix.as_bytes());
-        for (slot, d) in iov[1..].iter_mut().zip(data) {
+        iov[0] = IoSlice::new(frame);
+        iov[1] = IoSlice::new(header);
+        for (slot, d) in iov[2..].iter_mut().zip(data) {
             *slot = IoSlice::new(d);
         }
         socket2::SockRef::from(&*self.stream)
-            .send_vectored_with_flags(&iov[..=data.len()], libc::MSG_NOSIGNAL)
+            .send_vectored_with_flags(&iov[..data.len() + 2], libc::MSG_NOSIGNAL)
             .unwrap_or(0)
     }
 
@@ -557,7 +563,7 @@ impl Conn {
             }
             let written = {
                 let mut iov = [IoSlice::new(&[]); MAX_IOV];
-                let n = fill_iov(&self.queue, &self.ring, self.offset, &mut iov);
+                let n = fill_iov(&self.queue, self.copies.ring(), self.offset, &mut iov);
                 // `sendmsg` with MSG_NOSIGNAL rather than `writev`: a peer
                 // that resets the connection must not kill a process that
                 // has not ignored SIGPIPE.
@@ -583,18 +589,21 @@ impl Conn {
         let mut w = written;
         while let Some(front) = self.queue.front() {
             let left = front.len() - self.offset;
-            let copied = front.is_copied();
+            if front.is_copied() {
+                let (id, in_flight) = (self.id, &self.in_flight);
+                self.copies.consume(w.min(left), |key, buffer| {
+                    let release = match buffer {
+                        Some(b) => Release::Buffer(b),
+                        None => Release::Slot(in_flight),
+                    };
+                    events.completed(id, key, release)
+                });
+            }
             if w < left {
-                if copied {
-                    self.ring.consume(w);
-                }
                 self.offset += w;
                 break;
             }
             w -= left;
-            if copied {
-                self.ring.consume(left);
-            }
             self.offset = 0;
             if let Some(Out::Data {
                 payload,
@@ -611,9 +620,6 @@ impl Conn {
                 events.completed(self.id, key, release);
             }
         }
-        if self.queue.is_empty() && self.ring.capacity() > SPARE_BYTES {
-            self.ring.clear(SPARE_BYTES);
-        }
     }
 
     /// Ends sending. Every queued message not yet started is cancelled and
@@ -624,20 +630,31 @@ impl Conn {
     /// side's buffers and reach the peer.
     pub(crate) fn cancel_sends(&mut self) -> Ended {
         let mut ended = Ended::default();
+        // Where the first run of copied frames starts, in bytes of copied
+        // frames.
+        let mut copied_at = self.copies.written();
+        if self.queue.front().is_some_and(Out::is_copied) {
+            copied_at -= self.offset as u64;
+        }
         for (i, out) in self.queue.iter().enumerate() {
             let partial = i == 0 && self.offset > 0;
-            if let Out::Data { key, .. } = out {
-                if partial {
-                    ended.completed = Some(*key);
-                } else {
-                    ended.cancelled.push(*key);
+            match out {
+                Out::Copied(len) => {
+                    copied_at += *len as u64;
+                    self.copies.end_until(
+                        copied_at,
+                        &mut ended.completed,
+                        &mut ended.rest,
+                        &mut ended.cancelled,
+                        &mut ended.buffers,
+                    );
+                    continue;
                 }
+                Out::Data { key, .. } if partial => ended.completed = Some(*key),
+                Out::Data { key, .. } => ended.cancelled.push(*key),
+                Out::Handshake(_) => {}
             }
-            if partial && out.is_copied() {
-                let (a, b) = self.ring.slices(0, out.len() - self.offset);
-                ended.rest.extend_from_slice(a);
-                ended.rest.extend_from_slice(b);
-            } else if partial || matches!(out, Out::Handshake(_)) {
+            if partial || matches!(out, Out::Handshake(_)) {
                 let mut skip = if partial { self.offset } else { 0 };
                 out.chunks(&mut |c| {
                     if skip >= c.len() {
@@ -660,7 +677,7 @@ impl Conn {
             }
         }
         self.offset = 0;
-        self.ring.clear(SPARE_BYTES);
+        self.copies.clear();
         ended
     }
 }
@@ -765,8 +782,12 @@ mod tests {
 
     /// Queues a copy send of `bytes` on `c`.
     fn copy(c: &mut Conn, bytes: &[u8], key: u64) {
-        let prefix = DataPrefix::new(&[], bytes.len()).unwrap();
-        c.push_copied(prefix, &[bytes], 0, key);
+        let frame = DataPrefix::new(&[], bytes.len())
+            .unwrap()
+            .as_bytes()
+            .try_into()
+            .unwrap();
+        c.push_copied(&frame, &[], &[bytes], 8 + bytes.len(), 0, key);
     }
 
     #[test]
@@ -800,7 +821,7 @@ mod tests {
     /// The slices `fill_iov` gives for `c`'s queue, concatenated per slice.
     fn iov_of(c: &Conn, slots: usize) -> Vec<Vec<u8>> {
         let mut iov = vec![IoSlice::new(&[]); slots];
-        let n = fill_iov(&c.queue, &c.ring, c.offset, &mut iov);
+        let n = fill_iov(&c.queue, c.copies.ring(), c.offset, &mut iov);
         iov[..n].iter().map(|s| s.to_vec()).collect()
     }
 
@@ -860,16 +881,20 @@ mod tests {
         c.advance(expect.len(), &mut events);
         let keys = events.completed_keys().to_vec();
         assert_eq!(keys, vec![1, 2, 3]);
-        assert_eq!(c.ring.len(), 0);
+        assert_eq!(c.copies.ring().len(), 0);
         assert!(c.queue.is_empty());
     }
 
     #[test]
     fn a_frame_partly_written_through_keeps_only_its_rest_in_the_ring() {
         let (mut c, _keep) = conn();
-        let prefix = DataPrefix::new(&[], 5).unwrap();
-        c.push_copied(prefix, &[b"hel", b"lo"], 10, 7);
-        assert_eq!(c.ring.len(), 3);
+        let frame = DataPrefix::new(&[], 5)
+            .unwrap()
+            .as_bytes()
+            .try_into()
+            .unwrap();
+        c.push_copied(&frame, &[], &[b"hel", b"lo"], 13, 10, 7);
+        assert_eq!(c.copies.ring().len(), 3);
         assert_eq!(c.queued_bytes(), 3);
         assert_eq!(iov_of(&c, 4), vec![b"llo".to_vec()]);
         let ended = c.cancel_sends();

@@ -1,7 +1,13 @@
 //! The bytes of a connection's copy sends, one frame after the other in a
 //! ring: a copy send is a `memcpy` into it (no allocation once the ring is
 //! big enough), and many queued messages go to the socket as one or two
-//! slices of a gather write instead of one slice each.
+//! slices of a gather write instead of one slice each. [`CopyQueue`] keeps
+//! each frame's key with the position where it ends, so the bytes a write
+//! took tell which sends completed.
+
+use std::collections::VecDeque;
+
+use netio_core::NetworkBuffer;
 
 /// Smallest ring allocated.
 const MIN_CAPACITY: usize = 4096;
@@ -36,19 +42,28 @@ impl ByteRing {
     }
 
     /// Appends `part`, growing the ring when it lacks room.
-    pub(crate) fn push(&mut self, mut part: &[u8]) {
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, part: &[u8]) {
         self.reserve(part.len());
+        self.put(part);
+    }
+
+    /// Appends `part`, for which [`reserve`](Self::reserve) made room.
+    #[inline]
+    fn put(&mut self, part: &[u8]) {
         let cap = self.buf.len();
+        debug_assert!(cap - self.len >= part.len());
         let mut tail = self.head + self.len;
         if tail >= cap {
             tail -= cap;
         }
         self.len += part.len();
-        while !part.is_empty() {
-            let room = (cap - tail).min(part.len());
-            self.buf[tail..tail + room].copy_from_slice(&part[..room]);
-            part = &part[room..];
-            tail = 0;
+        if cap - tail >= part.len() {
+            self.buf[tail..tail + part.len()].copy_from_slice(part);
+        } else {
+            let (a, b) = part.split_at(cap - tail);
+            self.buf[tail..].copy_from_slice(a);
+            self.buf[..b.len()].copy_from_slice(b);
         }
     }
 
@@ -103,6 +118,186 @@ impl ByteRing {
         }
     }
 }
+
+/// A frame in a [`CopyQueue`].
+#[derive(Clone, Copy)]
+struct Frame {
+    /// Position where it ends.
+    end: u64,
+    key: u64,
+    /// A small buffered send copied in: its pool buffer is in
+    /// [`CopyQueue::buffers`] until the frame completes.
+    buffered: bool,
+}
+
+/// Copied frames not yet completed: their unwritten bytes in a
+/// [`ByteRing`], their keys with the position (in bytes of copied frames
+/// since the connection began) where each ends. Small buffered sends are
+/// copied in too (their bytes leave with their neighbours in one slice);
+/// their pool buffers are held here until they complete.
+#[derive(Default)]
+pub(crate) struct CopyQueue {
+    ring: ByteRing,
+    /// Each frame not completed, in send order.
+    frames: VecDeque<Frame>,
+    /// Pool buffers of the buffered frames in `frames`, in order.
+    buffers: VecDeque<NetworkBuffer>,
+    /// Bytes of copied frames queued (including bytes written before they
+    /// were queued).
+    pushed: u64,
+    /// Bytes of copied frames written.
+    written: u64,
+    /// End of the last completed frame.
+    done: u64,
+}
+
+impl CopyQueue {
+    /// The ring of unwritten bytes.
+    pub(crate) fn ring(&self) -> &ByteRing {
+        &self.ring
+    }
+
+    /// Bytes of copied frames written so far.
+    pub(crate) fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Queues a frame of `frame_len` bytes: `frame` (its frame header),
+    /// `header`, then `data`; its first `skip` bytes were already written
+    /// (only possible when nothing else is queued).
+    pub(crate) fn push(
+        &mut self,
+        frame: &[u8],
+        header: &[u8],
+        data: &[&[u8]],
+        skip: usize,
+        frame_len: usize,
+        key: u64,
+    ) {
+        debug_assert!(skip == 0 || self.frames.is_empty());
+        self.ring.reserve(frame_len - skip);
+        if skip == 0 {
+            self.ring.put(frame);
+            if !header.is_empty() {
+                self.ring.put(header);
+            }
+            for d in data {
+                self.ring.put(d);
+            }
+        } else {
+            let mut skip_left = skip;
+            for part in [frame, header].into_iter().chain(data.iter().copied()) {
+                if skip_left >= part.len() {
+                    skip_left -= part.len();
+                } else {
+                    self.ring.put(&part[skip_left..]);
+                    skip_left = 0;
+                }
+            }
+        }
+        self.pushed += frame_len as u64;
+        self.written += skip as u64;
+        self.frames.push_back(Frame {
+            end: self.pushed,
+            key,
+            buffered: false,
+        });
+    }
+
+    /// Queues a buffered send's frame (`frame` header, then the buffer's
+    /// bytes), holding `buffer` until the frame completes.
+    pub(crate) fn push_buffer(&mut self, frame: &[u8], buffer: NetworkBuffer, key: u64) {
+        let frame_len = frame.len() + buffer.len();
+        self.ring.reserve(frame_len);
+        self.ring.put(frame);
+        self.ring.put(buffer.as_slice());
+        self.pushed += frame_len as u64;
+        self.frames.push_back(Frame {
+            end: self.pushed,
+            key,
+            buffered: true,
+        });
+        self.buffers.push_back(buffer);
+    }
+
+    fn pop(&mut self) -> Option<(Frame, Option<NetworkBuffer>)> {
+        let f = self.frames.pop_front()?;
+        let b = if f.buffered {
+            self.buffers.pop_front()
+        } else {
+            None
+        };
+        Some((f, b))
+    }
+
+    /// `n` more bytes were written: calls `completed` with the key of each
+    /// frame now written whole, in order, and its pool buffer if it has
+    /// one.
+    pub(crate) fn consume(
+        &mut self,
+        n: usize,
+        mut completed: impl FnMut(u64, Option<NetworkBuffer>),
+    ) {
+        self.ring.consume(n);
+        self.written += n as u64;
+        while self.frames.front().is_some_and(|f| f.end <= self.written) {
+            if let Some((f, b)) = self.pop() {
+                self.done = f.end;
+                completed(f.key, b);
+            }
+        }
+        if self.frames.is_empty() && self.ring.capacity() > SPARE_BYTES {
+            self.ring.clear(SPARE_BYTES);
+        }
+    }
+
+    /// Ends the frames up to position `until` (the end of a run of them in
+    /// the send queue): a frame already started is finished — its key goes
+    /// to `completed`, its unwritten bytes to `rest` — and the others'
+    /// keys to `cancelled`; pool buffers go to `buffers`.
+    pub(crate) fn end_until(
+        &mut self,
+        until: u64,
+        completed: &mut Option<u64>,
+        rest: &mut Vec<u8>,
+        cancelled: &mut Vec<u64>,
+        buffers: &mut Vec<NetworkBuffer>,
+    ) {
+        while self.frames.front().is_some_and(|f| f.end <= until) {
+            let Some((f, b)) = self.pop() else {
+                break;
+            };
+            let unwritten = (f.end - self.written) as usize;
+            if self.written > self.done {
+                // Started: finish it from the ring.
+                let (x, y) = self.ring.slices(0, unwritten);
+                rest.extend_from_slice(x);
+                rest.extend_from_slice(y);
+                *completed = Some(f.key);
+            } else {
+                cancelled.push(f.key);
+            }
+            buffers.extend(b);
+            self.ring.consume(unwritten);
+            self.done = f.end;
+            self.written = f.end;
+        }
+    }
+
+    /// Forgets everything (the connection ended); frees a large ring.
+    pub(crate) fn clear(&mut self) {
+        self.ring.clear(SPARE_BYTES);
+        self.frames.clear();
+        self.buffers.clear();
+        self.written = self.pushed;
+        self.done = self.pushed;
+    }
+}
+
+/// Bytes of a connection's copy-send ring kept allocated once it empties:
+/// large copies (a MiB) reuse their memory instead of faulting in fresh
+/// pages for every message, and an idle connection holds no more.
+const SPARE_BYTES: usize = 4 * 1024 * 1024;
 
 #[cfg(test)]
 mod tests {
@@ -168,5 +363,82 @@ mod tests {
         let mut r = ByteRing::default();
         r.push(b"ab");
         r.consume(3);
+    }
+
+    #[test]
+    fn a_frame_completes_when_its_last_byte_is_written_in_order() {
+        let mut q = CopyQueue::default();
+        q.push(b"ab", b"c", &[b"de"], 0, 5, 1);
+        q.push(b"fgh", &[], &[], 0, 3, 2);
+        q.push(b"i", &[], &[b"", b"j"], 0, 2, 3);
+        let mut done = Vec::new();
+        q.consume(4, |k, _| done.push(k));
+        assert!(done.is_empty(), "4 of 5 bytes: nothing complete");
+        q.consume(4, |k, _| done.push(k));
+        assert_eq!(done, vec![1, 2], "frames 1 and 2 written whole");
+        assert_eq!(q.ring().slices(0, 2), (&b"ij"[..], &b""[..]));
+        q.consume(2, |k, _| done.push(k));
+        assert_eq!(done, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_frame_written_in_part_before_it_was_queued_keeps_only_its_rest() {
+        let mut q = CopyQueue::default();
+        q.push(b"hel", b"lo", &[b" world"], 7, 11, 9);
+        assert_eq!(q.ring().slices(0, 4).0, b"orld");
+        let mut done = Vec::new();
+        q.consume(4, |k, _| done.push(k));
+        assert_eq!(done, vec![9]);
+        assert_eq!(q.written(), 11);
+    }
+
+    #[test]
+    fn ending_finishes_the_started_frame_and_cancels_the_rest() {
+        let mut q = CopyQueue::default();
+        q.push(b"abcd", &[], &[], 0, 4, 1);
+        q.push(b"efgh", &[], &[], 0, 4, 2);
+        q.push(b"ijkl", &[], &[], 0, 4, 3);
+        q.push(b"mnop", &[], &[], 0, 4, 4);
+        q.consume(6, |_, _| {});
+        let (mut completed, mut rest, mut cancelled) = (None, Vec::new(), Vec::new());
+        let mut buffers = Vec::new();
+        // A first run of three frames, a second of one.
+        q.end_until(12, &mut completed, &mut rest, &mut cancelled, &mut buffers);
+        assert_eq!(
+            (completed, &rest[..], &cancelled[..]),
+            (Some(2), &b"gh"[..], &[3][..])
+        );
+        q.end_until(16, &mut completed, &mut rest, &mut cancelled, &mut buffers);
+        assert_eq!(cancelled, vec![3, 4]);
+        assert_eq!(rest, b"gh", "a frame not started adds nothing");
+    }
+
+    #[test]
+    fn a_buffered_frame_holds_its_buffer_until_it_completes_or_ends() {
+        let pool = netio_core::BufferPool::new(16, 2);
+        let mut q = CopyQueue::default();
+        let mut b = pool.get().unwrap();
+        b.write(b"abc").unwrap();
+        q.push(b"xy", &[], &[], 0, 2, 1);
+        q.push_buffer(b"h", b, 2);
+        let mut b = pool.get().unwrap();
+        b.write(b"de").unwrap();
+        q.push_buffer(b"h", b, 3);
+        assert_eq!(pool.available(), 0, "both buffers held");
+        assert_eq!(q.ring().slices(0, 9), (&b"xyhabchde"[..], &b""[..]));
+        let mut done = Vec::new();
+        q.consume(6, |k, b| done.push((k, b.map(|b| b.as_slice().to_vec()))));
+        assert_eq!(done, vec![(1, None), (2, Some(b"abc".to_vec()))]);
+        drop(done);
+        assert_eq!(
+            pool.available(),
+            1,
+            "a completed frame's buffer is given back"
+        );
+        let (mut completed, mut rest, mut cancelled) = (None, Vec::new(), Vec::new());
+        let mut buffers = Vec::new();
+        q.end_until(9, &mut completed, &mut rest, &mut cancelled, &mut buffers);
+        assert_eq!((completed, cancelled), (None, vec![3]));
+        assert_eq!(buffers.len(), 1, "the cancelled frame's buffer");
     }
 }

@@ -109,3 +109,58 @@ fn a_large_frame_partly_written_at_a_local_close_is_finished_before_the_close() 
     assert!(client.has(|e| matches!(e, Ev::Completed(_, 1))));
     assert!(client.has(|e| matches!(e, Ev::Closed(_, CloseReason::Local, k) if k == &[2])));
 }
+
+#[test]
+fn small_buffered_sends_copied_into_the_ring_keep_their_order_and_their_buffers_until_completed() {
+    let rt = Running::start();
+    let server = Side::new(&rt.lp, BackendConfig::default());
+    let client = Side::new(&rt.lp, BackendConfig::default());
+    let (_, _) = connect(
+        &server,
+        &client,
+        EndpointAddress::localhost(0),
+        ConnectionParams::receive(1 << 20, 8),
+        // Buffers larger than what is copied into the ring, so both kinds
+        // of buffered send are made.
+        ConnectionParams::default().with_buffered(16 * 1024, 8),
+    );
+    let peer = server.conn(server.first_remote().unwrap());
+    let conn = client.conn(client.first_remote().unwrap());
+    server.b.pause_receive(peer).unwrap();
+    let mut sent = Vec::new();
+    for i in 0..8u32 {
+        let len = [10, 16 * 1024, 100, 3000][i as usize % 4];
+        let m = message(i, len);
+        let mut buf = client.b.get_buffer(conn).unwrap().expect("a free buffer");
+        buf.write(&m).unwrap();
+        client.b.send_buffer(conn, buf, u64::from(i) * 2).unwrap();
+        let c = message(100 + i, 20);
+        client
+            .b
+            .send_data_copy(conn, &[&c], &[], u64::from(i) * 2 + 1)
+            .unwrap();
+        sent.push(m);
+        sent.push(c);
+    }
+    assert!(
+        client.b.get_buffer(conn).unwrap().is_none(),
+        "every buffer is held by a send until it completes"
+    );
+    server.b.resume_receive(peer).unwrap();
+    assert!(wait_until(|| server.data_of(peer).len() == sent.len()));
+    assert!(
+        server.data_of(peer) == sent,
+        "all arrived whole, in send order"
+    );
+    assert!(wait_until(|| client
+        .count(|e| matches!(e, Ev::Completed(..)))
+        == sent.len()));
+    let keys: Vec<u64> = client.batches().into_iter().flat_map(|(_, k)| k).collect();
+    assert_eq!(keys, (0..sent.len() as u64).collect::<Vec<_>>());
+    assert_eq!(
+        client.b.num_available_buffers(conn).unwrap(),
+        0,
+        "low water"
+    );
+    assert!(client.b.get_buffer(conn).unwrap().is_some(), "buffers back");
+}
