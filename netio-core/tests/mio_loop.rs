@@ -665,6 +665,92 @@ fn busy_poll_mode_dispatches_signals() {
     running.stop();
 }
 
+#[test]
+fn spin_callbacks_run_every_turn_of_a_busy_polling_loop_and_sources_are_still_served() {
+    let _fds = fds_shared();
+    let el = MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        events_capacity: 16,
+    })
+    .unwrap();
+    assert!(el.is_busy_polling());
+    let spins = Arc::new(AtomicUsize::new(0));
+    let id = {
+        let spins = Arc::clone(&spins);
+        el.add_spin(move || {
+            spins.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    let reads = Arc::new(AtomicUsize::new(0));
+    {
+        let reads = Arc::clone(&reads);
+        el.register(&mut b, Interest::READABLE, move |_| {
+            reads.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    }
+    let running = Running::start(&el);
+    assert!(wait_until(|| count(&spins) > 100), "spin callback runs");
+    a.write_all(b"x").unwrap();
+    assert!(
+        wait_until(|| count(&reads) >= 1),
+        "a source is still polled while a spin callback runs"
+    );
+    assert!(el.remove_spin(id));
+    assert!(!el.remove_spin(id), "a removed spin is unknown");
+    fence(&el);
+    let after = count(&spins);
+    fence(&el);
+    assert_eq!(count(&spins), after, "a removed spin runs no more");
+    running.stop();
+}
+
+#[test]
+fn spin_callbacks_never_run_on_a_loop_that_sleeps_and_may_remove_themselves() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    assert!(!el.is_busy_polling());
+    let spins = Arc::new(AtomicUsize::new(0));
+    {
+        let spins = Arc::clone(&spins);
+        el.add_spin(move || {
+            spins.fetch_add(1, Ordering::SeqCst);
+        });
+    }
+    let running = Running::start(&el);
+    for _ in 0..10 {
+        fence(&el);
+    }
+    assert_eq!(count(&spins), 0, "not busy polling: no spin");
+    running.stop();
+
+    let busy = MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        events_capacity: 0,
+    })
+    .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let me: Arc<OnceLock<netio_core::mio_loop::SpinId>> = Arc::new(OnceLock::new());
+    {
+        let (calls, cell, weak) = (Arc::clone(&calls), Arc::clone(&me), busy.downgrade());
+        let id = busy.add_spin(move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            if let (Some(id), Some(lp)) = (cell.get(), weak.upgrade()) {
+                assert!(lp.remove_spin(*id), "removing itself from inside");
+            }
+        });
+        let _ = me.set(id);
+    }
+    let running = Running::start(&busy);
+    assert!(wait_until(|| count(&calls) >= 1));
+    for _ in 0..10 {
+        fence(&busy);
+    }
+    assert_eq!(count(&calls), 1, "removed from inside its first call");
+    running.stop();
+}
+
 /// Open file descriptors of this process.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::Interest;
-use netio_core::mio_loop::{MioLoop, MioTimer, SourceId};
+use netio_core::mio_loop::{MioLoop, MioTimer, SourceId, SpinId};
 use netio_core::{
     Backend, BackendConfig, BufferError, BufferPool, CloseError, CloseReason, ConnError, ConnId,
     ConnTable, ConnectionParams, CreateError, EndpointAddress, EventLoop, Features, Handler,
@@ -153,6 +153,9 @@ struct State {
     flush_posted: bool,
     /// Connections waiting for a receive-pool buffer.
     pool_waiters: Vec<ConnId>,
+    /// The connection that delivered data last: where a busy-polling loop
+    /// looks first (see [`Inner::spin`]).
+    hot: Option<ConnId>,
     /// Order of opening and accepting (see `Conn::seq`).
     next_seq: u64,
     timer_running: bool,
@@ -172,10 +175,16 @@ struct Inner {
     /// for the earliest.
     timers: Mutex<TimerQueue>,
     user_timer: MioTimer,
+    /// On a busy-polling loop: the spin callback reading the hot
+    /// connection.
+    spin: Option<SpinId>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if let Some(spin) = self.spin {
+            self.lp.remove_spin(spin);
+        }
         let st = match self.state.get_mut() {
             Ok(s) => s,
             Err(p) => p.into_inner(),
@@ -276,7 +285,19 @@ impl TcpBackend {
                     i.on_user_timer();
                 }
             });
+            // On a busy-polling loop, every turn reads the connection that
+            // delivered data last: a ping-pong's reply is then read by the
+            // read that finds it, not after an epoll call that reports it.
+            let spin = lp.is_busy_polling().then(|| {
+                let w = weak.clone();
+                lp.add_spin(move || {
+                    if let Some(i) = w.upgrade() {
+                        i.spin();
+                    }
+                })
+            });
             Inner {
+                spin,
                 lp,
                 config,
                 tcp,
@@ -552,6 +573,16 @@ impl Inner {
         self.dispatch();
     }
 
+    /// The spin callback of a busy-polling loop: reads the connection that
+    /// delivered data last, as its readiness event would.
+    fn spin(self: &Arc<Self>) {
+        let hot = lock(&self.state).hot;
+        if let Some(id) = hot {
+            self.read_conn(id, true);
+            self.dispatch();
+        }
+    }
+
     fn on_lingering(self: &Arc<Self>, id: ConnId) {
         let mut st = lock(&self.state);
         let Some(l) = st.lingering.get_mut(&id) else {
@@ -661,6 +692,7 @@ impl Inner {
     /// `on_conn_event`).
     fn read_conn(self: &Arc<Self>, id: ConnId, stop_short: bool) {
         let backend = self.backend();
+        let mut got_data = false;
         for _ in 0..MAX_READS_PER_EVENT {
             let taken = {
                 let mut st = lock(&self.state);
@@ -702,6 +734,7 @@ impl Inner {
                 Ok(n) => {
                     reader.dec.advance(n);
                     drained = stop_short && n < room_len;
+                    got_data = true;
                     ReadEnd::Continue
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadEnd::WouldBlock,
@@ -737,6 +770,9 @@ impl Inner {
             }
             // Put the reader back, or end the connection.
             let mut st = lock(&self.state);
+            if got_data {
+                st.hot = Some(id);
+            }
             if !open.load(Ordering::Acquire) || !st.conns.contains(id) {
                 drop(st);
                 self.drop_reader(reader);

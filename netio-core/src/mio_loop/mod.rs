@@ -128,4 +128,4 @@ mod reactor;
 mod timers;
 
 #[cfg(not(loom))]
-pub use reactor::{LoopConfig, MioLoop, MioSignal, MioTimer, SourceId, WeakMioLoop};
+pub use reactor::{LoopConfig, MioLoop, MioSignal, MioTimer, SourceId, SpinId, WeakMioLoop};

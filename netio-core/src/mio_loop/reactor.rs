@@ -22,6 +22,12 @@ const DEFAULT_EVENTS_CAPACITY: usize = 1024;
 type SourceCallback = Box<dyn FnMut(&Event) + Send>;
 type Callback = Box<dyn FnMut() + Send>;
 type Task = Box<dyn FnOnce() + Send>;
+
+type SpinCallback = Box<dyn FnMut() + Send>;
+
+/// On a busy-polling loop with spin callbacks, epoll is asked once every
+/// this many turns; the spin callbacks run every turn.
+const SPINS_PER_POLL: u32 = 8;
 /// A signal's callback slot: `None` while the loop runs it or once removed.
 type SignalSlot = Mutex<Option<Callback>>;
 
@@ -43,6 +49,11 @@ pub struct LoopConfig {
 /// reused by a loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SourceId(usize);
+
+/// Identifies a spin callback added with [`MioLoop::add_spin`]; pass it to
+/// [`MioLoop::remove_spin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SpinId(usize);
 
 /// The real event loop: epoll through mio, plus signals, timers and posted
 /// closures. See the [module documentation](super) for an example.
@@ -99,6 +110,10 @@ struct PollState {
     /// Index of the next event of `events` to dispatch (a `stop` can come
     /// between two; the rest are dispatched by the next `run`).
     next: usize,
+    /// Turns since epoll was last asked (busy polling with spin callbacks).
+    spin_turns: u32,
+    /// The spin callbacks' ids, collected each turn (memory kept).
+    spin_ids: Vec<usize>,
 }
 
 struct Inner {
@@ -112,6 +127,9 @@ struct Inner {
     wake: WakeFlag,
     next_id: AtomicUsize,
     sources: Mutex<HashMap<usize, Option<SourceCallback>>>,
+    /// Spin callbacks in the order added; `None` while one runs.
+    spins: Mutex<Vec<(usize, Option<SpinCallback>)>>,
+    spin_count: AtomicUsize,
     posts: Mutex<VecDeque<Task>>,
     signal_queue: SignalQueue<SignalSlot>,
     signals: Mutex<HashMap<usize, Arc<SignalCore<SignalSlot>>>>,
@@ -143,12 +161,16 @@ impl MioLoop {
                 poll,
                 events: Events::with_capacity(capacity),
                 next: 0,
+                spin_turns: 0,
+                spin_ids: Vec::new(),
             })),
             running_on: AtomicU64::new(0),
             stop_requested: AtomicBool::new(false),
             wake: WakeFlag::new(),
             next_id: AtomicUsize::new(WAKER.0 + 1),
             sources: Mutex::new(HashMap::new()),
+            spins: Mutex::new(Vec::new()),
+            spin_count: AtomicUsize::new(0),
             posts: Mutex::new(VecDeque::new()),
             signal_queue: SignalQueue::new(),
             signals: Mutex::new(HashMap::new()),
@@ -231,6 +253,49 @@ impl MioLoop {
         let inner = self.inner();
         lock(&inner.posts).push_back(Box::new(f));
         inner.wake();
+    }
+
+    /// `true` for a loop that busy-polls ([`LoopConfig::busy_poll`]).
+    pub fn is_busy_polling(&self) -> bool {
+        self.inner().busy_poll
+    }
+
+    /// Adds a spin callback: on a [busy-polling](LoopConfig::busy_poll)
+    /// loop it runs on the loop thread every turn, and while there is one,
+    /// epoll is asked only every few turns. A provider uses it to look at
+    /// the sockets or completion queues where the next data is most likely
+    /// to come (a read that finds data there saves the epoll call before
+    /// it); sources without a spin callback wait a few turns longer. Never
+    /// called on a loop that sleeps in epoll.
+    ///
+    /// Callable from any thread, including from inside a callback of this
+    /// loop.
+    pub fn add_spin(&self, callback: impl FnMut() + Send + 'static) -> SpinId {
+        let inner = self.inner();
+        let id = inner.next_id();
+        lock(&inner.spins).push((id, Some(Box::new(callback))));
+        inner.spin_count.fetch_add(1, Ordering::AcqRel);
+        SpinId(id)
+    }
+
+    /// Removes a spin callback and drops it (also from inside that very
+    /// callback: it is dropped once it returns). `false` if this loop does
+    /// not know `id`.
+    pub fn remove_spin(&self, id: SpinId) -> bool {
+        let inner = self.inner();
+        let removed = {
+            let mut spins = lock(&inner.spins);
+            let at = spins.iter().position(|(i, _)| *i == id.0);
+            at.map(|at| spins.remove(at))
+        };
+        match removed {
+            Some(entry) => {
+                inner.spin_count.fetch_sub(1, Ordering::AcqRel);
+                drop(entry);
+                true
+            }
+            None => false,
+        }
     }
 
     /// `true` while a thread is inside [`run`](EventLoop::run).
@@ -393,6 +458,19 @@ impl Inner {
         if !self.run_posts() || !self.run_signals() || !self.run_timers() {
             return;
         }
+        if self.busy_poll && self.spin_count.load(Ordering::Acquire) > 0 {
+            if !self.run_spins(st) {
+                return;
+            }
+            st.spin_turns += 1;
+            if st.spin_turns < SPINS_PER_POLL {
+                // Every event of the last poll was dispatched.
+                st.events.clear();
+                st.next = 0;
+                return;
+            }
+            st.spin_turns = 0;
+        }
         let timeout = if self.busy_poll
             || self.wake.is_raised()
             || self.stopping()
@@ -445,6 +523,44 @@ impl Inner {
             }
         }
         true
+    }
+
+    /// Runs every spin callback once. Returns `false` when a callback
+    /// requested a stop.
+    fn run_spins(&self, st: &mut PollState) -> bool {
+        let mut ids = std::mem::take(&mut st.spin_ids);
+        ids.clear();
+        ids.extend(lock(&self.spins).iter().map(|(id, _)| *id));
+        let mut go_on = true;
+        for &id in &ids {
+            let taken = lock(&self.spins)
+                .iter_mut()
+                .find(|(i, _)| *i == id)
+                .and_then(|(_, cb)| cb.take());
+            let Some(mut callback) = taken else {
+                continue;
+            };
+            callback();
+            let leftover = {
+                let mut spins = lock(&self.spins);
+                match spins.iter_mut().find(|(i, _)| *i == id) {
+                    Some((_, slot @ None)) => {
+                        *slot = Some(callback);
+                        None
+                    }
+                    _ => Some(callback),
+                }
+            };
+            // Removed from inside its own callback: drop it now, with no
+            // lock held.
+            drop(leftover);
+            if self.stopping() {
+                go_on = false;
+                break;
+            }
+        }
+        st.spin_ids = ids;
+        go_on
     }
 
     /// Runs the closures posted before this turn.
