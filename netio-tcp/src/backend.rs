@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -1264,8 +1264,8 @@ impl Inner {
 
     /// `NoResources` when `send_queue_depth` copy and zero-copy sends of a
     /// connection are in flight.
-    fn check_queue_depth(&self, in_flight: &AtomicUsize) -> Result<(), SendError> {
-        if in_flight.load(Ordering::Acquire) >= self.config.send_queue_depth {
+    fn check_queue_depth(&self, c: &Conn) -> Result<(), SendError> {
+        if c.in_flight() >= self.config.send_queue_depth {
             return Err(SendError::NoResources);
         }
         Ok(())
@@ -1278,7 +1278,7 @@ impl Inner {
                 unbuffered: true, ..
             } = out
             {
-                c.in_flight.fetch_add(1, Ordering::AcqRel);
+                c.slots_taken += 1;
             }
             c.queue.push_back(out);
         }
@@ -1645,7 +1645,7 @@ impl Backend for TcpBackend {
             .ok_or(SendError::NotSupported(
                 "zero-copy sending needs a registered region (ConnectionParams::with_zero_copy)",
             ))?;
-        inner.check_queue_depth(&c.in_flight)?;
+        inner.check_queue_depth(c)?;
         let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
         let prefix = prefix_for(header, payload_len)?;
         let lent = region.lend(data).map_err(|_| SendError::OutsideRegion)?;
@@ -1673,8 +1673,8 @@ impl Backend for TcpBackend {
             .conns
             .get_mut(conn)
             .ok_or(SendError::UnknownConnection(conn))?;
-        inner.check_queue_depth(&c.in_flight)?;
-        c.in_flight.fetch_add(1, Ordering::AcqRel);
+        inner.check_queue_depth(c)?;
+        c.slots_taken += 1;
         let frame_len = FRAME_HEADER_LEN + header.len() + payload_len;
         let written = if c.queue.is_empty() && frame_len >= WRITE_THROUGH_MIN {
             c.write_through(&frame, header, data)
@@ -1684,7 +1684,7 @@ impl Backend for TcpBackend {
         if written == frame_len {
             let State { conns, events, .. } = &mut *st;
             if let Some(c) = conns.get(conn) {
-                events.completed(conn, key, Release::Slot(&c.in_flight));
+                events.completed(conn, key, Release::Slot(&c.slots_released));
             }
             inner.post_dispatch(&mut st);
         } else {

@@ -58,7 +58,8 @@ pub(crate) struct Run {
     keys: usize,
     /// Pool buffers of its buffered sends.
     buffers: usize,
-    /// Slots of its copy and zero-copy sends, in `in_flight`.
+    /// Slots of its copy and zero-copy sends, given back to the
+    /// connection's `slots_released`.
     slots: usize,
     in_flight: Option<Arc<AtomicUsize>>,
 }
@@ -67,7 +68,8 @@ pub(crate) struct Run {
 pub(crate) enum Release<'a> {
     /// Nothing (the connection is gone).
     Nothing,
-    /// A copy or zero-copy send's slot: the connection's in-flight count.
+    /// A copy or zero-copy send's slot: the connection's count of slots
+    /// given back.
     Slot(&'a Arc<AtomicUsize>),
     /// A buffered send's buffer.
     Buffer(NetworkBuffer),
@@ -82,6 +84,14 @@ pub(crate) struct Events {
     list: Vec<Ev>,
     keys: Vec<u64>,
     buffers: Vec<NetworkBuffer>,
+}
+
+impl Conn {
+    /// Copy and zero-copy sends accepted and not yet reported.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.slots_taken
+            .wrapping_sub(self.slots_released.load(Ordering::Acquire))
+    }
 }
 
 impl Events {
@@ -139,7 +149,7 @@ impl Events {
                     drop(buffers.next());
                 }
                 if let Some(n) = &run.in_flight {
-                    n.fetch_sub(run.slots, Ordering::AcqRel);
+                    n.fetch_add(run.slots, Ordering::AcqRel);
                 }
                 let keys = &self.keys[keys_at..keys_at + run.keys];
                 keys_at += run.keys;
@@ -407,9 +417,13 @@ pub(crate) struct Conn {
     pub(crate) queue: VecDeque<Out>,
     /// Bytes of the front of `queue` already written.
     pub(crate) offset: usize,
-    /// Copy and zero-copy sends queued or completed but not yet reported
-    /// (see [`Release`]).
-    pub(crate) in_flight: Arc<AtomicUsize>,
+    /// Copy and zero-copy sends accepted so far (under the state lock).
+    /// Those not yet reported (see [`Release`]) are `slots_taken` minus
+    /// `slots_released`: the count a send takes is a plain field, and
+    /// only the report, made without the lock, touches the atomic.
+    pub(crate) slots_taken: usize,
+    /// Copy and zero-copy sends reported so far.
+    pub(crate) slots_released: Arc<AtomicUsize>,
     /// In the backend's list of connections to flush.
     pub(crate) dirty: bool,
     /// Give up if not established by then.
@@ -463,7 +477,8 @@ impl Conn {
             recv_blocked: false,
             queue,
             offset: 0,
-            in_flight: Arc::new(AtomicUsize::new(0)),
+            slots_taken: 0,
+            slots_released: Arc::new(AtomicUsize::new(0)),
             dirty: false,
             deadline: Some(deadline),
             copies: CopyQueue::default(),
@@ -590,7 +605,7 @@ impl Conn {
         while let Some(front) = self.queue.front() {
             let left = front.len() - self.offset;
             if front.is_copied() {
-                let (id, in_flight) = (self.id, &self.in_flight);
+                let (id, in_flight) = (self.id, &self.slots_released);
                 self.copies.consume(w.min(left), |key, buffer| {
                     let release = match buffer {
                         Some(b) => Release::Buffer(b),
@@ -614,7 +629,7 @@ impl Conn {
             {
                 let release = match payload {
                     Payload::Buffer(b) => Release::Buffer(b),
-                    _ if unbuffered => Release::Slot(&self.in_flight),
+                    _ if unbuffered => Release::Slot(&self.slots_released),
                     _ => Release::Nothing,
                 };
                 events.completed(self.id, key, release);
@@ -908,7 +923,7 @@ mod tests {
         copy(&mut c, b"abc", 1);
         copy(&mut c, b"de", 2);
         copy(&mut c, b"f", 3);
-        c.in_flight.store(3, Ordering::Relaxed);
+        c.slots_taken = 3;
         let mut events = Events::default();
         // Frame 1 (11 bytes) complete, 4 bytes of frame 2 written.
         c.advance(11 + 4, &mut events);

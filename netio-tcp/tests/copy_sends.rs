@@ -127,25 +127,26 @@ fn small_buffered_sends_copied_into_the_ring_keep_their_order_and_their_buffers_
     let peer = server.conn(server.first_remote().unwrap());
     let conn = client.conn(client.first_remote().unwrap());
     server.b.pause_receive(peer).unwrap();
-    let mut sent = Vec::new();
-    for i in 0..8u32 {
-        let len = [10, 16 * 1024, 100, 3000][i as usize % 4];
-        let m = message(i, len);
-        let mut buf = client.b.get_buffer(conn).unwrap().expect("a free buffer");
-        buf.write(&m).unwrap();
-        client.b.send_buffer(conn, buf, u64::from(i) * 2).unwrap();
-        let c = message(100 + i, 20);
-        client
-            .b
-            .send_data_copy(conn, &[&c], &[], u64::from(i) * 2 + 1)
-            .unwrap();
-        sent.push(m);
-        sent.push(c);
-    }
-    assert!(
-        client.b.get_buffer(conn).unwrap().is_none(),
-        "every buffer is held by a send until it completes"
-    );
+    // On the loop thread, so no write and no completion report can come
+    // between the sends and the check after them.
+    let b = client.b.clone();
+    let (sent, ninth) = rt.on_loop(move || {
+        let mut sent = Vec::new();
+        for i in 0..8u32 {
+            let len = [10, 16 * 1024, 100, 3000][i as usize % 4];
+            let m = message(i, len);
+            let mut buf = b.get_buffer(conn).unwrap().expect("a free buffer");
+            buf.write(&m).unwrap();
+            b.send_buffer(conn, buf, u64::from(i) * 2).unwrap();
+            let c = message(100 + i, 20);
+            b.send_data_copy(conn, &[&c], &[], u64::from(i) * 2 + 1)
+                .unwrap();
+            sent.push(m);
+            sent.push(c);
+        }
+        (sent, b.get_buffer(conn).unwrap().is_some())
+    });
+    assert!(!ninth, "every buffer is held by a send until it completes");
     server.b.resume_receive(peer).unwrap();
     assert!(wait_until(|| server.data_of(peer).len() == sent.len()));
     assert!(
