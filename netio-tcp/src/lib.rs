@@ -28,10 +28,16 @@
 //!   pool. A message above the receive limit closes the connection before
 //!   any of it is buffered.
 //! - Sending: queued frames are written with vectored writes, many messages
-//!   per system call. Zero-copy sends write straight from the registered
-//!   region; copy sends copy once; buffered sends write the pool buffer.
-//!   The sends one write completes are reported in one
-//!   `on_sends_completed` call per connection.
+//!   per system call. Copy sends are copied into one byte ring per
+//!   connection, so the messages queued in one callback leave as one slice
+//!   of the gather write; a large copy send (32 KiB and more) on a
+//!   connection with nothing queued is written straight from the caller's
+//!   slices, and only what the socket did not take is copied. Buffered
+//!   sends of up to 2 KiB are copied into the ring too (their buffer is
+//!   held until the send completes); larger ones write the pool buffer.
+//!   Zero-copy sends write straight from the registered region. The sends
+//!   one write completes are reported in one `on_sends_completed` call per
+//!   connection.
 //! - Thread-safe and thread-unsafe modes; handlers run on the loop thread,
 //!   never under a backend lock and never from inside an operation.
 //! - Port ranges: [`TcpConfig::listen_ports`] confines listeners to a
@@ -95,7 +101,11 @@
 //! scheduler wake-up (and waking it costs no system call), and timers tick
 //! with sub-millisecond precision. The price is one core kept at 100% for
 //! as long as the loop runs, whether traffic flows or not. Backends need
-//! nothing else: create them on that loop as usual.
+//! nothing else: create them on that loop as usual. On such a loop a
+//! backend reads the connection that delivered data last on every turn
+//! (a [spin callback](netio_core::mio_loop::MioLoop::add_spin)), and the
+//! loop asks epoll about the rest every few turns: a ping-pong's reply is
+//! found by the read that returns it.
 //!
 //! ```
 //! use std::thread;
