@@ -76,9 +76,20 @@ fn failed(what: &str, e: impl std::fmt::Display) -> RunError {
 }
 
 /// Messages in flight per connection for one-way tests: about 16 MiB, at
-/// least 2, at most 256.
+/// least 2, at most 1024 (the client's send queue depth is set to match,
+/// see [`client_config`]), so small messages leave in writes of a few
+/// tens of KiB, as a `BufWriter` stream's do.
 pub fn window(size: usize) -> usize {
-    ((16 << 20) / size.max(1)).clamp(2, 256)
+    ((16 << 20) / size.max(1)).clamp(2, 1024)
+}
+
+/// The client backend's configuration: a send queue as deep as the window.
+fn client_config(spec: &Spec) -> BackendConfig {
+    let default = BackendConfig::default();
+    BackendConfig {
+        send_queue_depth: window(spec.size).max(default.send_queue_depth),
+        ..default
+    }
 }
 
 /// Receive buffers of a receiving connection for messages of `size`.
@@ -708,7 +719,7 @@ pub fn run_socket(
     let client = netio::create_backend(
         provider,
         &AnyLoop::Mio(lp.clone()),
-        BackendConfig::default(),
+        client_config(spec),
         Client::new(
             spec.clone(),
             region.clone(),
@@ -779,7 +790,7 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
         let client = netio::create_backend(
             "sim",
             &AnyLoop::Sim(hc.event_loop().clone()),
-            BackendConfig::default(),
+            client_config(spec),
             Client::new(
                 spec.clone(),
                 region.clone(),
