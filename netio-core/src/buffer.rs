@@ -282,6 +282,31 @@ impl fmt::Debug for NetworkBuffer {
     }
 }
 
+impl NetworkBuffer {
+    /// Gives every buffer of `buffers` back to its pool, taking each pool's
+    /// lock once per run of buffers of that pool instead of once per
+    /// buffer (what dropping them one by one would do); leaves `buffers`
+    /// empty. For a provider that releases the buffers of many completed
+    /// sends at once.
+    pub fn release_all(buffers: &mut Vec<NetworkBuffer>) {
+        let mut i = 0;
+        while i < buffers.len() {
+            let pool = Arc::clone(&buffers[i].pool);
+            let mut st = lock(&pool.state);
+            while i < buffers.len() && Arc::ptr_eq(&buffers[i].pool, &pool) {
+                let b = &mut buffers[i];
+                if let Some(data) = b.data.take() {
+                    st.free.push((b.index, data));
+                }
+                i += 1;
+            }
+        }
+        // Their data is back in the pools: dropping them now only lets go
+        // of the pool handles.
+        buffers.clear();
+    }
+}
+
 impl Drop for NetworkBuffer {
     fn drop(&mut self) {
         if let Some(data) = self.data.take() {
@@ -304,6 +329,26 @@ mod tests {
         assert!(pool.get().is_none());
         drop(bufs);
         assert_eq!(pool.available(), 3);
+    }
+
+    #[test]
+    fn release_all_gives_every_buffer_back_to_its_own_pool() {
+        let (a, b) = (BufferPool::new(8, 3), BufferPool::new(8, 2));
+        let mut bufs = vec![
+            a.get().unwrap(),
+            a.get().unwrap(),
+            b.get().unwrap(),
+            a.get().unwrap(),
+            b.get().unwrap(),
+        ];
+        assert_eq!((a.available(), b.available()), (0, 0));
+        NetworkBuffer::release_all(&mut bufs);
+        assert!(bufs.is_empty());
+        assert_eq!((a.available(), b.available()), (3, 2));
+        let again: Vec<_> = (0..3).map(|_| a.get().unwrap()).collect();
+        let mut idx: Vec<u64> = again.iter().map(NetworkBuffer::index).collect();
+        idx.sort();
+        assert_eq!(idx, vec![0, 1, 2]);
     }
 
     #[test]

@@ -84,6 +84,8 @@ pub(crate) struct Events {
     list: Vec<Ev>,
     keys: Vec<u64>,
     buffers: Vec<NetworkBuffer>,
+    /// The buffers of one run, given back together.
+    run_buffers: Vec<NetworkBuffer>,
 }
 
 impl Conn {
@@ -145,8 +147,9 @@ impl Events {
         let mut buffers = self.buffers.drain(..);
         for ev in self.list.drain(..) {
             if let Ev::Completed(_, run) = &ev {
-                for _ in 0..run.buffers {
-                    drop(buffers.next());
+                if run.buffers > 0 {
+                    self.run_buffers.extend(buffers.by_ref().take(run.buffers));
+                    NetworkBuffer::release_all(&mut self.run_buffers);
                 }
                 if let Some(n) = &run.in_flight {
                     n.fetch_add(run.slots, Ordering::AcqRel);
