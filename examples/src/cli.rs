@@ -13,6 +13,10 @@
 //!                (default 1; 0: serve until killed)
 //! --timeout SECS give up after SECS seconds (default 60 for a client or
 //!                both in one process, none for a server; 0: none)
+//! --provider P   tcp (default), or libfabric (built with the `libfabric`
+//!                feature)
+//! --fabric F     the libfabric provider for --provider libfabric: tcp,
+//!                sockets, verbs, ... (default NETIO_LIBFABRIC_PROVIDER, else tcp)
 //! ```
 
 use std::time::Duration;
@@ -45,6 +49,13 @@ pub struct Options {
     pub timeout: Option<Duration>,
     /// `--help` was given.
     pub help: bool,
+    /// `--provider NAME`: the netio provider (`tcp`, or `libfabric` when
+    /// built with the `libfabric` feature); default `tcp`.
+    pub provider: String,
+    /// `--fabric NAME`: the libfabric provider (`tcp`, `sockets`, `verbs`,
+    /// …) for `--provider libfabric`; default `NETIO_LIBFABRIC_PROVIDER`,
+    /// else `tcp`.
+    pub fabric: Option<String>,
 }
 
 /// Default listen address of `--listen` without an address.
@@ -84,6 +95,8 @@ impl Options {
         let mut clients = 1;
         let mut timeout = None;
         let mut help = false;
+        let mut provider = String::from("tcp");
+        let mut fabric = None;
         let mut args = args.into_iter().peekable();
         fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String>
         where
@@ -112,6 +125,8 @@ impl Options {
                     }
                     timeout = Some((secs > 0.0).then(|| Duration::from_secs_f64(secs)));
                 }
+                "--provider" => provider = value("--provider", args.next())?,
+                "--fabric" => fabric = Some(value("--fabric", args.next())?),
                 "-h" | "--help" => help = true,
                 other => return Err(format!("unknown argument `{other}` (try --help)")),
             }
@@ -133,6 +148,8 @@ impl Options {
             clients,
             timeout,
             help,
+            provider,
+            fabric,
         })
     }
 }

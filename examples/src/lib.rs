@@ -574,3 +574,35 @@ impl<B: Backend + ?Sized> Handler<B> for PingClient {
         (self.done)();
     }
 }
+
+/// The provider named by `--provider`, running `$run` with it as the type
+/// parameter `P` (a [`Provider`](netio_core::Provider) on `MioLoop`).
+#[macro_export]
+macro_rules! with_provider {
+    ($opts:expr, |$p:ident| $run:expr) => {{
+        let o: &$crate::cli::Options = &$opts;
+        match o.provider.as_str() {
+            "tcp" => {
+                type $p = netio_tcp::TcpProvider;
+                $run
+            }
+            #[cfg(feature = "libfabric")]
+            "libfabric" => {
+                if let Some(f) = &o.fabric {
+                    // Read by LibfabricConfig::from_env when the backends
+                    // are created, on this thread, before any other starts.
+                    std::env::set_var("NETIO_LIBFABRIC_PROVIDER", f);
+                }
+                type $p = netio_libfabric::LibfabricProvider;
+                $run
+            }
+            #[cfg(not(feature = "libfabric"))]
+            "libfabric" => {
+                return Err("this program was built without the `libfabric` feature \
+                     (cargo build -p netio-examples --features libfabric)"
+                    .into())
+            }
+            other => return Err(format!("unknown provider `{other}` (tcp, libfabric)").into()),
+        }
+    }};
+}

@@ -8,6 +8,10 @@
 //!   [`EchoServer`] started on the same loop over 127.0.0.1
 //!   ([`Target::Loopback`]).
 //!
+//! The `*_on` functions do the same on any provider whose backends run on
+//! [`MioLoop`] (`netio_libfabric::LibfabricProvider` with the `libfabric`
+//! feature); the others use `netio-tcp`.
+//!
 //! Every run is bounded by an optional time limit; a run that hits it
 //! returns with `timed_out` set and whatever was measured so far.
 //!
@@ -30,7 +34,7 @@ use netio_core::mio_loop::{MioLoop, WeakMioLoop};
 use netio_core::{
     Backend, BackendConfig, ConnectionParams, EndpointAddress, EventLoop, Handler, Provider, Timer,
 };
-use netio_tcp::{TcpBackend, TcpProvider};
+use netio_tcp::TcpProvider;
 
 use crate::{lock, EchoClient, EchoReport, EchoServer, PingClient, PingReport, ServerStats};
 
@@ -139,7 +143,7 @@ impl Finish {
 
 /// Creates the client made by `make` (given the callback it calls when it
 /// is done), connects it to `target` and runs the loop until it is done.
-fn run_client<R, H>(
+fn run_client<P, R, H>(
     target: Target,
     max_message: usize,
     timeout: Option<Duration>,
@@ -147,8 +151,9 @@ fn run_client<R, H>(
     make: impl FnOnce(Box<dyn FnMut() + Send>) -> H,
 ) -> Result<ClientRun<R>, Box<dyn Error>>
 where
+    P: Provider<Loop = MioLoop>,
     R: Clone,
-    H: Handler<TcpBackend> + 'static,
+    H: Handler<P::Backend> + 'static,
 {
     let lp = MioLoop::new()?;
     let params = params(max_message);
@@ -162,7 +167,7 @@ where
     let (server, server_address) = match target {
         Target::Loopback => {
             let f = finish.clone();
-            let server = TcpProvider::create(
+            let server = P::create(
                 &lp,
                 BackendConfig::default(),
                 EchoServer::with_stats(stats.clone(), move |_| f.check()),
@@ -174,7 +179,7 @@ where
         Target::Connect(addr) => (None, addr),
     };
     let f = finish.clone();
-    let client = TcpProvider::create(
+    let client = P::create(
         &lp,
         BackendConfig::default(),
         make(Box::new(move || {
@@ -205,9 +210,18 @@ pub fn echo(
     count: u64,
     timeout: Option<Duration>,
 ) -> Result<ClientRun<EchoReport>, Box<dyn Error>> {
+    echo_on::<TcpProvider>(target, count, timeout)
+}
+
+/// [`echo`] on provider `P`.
+pub fn echo_on<P: Provider<Loop = MioLoop>>(
+    target: Target,
+    count: u64,
+    timeout: Option<Duration>,
+) -> Result<ClientRun<EchoReport>, Box<dyn Error>> {
     let report = Arc::new(Mutex::new(EchoReport::default()));
     let r = report.clone();
-    run_client(target, 0, timeout, &report, move |done| {
+    run_client::<P, _, _>(target, 0, timeout, &report, move |done| {
         EchoClient::new(count, r, done)
     })
 }
@@ -220,9 +234,19 @@ pub fn pingpong(
     size: usize,
     timeout: Option<Duration>,
 ) -> Result<ClientRun<PingReport>, Box<dyn Error>> {
+    pingpong_on::<TcpProvider>(target, count, size, timeout)
+}
+
+/// [`pingpong`] on provider `P`.
+pub fn pingpong_on<P: Provider<Loop = MioLoop>>(
+    target: Target,
+    count: u64,
+    size: usize,
+    timeout: Option<Duration>,
+) -> Result<ClientRun<PingReport>, Box<dyn Error>> {
     let report = Arc::new(Mutex::new(PingReport::default()));
     let r = report.clone();
-    run_client(target, size, timeout, &report, move |done| {
+    run_client::<P, _, _>(target, size, timeout, &report, move |done| {
         PingClient::new(count, size, r, done)
     })
 }
@@ -239,10 +263,21 @@ pub fn serve(
     timeout: Option<Duration>,
     on_listening: impl FnOnce(EndpointAddress),
 ) -> Result<ServerRun, Box<dyn Error>> {
+    serve_on::<TcpProvider>(address, max_message, clients, timeout, on_listening)
+}
+
+/// [`serve`] on provider `P`.
+pub fn serve_on<P: Provider<Loop = MioLoop>>(
+    address: EndpointAddress,
+    max_message: usize,
+    clients: u64,
+    timeout: Option<Duration>,
+    on_listening: impl FnOnce(EndpointAddress),
+) -> Result<ServerRun, Box<dyn Error>> {
     let lp = MioLoop::new()?;
     let stats = Arc::new(Mutex::new(ServerStats::default()));
     let weak = lp.downgrade();
-    let server = TcpProvider::create(
+    let server = P::create(
         &lp,
         BackendConfig::default(),
         EchoServer::with_stats(stats.clone(), move |s| {

@@ -63,6 +63,7 @@ mod conn;
 mod error;
 mod event_loop;
 mod handler;
+pub mod ledger;
 pub mod mio_loop;
 mod params;
 mod region;

@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | `sim` (default) | [`sim`]: deterministic in-memory fabric | [`sim::SimLoop`] |
 //! | `tcp` (default) | [`tcp`]: TCP on mio, wire format of `docs/wire-format.md` | [`mio_loop::MioLoop`] |
+//! | `libfabric` | `libfabric`: libfabric `FI_EP_MSG` endpoints (fabric provider from `NETIO_LIBFABRIC_PROVIDER`: `tcp`, `sockets`, `verbs`; see `docs/libfabric.md`) | [`mio_loop::MioLoop`] |
 //!
 //! Applications are written generically (`fn app<B: Backend>`) for static
 //! dispatch, or pick a provider by name at run time with [`create_backend`]
@@ -66,6 +67,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 pub use netio_core::*;
 
+#[cfg(feature = "libfabric")]
+pub use netio_libfabric as libfabric;
 #[cfg(feature = "sim")]
 pub use netio_sim as sim;
 #[cfg(feature = "tcp")]
@@ -78,6 +81,8 @@ pub fn providers() -> &'static [&'static str] {
         "sim",
         #[cfg(feature = "tcp")]
         "tcp",
+        #[cfg(feature = "libfabric")]
+        "libfabric",
     ]
 }
 
@@ -103,8 +108,8 @@ impl AnyLoop {
             "sim" => Ok(Self::Sim(
                 netio_sim::Sim::new().next_host().event_loop().clone(),
             )),
-            #[cfg(feature = "tcp")]
-            "tcp" => Ok(Self::Mio(
+            #[cfg(any(feature = "tcp", feature = "libfabric"))]
+            "tcp" | "libfabric" => Ok(Self::Mio(
                 mio_loop::MioLoop::new().map_err(|e| CreateError::Failed(Box::new(e)))?,
             )),
             _ => Err(CreateError::UnknownProvider(name.to_owned())),
@@ -147,7 +152,10 @@ impl AnyLoop {
 /// Fails with [`CreateError::UnknownProvider`] for a name not in
 /// [`providers`], and with [`CreateError::InvalidConfig`] when the loop is
 /// not of the kind the provider runs on.
-#[cfg_attr(not(any(feature = "sim", feature = "tcp")), allow(unused_variables))]
+#[cfg_attr(
+    not(any(feature = "sim", feature = "tcp", feature = "libfabric")),
+    allow(unused_variables)
+)]
 pub fn create_backend<H>(
     name: &str,
     event_loop: &AnyLoop,
@@ -170,6 +178,14 @@ where
             config,
             DynHandler(handler),
         )?)),
+        #[cfg(feature = "libfabric")]
+        ("libfabric", AnyLoop::Mio(l)) => Ok(Box::new(
+            <netio_libfabric::LibfabricProvider as Provider>::create(
+                l,
+                config,
+                DynHandler(handler),
+            )?,
+        )),
         _ if !providers().contains(&name) => Err(CreateError::UnknownProvider(name.to_owned())),
         _ => Err(CreateError::InvalidConfig(format!(
             "provider `{name}` cannot run on this kind of event loop ({event_loop:?})"

@@ -5,7 +5,7 @@
 //! cargo run -p netio-examples --bin echo_tcp                          # both, one process, 127.0.0.1
 //! cargo run -p netio-examples --bin echo_tcp -- --listen [ADDR]       # server (default 127.0.0.1:0)
 //! cargo run -p netio-examples --bin echo_tcp -- --connect ADDR        # client
-//!     [--count N] [--clients N] [--timeout SECS]
+//!     [--count N] [--clients N] [--timeout SECS] [--provider tcp|libfabric] [--fabric NAME]
 //! ```
 //!
 //! The server prints `listening on IP:PORT` as its first line and exits
@@ -21,7 +21,7 @@ use netio_examples::tcp::{self, Target};
 use netio_examples::ServerStats;
 
 const USAGE: &str = "\
-usage: echo_tcp [--listen [ADDR] | --connect ADDR] [--count N] [--clients N] [--timeout SECS]
+usage: echo_tcp [--listen [ADDR] | --connect ADDR] [--count N] [--clients N] [--timeout SECS] [--provider tcp|libfabric] [--fabric NAME]
   no --listen/--connect: server and client in this process over 127.0.0.1";
 
 fn server_line(s: &ServerStats) -> String {
@@ -50,9 +50,13 @@ fn run() -> Result<(), Box<dyn Error>> {
     }
     let target = match o.role {
         Role::Listen(addr) => {
-            let run = tcp::serve(addr, 0, o.clients, o.timeout, |a| {
-                println!("listening on {a}")
-            })?;
+            let run = netio_examples::with_provider!(o, |P| tcp::serve_on::<P>(
+                addr,
+                0,
+                o.clients,
+                o.timeout,
+                |a| { println!("listening on {a}") }
+            ))?;
             println!("{}", server_line(&run.stats));
             if run.timed_out {
                 return Err("time limit reached before the clients were done".into());
@@ -62,7 +66,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         Role::Connect(addr) => Target::Connect(addr),
         Role::Both => Target::Loopback,
     };
-    let run = tcp::echo(target, o.count, o.timeout)?;
+    let run = netio_examples::with_provider!(o, |P| tcp::echo_on::<P>(target, o.count, o.timeout))?;
     let r = &run.report;
     println!(
         "client to {}: sent {}, echoed back intact {}, mismatched {}, closed: {}",

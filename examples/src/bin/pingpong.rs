@@ -7,7 +7,7 @@
 //! cargo run --release -p netio-examples --bin pingpong                     # both, one process
 //! cargo run --release -p netio-examples --bin pingpong -- --listen [ADDR]  # server
 //! cargo run --release -p netio-examples --bin pingpong -- --connect ADDR   # client
-//!     [--count N] [--size BYTES] [--clients N] [--timeout SECS]
+//!     [--count N] [--size BYTES] [--clients N] [--timeout SECS] [--provider tcp|libfabric] [--fabric NAME]
 //! ```
 //!
 //! A server accepts messages up to max(`--size`, 64 KiB): give it the same
@@ -21,7 +21,7 @@ use netio_examples::cli::{Options, Role};
 use netio_examples::tcp::{self, Target};
 
 const USAGE: &str = "\
-usage: pingpong [--listen [ADDR] | --connect ADDR] [--count N] [--size BYTES] [--clients N] [--timeout SECS]
+usage: pingpong [--listen [ADDR] | --connect ADDR] [--count N] [--size BYTES] [--clients N] [--timeout SECS] [--provider tcp|libfabric] [--fabric NAME]
   no --listen/--connect: server and client in this process over 127.0.0.1";
 
 fn main() -> ExitCode {
@@ -43,9 +43,13 @@ fn run() -> Result<(), Box<dyn Error>> {
     }
     let target = match o.role {
         Role::Listen(addr) => {
-            let run = tcp::serve(addr, o.size, o.clients, o.timeout, |a| {
-                println!("listening on {a}")
-            })?;
+            let run = netio_examples::with_provider!(o, |P| tcp::serve_on::<P>(
+                addr,
+                o.size,
+                o.clients,
+                o.timeout,
+                |a| { println!("listening on {a}") }
+            ))?;
             let s = &run.stats;
             println!(
                 "server: {} connection(s), {} closed, echoed {}, failed {}",
@@ -59,15 +63,24 @@ fn run() -> Result<(), Box<dyn Error>> {
         Role::Connect(addr) => Target::Connect(addr),
         Role::Both => Target::Loopback,
     };
-    let run = tcp::pingpong(target, o.count, o.size, o.timeout)?;
+    let run = netio_examples::with_provider!(o, |P| tcp::pingpong_on::<P>(
+        target, o.count, o.size, o.timeout
+    ))?;
     let r = &run.report;
     let setup = match target {
         Target::Loopback => "server and client in one process, one event loop",
         Target::Connect(_) => "client",
     };
     println!(
-        "pingpong over TCP to {} ({setup}): {} round trips of {} bytes",
-        run.server_address, r.sent, o.size
+        "pingpong over {} to {} ({setup}): {} round trips of {} bytes",
+        if o.provider == "tcp" {
+            "TCP"
+        } else {
+            "libfabric"
+        },
+        run.server_address,
+        r.sent,
+        o.size
     );
     match r.latency() {
         Some(l) => println!("round-trip latency: {l}"),

@@ -1,0 +1,1332 @@
+//! [`LibfabricBackend`]: the connection manager, on the loop.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
+use std::time::Duration;
+
+use mio::unix::SourceFd;
+use mio::Interest;
+use netio_core::mio_loop::{MioLoop, MioTimer, SourceId};
+use netio_core::{
+    Backend, BackendConfig, BufferError, BufferPool, Capabilities, CloseError, CloseReason,
+    ConnError, ConnId, ConnTable, ConnectionParams, CreateError, EndpointAddress, EventLoop,
+    Features, Handler, MemoryUsage, NetworkBuffer, OpenActiveError, OpenListenError, Provider,
+    RefuseReason, RegionSlice, SendError, ThreadSafety, Timer, TimerQueue,
+};
+
+use crate::config::LibfabricConfig;
+use crate::ffi::{
+    self, Completion, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError, Query,
+};
+
+/// Size of the one receive buffer posted on a connection without receive
+/// capability, to notice (and refuse) a message sent to it.
+const SENTINEL_RECV: usize = 64;
+/// How many times a queue is read again when `fi_trywait` says events are
+/// pending, before the rest is left to a posted callback.
+const TRYWAIT_ROUNDS: usize = 16;
+/// How long a close waits for completions of sends already handed to the
+/// provider (so that a send whose bytes left is not reported cancelled).
+const CLOSE_SETTLE: Duration = Duration::from_millis(2);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The libfabric backend: a cheap `Clone` handle.
+///
+/// Create it with [`LibfabricBackend::new`] (fabric provider and queue
+/// sizes in a [`LibfabricConfig`]) or through [`LibfabricProvider`]
+/// (provider from the environment, see [`LibfabricConfig::from_env`]).
+#[derive(Clone)]
+pub struct LibfabricBackend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for LibfabricBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = lock(&self.inner.state);
+        f.debug_struct("LibfabricBackend")
+            .field("provider", &self.inner.fabric.provider)
+            .field("listeners", &st.listeners.len())
+            .field("connections", &st.conns.len())
+            .finish()
+    }
+}
+
+/// Selects [`LibfabricBackend`] by name (`"libfabric"`); the fabric
+/// provider comes from `NETIO_LIBFABRIC_PROVIDER` (default `tcp`).
+#[derive(Debug, Clone, Copy)]
+pub struct LibfabricProvider;
+
+impl Provider for LibfabricProvider {
+    type Loop = MioLoop;
+    type Backend = LibfabricBackend;
+    const NAME: &'static str = "libfabric";
+
+    fn create<H: Handler<LibfabricBackend> + 'static>(
+        event_loop: &MioLoop,
+        config: BackendConfig,
+        handler: H,
+    ) -> Result<LibfabricBackend, CreateError> {
+        LibfabricBackend::new(event_loop, config, LibfabricConfig::from_env(), handler)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Opening,
+    Established,
+}
+
+struct Conn {
+    link: Link,
+    phase: Phase,
+    initiator: bool,
+    remote: EndpointAddress,
+    listener: Option<EndpointAddress>,
+    caps: Capabilities,
+    receive: bool,
+    recv_limit: usize,
+    paused: bool,
+    /// Messages read from the queue, not yet delivered.
+    held: VecDeque<(Vec<u8>, usize)>,
+    /// Receive buffers waiting to be posted again (while paused).
+    unposted: Vec<usize>,
+    /// A close waiting for the held messages to be delivered.
+    pending_close: Option<CloseReason>,
+    deliver_queued: bool,
+    sources: Option<(SourceId, SourceId)>,
+    fds: (RawFd, RawFd),
+    order: u64,
+}
+
+struct Listener {
+    pep: ffi::PassiveEp,
+    /// Accepted endpoints open on the listener's domain (a connection
+    /// request's entry may name another fabric: `sockets` does).
+    domain: Arc<Domain>,
+    source: Option<SourceId>,
+    params: ConnectionParams,
+}
+
+enum Ev {
+    Established(ConnId, EndpointAddress, Capabilities),
+    Refused(ConnId, EndpointAddress, RefuseReason),
+    Closed(ConnId, EndpointAddress, CloseReason, Vec<u64>),
+    Completed(ConnId, Vec<u64>),
+    Deliver(ConnId),
+    Timer(u64),
+    Wake(u64),
+}
+
+#[derive(Default)]
+struct State {
+    listeners: HashMap<EndpointAddress, Listener>,
+    conns: ConnTable<Conn>,
+    events: VecDeque<Ev>,
+    dispatch_posted: bool,
+    domains: HashMap<(String, String), Arc<Domain>>,
+    next_order: u64,
+}
+
+struct FabricSettings {
+    provider: String,
+    lf: LibfabricConfig,
+}
+
+struct Inner {
+    lp: MioLoop,
+    config: BackendConfig,
+    fabric: FabricSettings,
+    handler: Mutex<Box<dyn Handler<LibfabricBackend>>>,
+    state: Mutex<State>,
+    shared_send: Option<BufferPool>,
+    weak: Weak<Inner>,
+    timers: Mutex<TimerQueue>,
+    user_timer: MioTimer,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let st = match self.state.get_mut() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        for (_, mut l) in st.listeners.drain() {
+            if let Some(src) = l.source.take() {
+                let fd = l.pep.eq().fd();
+                let _ = self.lp.deregister(&mut SourceFd(&fd), src);
+            }
+        }
+        for (_, mut c) in st.conns.drain() {
+            deregister_conn(&self.lp, &mut c);
+            c.link.shutdown();
+        }
+    }
+}
+
+fn deregister_conn(lp: &MioLoop, c: &mut Conn) {
+    if let Some((a, b)) = c.sources.take() {
+        let _ = lp.deregister(&mut SourceFd(&c.fds.0), a);
+        let _ = lp.deregister(&mut SourceFd(&c.fds.1), b);
+    }
+}
+
+static ENV_ONCE: Once = Once::new();
+
+impl LibfabricBackend {
+    /// What this provider supports: everything but shared receive pools.
+    pub const FEATURES: Features = Features {
+        shared_receive_pool: false,
+        ..Features::ALL
+    };
+
+    /// Creates a backend on `event_loop` using the fabric provider and
+    /// sizes of `lf`.
+    pub fn new<H: Handler<LibfabricBackend> + 'static>(
+        event_loop: &MioLoop,
+        config: BackendConfig,
+        lf: LibfabricConfig,
+        handler: H,
+    ) -> Result<Self, CreateError> {
+        if config.send_queue_depth == 0 {
+            return Err(CreateError::InvalidConfig(
+                "send_queue_depth of 0 leaves no room for any send".into(),
+            ));
+        }
+        if config.peer_timeout == Some(Duration::ZERO) {
+            return Err(CreateError::InvalidConfig(
+                "a peer_timeout of 0 would close every connection at once".into(),
+            ));
+        }
+        if config.shared_receive_pool.is_some() {
+            return Err(CreateError::NotSupported(
+                "shared receive pools (libfabric endpoints post their own buffers)",
+            ));
+        }
+        if let Some(p) = config.shared_send_pool {
+            if p.num_buf == 0 || p.buf_size == 0 {
+                return Err(CreateError::InvalidConfig(
+                    "shared_send_pool is empty".into(),
+                ));
+            }
+        }
+        if lf.provider.is_empty() {
+            return Err(CreateError::InvalidConfig(
+                "no libfabric provider name given".into(),
+            ));
+        }
+        if lf.cq_size == 0 {
+            return Err(CreateError::InvalidConfig("cq_size of 0".into()));
+        }
+        if let Some(w) = lf.sockets_pe_waittime {
+            ENV_ONCE.call_once(|| ffi::default_env("FI_SOCKETS_PE_WAITTIME", &w.to_string()));
+        }
+        let shared_send = config
+            .shared_send_pool
+            .map(|p| BufferPool::new(p.buf_size, p.num_buf));
+        let lp = event_loop.clone();
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
+            let w = weak.clone();
+            let user_timer = lp.timer(move || {
+                if let Some(i) = w.upgrade() {
+                    i.on_user_timer();
+                }
+            });
+            Inner {
+                lp,
+                config,
+                fabric: FabricSettings {
+                    provider: lf.provider.clone(),
+                    lf,
+                },
+                handler: Mutex::new(Box::new(handler)),
+                state: Mutex::new(State::default()),
+                shared_send,
+                weak: weak.clone(),
+                timers: Mutex::new(TimerQueue::new()),
+                user_timer,
+            }
+        });
+        Ok(Self { inner })
+    }
+
+    /// The loop this backend runs on.
+    pub fn event_loop(&self) -> &MioLoop {
+        &self.inner.lp
+    }
+
+    /// The libfabric settings of this backend.
+    pub fn libfabric_config(&self) -> &LibfabricConfig {
+        &self.inner.fabric.lf
+    }
+}
+
+fn fi_source(e: FiError) -> netio_core::Source {
+    Box::new(e)
+}
+
+/// A libfabric error with the fabric provider and address it concerns.
+#[derive(Debug)]
+struct FabricError {
+    provider: String,
+    addr: SocketAddr,
+    error: FiError,
+}
+
+impl fmt::Display for FabricError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "libfabric provider `{}` for {}: {}",
+            self.provider, self.addr, self.error
+        )?;
+        if self.error.call == "fi_getinfo" && self.error.errno == netio_libfabric_sys::FI_ENODATA {
+            f.write_str(
+                " (unknown provider name, a capability it lacks (FI_EP_MSG, FI_MSG), \
+                 or an address on none of its interfaces)",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for FabricError {}
+
+impl Inner {
+    fn backend(&self) -> LibfabricBackend {
+        LibfabricBackend {
+            inner: self
+                .weak
+                .upgrade()
+                .expect("backend alive while dispatching"),
+        }
+    }
+
+    fn thread_ok(&self) -> bool {
+        self.config.thread_safety == ThreadSafety::Safe || self.lp.on_loop_thread()
+    }
+
+    fn query(&self, addr: SocketAddr, source: bool) -> Query<'_> {
+        let lf = &self.fabric.lf;
+        Query {
+            provider: &lf.provider,
+            domain: lf.domain.as_deref(),
+            addr,
+            source,
+            tx_size: lf.tx_size,
+            rx_size: lf.rx_size,
+        }
+    }
+
+    fn domain_for(&self, st: &mut State, info: &Info) -> Result<Arc<Domain>, FiError> {
+        let key = info.names();
+        if let Some(d) = st.domains.get(&key) {
+            return Ok(Arc::clone(d));
+        }
+        let d = Domain::open(info)?;
+        st.domains.insert(key, Arc::clone(&d));
+        Ok(d)
+    }
+
+    fn post_with(&self, f: impl FnOnce(&Arc<Inner>) + Send + 'static) {
+        let w = self.weak.clone();
+        self.lp.post(move || {
+            if let Some(i) = w.upgrade() {
+                f(&i);
+            }
+        });
+    }
+
+    fn post_dispatch(&self, st: &mut State) {
+        if !st.dispatch_posted && !st.events.is_empty() {
+            st.dispatch_posted = true;
+            self.post_with(|i| {
+                lock(&i.state).dispatch_posted = false;
+                i.dispatch();
+            });
+        }
+    }
+
+    fn link_spec(&self, params: &ConnectionParams) -> (LinkSpec, bool, usize) {
+        let receive = params.recv.num_buf > 0;
+        // One byte more than the limit: a message one byte too large is
+        // then received whole and its size known exactly (libfabric's tcp
+        // provider does not report how much a truncated message overflowed).
+        let recv = if receive {
+            (params.recv.buf_size + 1, params.recv.num_buf)
+        } else {
+            (SENTINEL_RECV, 1)
+        };
+        (
+            LinkSpec {
+                recv,
+                zero_copy: params.send_zero_copy.clone(),
+                depth: self.config.send_queue_depth,
+                cq_size: self.fabric.lf.cq_size,
+            },
+            receive,
+            params.recv.buf_size,
+        )
+    }
+
+    fn register_conn(&self, st: &mut State, id: ConnId) -> std::io::Result<()> {
+        let Some(c) = st.conns.get_mut(id) else {
+            return Ok(());
+        };
+        let (cq_fd, eq_fd) = c.fds;
+        let w = self.weak.clone();
+        let cq_src = self
+            .lp
+            .register(&mut SourceFd(&cq_fd), Interest::READABLE, move |_| {
+                if let Some(i) = w.upgrade() {
+                    i.on_cq(id);
+                }
+            })?;
+        let w = self.weak.clone();
+        let eq_src = match self
+            .lp
+            .register(&mut SourceFd(&eq_fd), Interest::READABLE, move |_| {
+                if let Some(i) = w.upgrade() {
+                    i.on_eq(id);
+                }
+            }) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.lp.deregister(&mut SourceFd(&cq_fd), cq_src);
+                return Err(e);
+            }
+        };
+        c.sources = Some((cq_src, eq_src));
+        Ok(())
+    }
+
+    // -- ending connections (under the state lock) -----------------------
+
+    fn refuse_conn(&self, st: &mut State, id: ConnId, reason: RefuseReason) {
+        let Some(mut c) = st.conns.remove(id) else {
+            return;
+        };
+        deregister_conn(&self.lp, &mut c);
+        let _ = c.link.close();
+        if c.initiator {
+            st.events.push_back(Ev::Refused(id, c.remote, reason));
+        }
+        self.post_dispatch(st);
+    }
+
+    fn close_conn(&self, st: &mut State, id: ConnId, reason: CloseReason, orderly: bool) {
+        let Some(mut c) = st.conns.remove(id) else {
+            return;
+        };
+        deregister_conn(&self.lp, &mut c);
+        if c.phase != Phase::Established {
+            if c.initiator {
+                st.events
+                    .push_back(Ev::Refused(id, c.remote, RefuseReason::Cancelled));
+            }
+            let _ = c.link.close();
+            self.post_dispatch(st);
+            return;
+        }
+        // Sends the provider finished (possibly inside the send call, or on
+        // its progress thread a moment ago) are reported completed, not
+        // cancelled: their bytes left. Bounded: a peer that reads nothing
+        // leaves the rest cancelled.
+        c.link.settle_sends(CLOSE_SETTLE);
+        if orderly {
+            c.link.shutdown();
+        }
+        let (completed, cancelled) = c.link.close();
+        if !completed.is_empty() {
+            st.events.push_back(Ev::Completed(id, completed));
+        }
+        st.events
+            .push_back(Ev::Closed(id, c.remote, reason, cancelled));
+        self.post_dispatch(st);
+    }
+
+    /// Closes `id` with `reason` once its held messages are delivered
+    /// (at once if nothing is held, or if paused and `reason` is not an
+    /// orderly close).
+    fn close_after_held(&self, st: &mut State, id: ConnId, reason: CloseReason) {
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        let orderly = matches!(reason, CloseReason::PeerClosed);
+        if c.held.is_empty() || (c.paused && !orderly) {
+            self.close_conn(st, id, reason, false);
+        } else {
+            if c.pending_close.is_none() {
+                c.pending_close = Some(reason);
+            }
+            self.queue_deliver(st, id);
+        }
+    }
+
+    fn queue_deliver(&self, st: &mut State, id: ConnId) {
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        if c.phase == Phase::Established && !c.paused && !c.held.is_empty() && !c.deliver_queued {
+            c.deliver_queued = true;
+            st.events.push_back(Ev::Deliver(id));
+            self.post_dispatch(st);
+        }
+    }
+
+    // -- progress (loop thread) -------------------------------------------
+
+    /// Reads the completion queue of `id`; returns `false` if the
+    /// connection ended.
+    fn progress_cq(&self, st: &mut State, id: ConnId) -> bool {
+        let mut out = Vec::new();
+        for _ in 0..TRYWAIT_ROUNDS {
+            let Some(c) = st.conns.get_mut(id) else {
+                return false;
+            };
+            if c.phase != Phase::Established {
+                return true;
+            }
+            out.clear();
+            let mut polls = 0;
+            let read = loop {
+                match c.link.poll(&mut out) {
+                    Ok(true) => break Ok(()),
+                    Ok(false) if polls < self.fabric.lf.max_poll => polls += 1,
+                    Ok(false) => break Ok(()),
+                    Err(e) => break Err(e),
+                }
+            };
+            if let Err(e) = read {
+                self.close_conn(st, id, CloseReason::Other(e.to_string()), false);
+                return false;
+            }
+            let mut ending: Option<CloseReason> = None;
+            for comp in out.drain(..) {
+                match comp {
+                    Completion::Received { index, len } => {
+                        if !c.receive {
+                            ending.get_or_insert(CloseReason::Protocol(
+                                "a message arrived on a connection without receive buffers".into(),
+                            ));
+                            continue;
+                        }
+                        if len > c.recv_limit {
+                            ending.get_or_insert(CloseReason::MessageTooLarge {
+                                size: len as u64,
+                                limit: c.recv_limit,
+                            });
+                            continue;
+                        }
+                        let bytes = c.link.received(index, len).to_vec();
+                        c.held.push_back((bytes, index));
+                    }
+                    Completion::Truncated { size, .. } => {
+                        if c.receive {
+                            // Without an overflow length from the provider the
+                            // size is known to exceed the buffer (limit + 1
+                            // bytes) at least.
+                            let at_least = c.recv_limit as u64 + 2;
+                            ending.get_or_insert(CloseReason::MessageTooLarge {
+                                size: size.max(at_least),
+                                limit: c.recv_limit,
+                            });
+                        } else {
+                            ending.get_or_insert(CloseReason::Protocol(
+                                "a message arrived on a connection without receive buffers".into(),
+                            ));
+                        }
+                    }
+                    Completion::SendFailed(errno) | Completion::RecvFailed(errno) => {
+                        if errno != libc::ECANCELED && errno != netio_libfabric_sys::FI_ECANCELED {
+                            ending.get_or_insert(CloseReason::Reset);
+                        }
+                    }
+                }
+            }
+            let done = c.link.drain_completed();
+            if !done.is_empty() {
+                st.events.push_back(Ev::Completed(id, done));
+            }
+            if let Some(reason) = ending {
+                match reason {
+                    CloseReason::Reset => self.close_after_held(st, id, reason),
+                    other => self.close_conn(st, id, other, false),
+                }
+                self.post_dispatch(st);
+                return false;
+            }
+            self.queue_deliver(st, id);
+            self.post_dispatch(st);
+            let Some(c) = st.conns.get(id) else {
+                return false;
+            };
+            if c.link.trywait_cq() {
+                return true;
+            }
+        }
+        self.post_with(move |i| i.on_cq(id));
+        true
+    }
+
+    fn on_cq(&self, id: ConnId) {
+        let mut st = lock(&self.state);
+        self.progress_cq(&mut st, id);
+    }
+
+    fn on_eq(&self, id: ConnId) {
+        let mut st = lock(&self.state);
+        for _ in 0..TRYWAIT_ROUNDS {
+            loop {
+                let Some(c) = st.conns.get_mut(id) else {
+                    return;
+                };
+                let ev = match c.link.eq().read() {
+                    Ok(Some(ev)) => ev,
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.fail_conn(&mut st, id, e.errno, 0);
+                        return;
+                    }
+                };
+                let c = st.conns.get_mut(id).expect("checked above");
+                let phase = c.phase;
+                match ev {
+                    EqEvent::Connected => {
+                        if phase == Phase::Opening {
+                            c.phase = Phase::Established;
+                            let e = Ev::Established(id, c.remote, c.caps);
+                            st.events.push_back(e);
+                            self.post_dispatch(&mut st);
+                            if !self.progress_cq(&mut st, id) {
+                                return;
+                            }
+                        }
+                    }
+                    EqEvent::Shutdown => {
+                        if phase == Phase::Opening {
+                            self.refuse_conn(&mut st, id, RefuseReason::Refused);
+                            return;
+                        }
+                        if !self.progress_cq(&mut st, id) {
+                            return;
+                        }
+                        self.close_after_held(&mut st, id, CloseReason::PeerClosed);
+                    }
+                    EqEvent::Error { errno, prov_errno } => {
+                        self.fail_conn(&mut st, id, errno, prov_errno);
+                    }
+                    EqEvent::ConnReq(_) | EqEvent::Other => {}
+                }
+            }
+            let Some(c) = st.conns.get(id) else {
+                return;
+            };
+            if c.link.eq().trywait() {
+                return;
+            }
+        }
+        self.post_with(move |i| i.on_eq(id));
+    }
+
+    fn fail_conn(&self, st: &mut State, id: ConnId, errno: i32, prov_errno: i32) {
+        let Some(c) = st.conns.get(id) else {
+            return;
+        };
+        let text = format!(
+            "{} (provider error {prov_errno})",
+            ffi::strerror(errno.abs())
+        );
+        if c.phase == Phase::Opening {
+            let reason = match errno.abs() {
+                libc::ECONNREFUSED => RefuseReason::Refused,
+                libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ETIMEDOUT => {
+                    RefuseReason::Unreachable
+                }
+                libc::ECONNRESET => RefuseReason::Refused,
+                _ => RefuseReason::Other(text),
+            };
+            self.refuse_conn(st, id, reason);
+        } else {
+            if !self.progress_cq(st, id) {
+                return;
+            }
+            let reason = match errno.abs() {
+                libc::ETIMEDOUT => CloseReason::TimedOut,
+                libc::ECONNRESET | libc::EPIPE | libc::ECONNABORTED => CloseReason::Reset,
+                _ => CloseReason::Other(text),
+            };
+            self.close_after_held(st, id, reason);
+        }
+    }
+
+    fn on_listener(&self, addr: EndpointAddress) {
+        let mut st = lock(&self.state);
+        for _ in 0..TRYWAIT_ROUNDS {
+            loop {
+                let Some(l) = st.listeners.get(&addr) else {
+                    return;
+                };
+                match l.pep.eq().read() {
+                    Ok(Some(EqEvent::ConnReq(info))) => {
+                        let params = l.params.clone();
+                        self.accept(&mut st, addr, params, info);
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            let Some(l) = st.listeners.get(&addr) else {
+                return;
+            };
+            if l.pep.eq().trywait() {
+                return;
+            }
+        }
+        self.post_with(move |i| i.on_listener(addr));
+    }
+
+    /// Opens and accepts an endpoint for a connection request; failures
+    /// leave the request unanswered (the peer sees it refused).
+    fn accept(&self, st: &mut State, addr: EndpointAddress, params: ConnectionParams, info: Info) {
+        let Some(remote) = info.dest_addr() else {
+            return;
+        };
+        let domain = match st.listeners.get(&addr) {
+            Some(l) => Arc::clone(&l.domain),
+            None => return,
+        };
+        let (spec, receive, limit) = self.link_spec(&params);
+        let Ok(mut link) = Link::open(&domain, info, spec) else {
+            return;
+        };
+        if let Some(p) = self.send_pool_for(&params) {
+            link.keep_pool(p);
+        }
+        let caps = params.capabilities(&self.config, true);
+        let fds = link.fds();
+        let order = st.next_order;
+        st.next_order += 1;
+        let id = st.conns.insert(Conn {
+            link,
+            phase: Phase::Opening,
+            initiator: false,
+            remote: EndpointAddress::from(remote),
+            listener: Some(addr),
+            caps,
+            receive,
+            recv_limit: limit,
+            paused: false,
+            held: VecDeque::new(),
+            unposted: Vec::new(),
+            pending_close: None,
+            deliver_queued: false,
+            sources: None,
+            fds,
+            order,
+        });
+        if self.register_conn(st, id).is_err() {
+            if let Some(c) = st.conns.remove(id) {
+                let _ = c.link.close();
+            }
+            return;
+        }
+        let c = st.conns.get_mut(id).expect("just inserted");
+        if c.link.accept().is_err() {
+            let mut c = st.conns.remove(id).expect("just inserted");
+            deregister_conn(&self.lp, &mut c);
+            let _ = c.link.close();
+        }
+    }
+
+    fn send_pool_for(&self, params: &ConnectionParams) -> Option<BufferPool> {
+        if params.send_buffered.num_buf > 0 {
+            Some(BufferPool::new(
+                params.send_buffered.buf_size,
+                params.send_buffered.num_buf,
+            ))
+        } else {
+            self.shared_send.clone()
+        }
+    }
+
+    // -- dispatch (loop thread, no lock held while the handler runs) -------
+
+    fn dispatch(&self) {
+        let backend = self.backend();
+        for _ in 0..64 {
+            let batch: Vec<Ev> = {
+                let mut st = lock(&self.state);
+                if st.events.is_empty() {
+                    return;
+                }
+                st.events.drain(..).collect()
+            };
+            for ev in batch {
+                match ev {
+                    Ev::Deliver(id) => self.deliver(&backend, id),
+                    other => {
+                        let mut h = lock(&self.handler);
+                        match other {
+                            Ev::Established(c, r, caps) => {
+                                h.on_connection_established(&backend, c, r, caps)
+                            }
+                            Ev::Refused(c, r, why) => h.on_connection_refused(&backend, c, r, &why),
+                            Ev::Closed(c, r, why, keys) => {
+                                h.on_connection_closed(&backend, c, r, &why, &keys)
+                            }
+                            Ev::Completed(c, keys) => h.on_sends_completed(&backend, c, &keys),
+                            Ev::Timer(t) => h.on_timer(&backend, t),
+                            Ev::Wake(t) => h.on_wake(&backend, t),
+                            Ev::Deliver(_) => {}
+                        }
+                    }
+                }
+            }
+        }
+        let mut st = lock(&self.state);
+        self.post_dispatch(&mut st);
+    }
+
+    fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
+        for _ in 0..1024 {
+            let (bytes, index) = {
+                let mut st = lock(&self.state);
+                let Some(c) = st.conns.get_mut(id) else {
+                    return;
+                };
+                if c.paused {
+                    c.deliver_queued = false;
+                    return;
+                }
+                match c.held.pop_front() {
+                    Some(m) => m,
+                    None => {
+                        c.deliver_queued = false;
+                        if let Some(reason) = c.pending_close.take() {
+                            self.close_conn(&mut st, id, reason, false);
+                        }
+                        return;
+                    }
+                }
+            };
+            lock(&self.handler).on_data(backend, id, &bytes);
+            let mut st = lock(&self.state);
+            let Some(c) = st.conns.get_mut(id) else {
+                return;
+            };
+            c.unposted.push(index);
+            if !c.paused {
+                self.repost(&mut st, id);
+            }
+        }
+        let mut st = lock(&self.state);
+        if let Some(c) = st.conns.get_mut(id) {
+            c.deliver_queued = false;
+        }
+        self.queue_deliver(&mut st, id);
+    }
+
+    fn repost(&self, st: &mut State, id: ConnId) {
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        let mut failed = None;
+        for index in std::mem::take(&mut c.unposted) {
+            if let Err(e) = c.link.post_recv(index) {
+                failed = Some(e);
+            }
+        }
+        if let Some(e) = failed {
+            self.close_conn(st, id, CloseReason::Other(e.to_string()), false);
+        }
+    }
+
+    fn on_user_timer(&self) {
+        let now = self.lp.now();
+        let mut due = Vec::new();
+        {
+            let mut q = lock(&self.timers);
+            while let Some(t) = q.pop_due(now) {
+                due.push(t);
+            }
+            if let Some(next) = q.next_deadline() {
+                self.user_timer
+                    .start(next.saturating_sub(now).max(Duration::from_micros(1)));
+            } else {
+                self.user_timer.stop();
+            }
+        }
+        if due.is_empty() {
+            return;
+        }
+        let mut st = lock(&self.state);
+        for t in due {
+            st.events.push_back(Ev::Timer(t));
+        }
+        self.post_dispatch(&mut st);
+    }
+
+    fn established(&self, st: &State, conn: ConnId) -> bool {
+        st.conns
+            .get(conn)
+            .is_some_and(|c| c.phase == Phase::Established)
+    }
+}
+
+fn socket_addr(a: EndpointAddress) -> SocketAddr {
+    SocketAddr::new(a.ip(), a.port())
+}
+
+fn post_error(e: PostError) -> SendError {
+    match e {
+        PostError::Again => SendError::NoResources,
+        PostError::Failed(e) => SendError::Failed(fi_source(e)),
+    }
+}
+
+impl Backend for LibfabricBackend {
+    fn features(&self) -> Features {
+        Self::FEATURES
+    }
+
+    fn open_listen_endpoint(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<EndpointAddress, OpenListenError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(OpenListenError::WrongThread);
+        }
+        let ip = address.ip();
+        address
+            .validate_listen()
+            .map_err(|reason| OpenListenError::InvalidEndpointAddress { address, reason })?;
+        params
+            .validate(&inner.config)
+            .map_err(OpenListenError::InvalidConnectionParameters)?;
+        if params.recv.use_shared_pool {
+            return Err(OpenListenError::NotSupported("shared receive pools"));
+        }
+        let mut st = lock(&inner.state);
+        if address.port() != 0 && st.listeners.contains_key(&address) {
+            return Err(OpenListenError::ListenEndpointAlreadyExists(address));
+        }
+        let failed = |error: FiError| OpenListenError::FailedOpenListenEndpoint {
+            address,
+            source: Box::new(FabricError {
+                provider: inner.fabric.provider.clone(),
+                addr: socket_addr(address),
+                error,
+            }),
+        };
+        let info = Info::get(&inner.query(socket_addr(address), true)).map_err(failed)?;
+        let domain = inner.domain_for(&mut st, &info).map_err(failed)?;
+        let pep = domain.listen(info).map_err(failed)?;
+        let bound = pep.local_addr().map_err(failed)?;
+        let bound = EndpointAddress::from(SocketAddr::new(ip, bound.port()));
+        if st.listeners.contains_key(&bound) {
+            return Err(OpenListenError::ListenEndpointAlreadyExists(bound));
+        }
+        let fd = pep.eq().fd();
+        let w = inner.weak.clone();
+        let source = inner
+            .lp
+            .register(&mut SourceFd(&fd), Interest::READABLE, move |_| {
+                if let Some(i) = w.upgrade() {
+                    i.on_listener(bound);
+                }
+            })
+            .map_err(|e| OpenListenError::FailedOpenListenEndpoint {
+                address,
+                source: Box::new(e),
+            })?;
+        st.listeners.insert(
+            bound,
+            Listener {
+                pep,
+                domain,
+                source: Some(source),
+                params,
+            },
+        );
+        // Requests that came before the registration.
+        inner.post_with(move |i| i.on_listener(bound));
+        Ok(bound)
+    }
+
+    fn open_active_endpoint(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<ConnId, OpenActiveError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(OpenActiveError::WrongThread);
+        }
+        address
+            .validate_remote()
+            .map_err(|reason| OpenActiveError::InvalidEndpointAddress { address, reason })?;
+        params
+            .validate(&inner.config)
+            .map_err(OpenActiveError::InvalidConnectionParameters)?;
+        if params.recv.use_shared_pool {
+            return Err(OpenActiveError::NotSupported("shared receive pools"));
+        }
+        let failed = |error: FiError| OpenActiveError::FailedOpenActiveEndpoint {
+            address,
+            source: Box::new(FabricError {
+                provider: inner.fabric.provider.clone(),
+                addr: socket_addr(address),
+                error,
+            }),
+        };
+        let mut st = lock(&inner.state);
+        let info = Info::get(&inner.query(socket_addr(address), false)).map_err(failed)?;
+        let domain = inner.domain_for(&mut st, &info).map_err(failed)?;
+        let (spec, receive, limit) = inner.link_spec(&params);
+        let mut link = Link::open(&domain, info, spec).map_err(failed)?;
+        if let Some(p) = inner.send_pool_for(&params) {
+            link.keep_pool(p);
+        }
+        let caps = params.capabilities(&inner.config, true);
+        let fds = link.fds();
+        let order = st.next_order;
+        st.next_order += 1;
+        let id = st.conns.insert(Conn {
+            link,
+            phase: Phase::Opening,
+            initiator: true,
+            remote: address,
+            listener: None,
+            caps,
+            receive,
+            recv_limit: limit,
+            paused: false,
+            held: VecDeque::new(),
+            unposted: Vec::new(),
+            pending_close: None,
+            deliver_queued: false,
+            sources: None,
+            fds,
+            order,
+        });
+        if let Err(e) = inner.register_conn(&mut st, id) {
+            if let Some(c) = st.conns.remove(id) {
+                let _ = c.link.close();
+            }
+            return Err(OpenActiveError::FailedOpenActiveEndpoint {
+                address,
+                source: Box::new(e),
+            });
+        }
+        let c = st.conns.get_mut(id).expect("just inserted");
+        if let Err(e) = c.link.connect() {
+            // Reported like any refusal, from the loop.
+            let reason = match e.errno {
+                libc::ECONNREFUSED => RefuseReason::Refused,
+                libc::ENETUNREACH | libc::EHOSTUNREACH => RefuseReason::Unreachable,
+                _ => RefuseReason::Other(e.to_string()),
+            };
+            inner.refuse_conn(&mut st, id, reason);
+        }
+        Ok(id)
+    }
+
+    fn close_listen_endpoint(&self, address: EndpointAddress) -> Result<(), CloseError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(CloseError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        let Some(mut l) = st.listeners.remove(&address) else {
+            return Err(CloseError::UnknownListenEndpoint(address));
+        };
+        if let Some(src) = l.source.take() {
+            let fd = l.pep.eq().fd();
+            let _ = inner.lp.deregister(&mut SourceFd(&fd), src);
+        }
+        drop(l);
+        let ids: Vec<ConnId> = st
+            .conns
+            .iter()
+            .filter(|(_, c)| c.listener == Some(address))
+            .map(|(id, _)| id)
+            .collect();
+        for id in ids {
+            inner.close_conn(&mut st, id, CloseReason::ListenerClosed, true);
+        }
+        Ok(())
+    }
+
+    fn close_active_endpoint(&self, conn: ConnId) -> Result<(), CloseError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(CloseError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        if !st.conns.contains(conn) {
+            return Err(CloseError::UnknownConnection(conn));
+        }
+        inner.close_conn(&mut st, conn, CloseReason::Local, true);
+        Ok(())
+    }
+
+    fn get_buffer(&self, conn: ConnId) -> Result<Option<NetworkBuffer>, BufferError> {
+        let pool = self.send_pool(conn)?;
+        Ok(pool.get())
+    }
+
+    fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64) -> Result<(), SendError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(SendError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        if !inner.established(&st, conn) {
+            return Err(SendError::UnknownConnection(conn));
+        }
+        let c = st.conns.get_mut(conn).expect("checked");
+        match c.link.send_buffer(buffer, key) {
+            Ok(()) => Ok(()),
+            Err((PostError::Failed(e), Some(b))) if e.call.contains("foreign") => {
+                drop(b);
+                Err(SendError::ForeignBuffer)
+            }
+            Err((e, b)) => {
+                drop(b);
+                Err(post_error(e))
+            }
+        }
+    }
+
+    fn send_data(
+        &self,
+        conn: ConnId,
+        data: &[RegionSlice],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(SendError::WrongThread);
+        }
+        if header.len() > netio_core::MAX_HEADER_LEN {
+            return Err(SendError::HeaderTooLong {
+                len: header.len(),
+                max: netio_core::MAX_HEADER_LEN,
+            });
+        }
+        let mut st = lock(&inner.state);
+        if !inner.established(&st, conn) {
+            return Err(SendError::UnknownConnection(conn));
+        }
+        let c = st.conns.get_mut(conn).expect("checked");
+        let Some(region) = c.link_region() else {
+            return Err(SendError::NotSupported(
+                "zero-copy send on a connection without a memory region",
+            ));
+        };
+        if !c.link.has_room() {
+            return Err(SendError::NoResources);
+        }
+        let lent = region.lend(data).map_err(|_| SendError::OutsideRegion)?;
+        let total = header.len() + lent.len();
+        if total > c.link.max_msg_size() {
+            return Err(SendError::MessageTooLarge {
+                len: total,
+                max: c.link.max_msg_size(),
+            });
+        }
+        c.link.send_zero_copy(lent, header, key).map_err(post_error)
+    }
+
+    fn send_data_copy(
+        &self,
+        conn: ConnId,
+        data: &[&[u8]],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(SendError::WrongThread);
+        }
+        if header.len() > netio_core::MAX_HEADER_LEN {
+            return Err(SendError::HeaderTooLong {
+                len: header.len(),
+                max: netio_core::MAX_HEADER_LEN,
+            });
+        }
+        let mut st = lock(&inner.state);
+        if !inner.established(&st, conn) {
+            return Err(SendError::UnknownConnection(conn));
+        }
+        let c = st.conns.get_mut(conn).expect("checked");
+        let total = header.len() + data.iter().map(|d| d.len()).sum::<usize>();
+        if total > c.link.max_msg_size() {
+            return Err(SendError::MessageTooLarge {
+                len: total,
+                max: c.link.max_msg_size(),
+            });
+        }
+        c.link.send_copy(data, header, key).map_err(post_error)
+    }
+
+    fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError> {
+        let pool = self.send_pool(conn)?;
+        Ok(pool.take_low_water())
+    }
+
+    fn pause_receive(&self, conn: ConnId) -> Result<(), ConnError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        let c = st
+            .conns
+            .get_mut(conn)
+            .ok_or(ConnError::UnknownConnection(conn))?;
+        c.paused = true;
+        Ok(())
+    }
+
+    fn resume_receive(&self, conn: ConnId) -> Result<(), ConnError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let mut st = lock(&inner.state);
+        let c = st
+            .conns
+            .get_mut(conn)
+            .ok_or(ConnError::UnknownConnection(conn))?;
+        if !c.paused {
+            return Ok(());
+        }
+        c.paused = false;
+        let pending = c.pending_close.is_some() && c.held.is_empty();
+        inner.repost(&mut st, conn);
+        if pending {
+            let reason = st.conns.get_mut(conn).and_then(|c| c.pending_close.take());
+            if let Some(r) = reason {
+                inner.close_conn(&mut st, conn, r, false);
+            }
+            return Ok(());
+        }
+        inner.queue_deliver(&mut st, conn);
+        // Completions that came while paused (and the trywait state) are
+        // read again on the loop.
+        inner.post_with(move |i| i.on_cq(conn));
+        Ok(())
+    }
+
+    fn remote_address(&self, conn: ConnId) -> Result<EndpointAddress, ConnError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let st = lock(&inner.state);
+        st.conns
+            .get(conn)
+            .map(|c| c.remote)
+            .ok_or(ConnError::UnknownConnection(conn))
+    }
+
+    fn connection_to(&self, remote: EndpointAddress) -> Result<ConnId, ConnError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let st = lock(&inner.state);
+        st.conns
+            .iter()
+            .filter(|(_, c)| c.remote == remote)
+            .min_by_key(|(_, c)| c.order)
+            .map(|(id, _)| id)
+            .ok_or(ConnError::NoConnectionTo(remote))
+    }
+
+    fn memory_usage(&self) -> MemoryUsage {
+        let inner = &self.inner;
+        let st = lock(&inner.state);
+        let mut usage = MemoryUsage::default();
+        for (_, c) in st.conns.iter() {
+            if c.receive {
+                let (size, num) = c.link.recv_shape();
+                usage.receive_bytes += size * num;
+            }
+        }
+        let mut counted: Vec<BufferPool> = Vec::new();
+        let pools = inner
+            .shared_send
+            .iter()
+            .cloned()
+            .chain(st.conns.iter().flat_map(|(_, c)| c.link_pools()));
+        for p in pools {
+            if !counted.iter().any(|q| q.same_pool(&p)) {
+                usage.send_bytes += p.bytes();
+                counted.push(p);
+            }
+        }
+        usage
+    }
+
+    fn now(&self) -> Duration {
+        self.inner.lp.now()
+    }
+
+    fn set_timer(&self, delay: Duration, token: u64) {
+        let inner = &self.inner;
+        let mut q = lock(&inner.timers);
+        let now = inner.lp.now();
+        let deadline = now.saturating_add(delay);
+        q.push(deadline, token);
+        if q.next_deadline() == Some(deadline) {
+            inner.user_timer.start(delay.max(Duration::from_micros(1)));
+        }
+    }
+
+    fn wake(&self, token: u64) {
+        let inner = &self.inner;
+        let mut st = lock(&inner.state);
+        st.events.push_back(Ev::Wake(token));
+        inner.post_dispatch(&mut st);
+    }
+}
+
+impl Conn {
+    fn link_region(&self) -> Option<netio_core::MemoryRegion> {
+        self.link.region()
+    }
+
+    fn link_pools(&self) -> Vec<BufferPool> {
+        self.link.pools()
+    }
+}
+
+impl LibfabricBackend {
+    fn send_pool(&self, conn: ConnId) -> Result<BufferPool, BufferError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(BufferError::WrongThread);
+        }
+        let st = lock(&inner.state);
+        match st.conns.get(conn) {
+            Some(c) if c.phase == Phase::Established => c
+                .link
+                .pools()
+                .into_iter()
+                .next()
+                .ok_or(BufferError::NoBuffersAllocated(conn)),
+            _ => Err(BufferError::UnknownConnection(conn)),
+        }
+    }
+}

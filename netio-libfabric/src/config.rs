@@ -1,0 +1,71 @@
+//! [`LibfabricConfig`]: the libfabric settings of a backend.
+
+/// libfabric settings of a backend, next to the provider-agnostic
+/// [`BackendConfig`](netio_core::BackendConfig).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibfabricConfig {
+    /// The fabric provider (`tcp`, `sockets`, `verbs`, …). An unknown name
+    /// makes every open fail with a clear error.
+    pub provider: String,
+    /// The domain (for `verbs` the device, e.g. `mlx5_0`; for `tcp` the
+    /// interface, e.g. `lo`); `None`: whichever serves the address.
+    pub domain: Option<String>,
+    /// Transmit queue size of each endpoint; `None`: the provider's
+    /// default.
+    pub tx_size: Option<usize>,
+    /// Receive queue size of each endpoint; `None`: the provider's default
+    /// (it must hold every receive buffer of a connection).
+    pub rx_size: Option<usize>,
+    /// Completion queue size of each connection.
+    pub cq_size: usize,
+    /// How many extra times an empty completion queue is read before the
+    /// loop goes to sleep on its fd (busy polling for latency, spead2's
+    /// `max_poll`); 0 sleeps at once.
+    pub max_poll: u32,
+    /// `FI_SOCKETS_PE_WAITTIME` (µs the `sockets` provider's progress
+    /// thread waits) set in the environment when the first backend is
+    /// created, unless the environment already sets it. The default 0 makes
+    /// `sockets` progress promptly; `None` leaves the environment alone.
+    pub sockets_pe_waittime: Option<u32>,
+}
+
+impl Default for LibfabricConfig {
+    fn default() -> Self {
+        Self {
+            provider: "tcp".into(),
+            domain: None,
+            tx_size: None,
+            rx_size: None,
+            cq_size: 1024,
+            max_poll: 0,
+            sockets_pe_waittime: Some(0),
+        }
+    }
+}
+
+impl LibfabricConfig {
+    /// The default settings with fabric provider `name`.
+    pub fn provider(name: impl Into<String>) -> Self {
+        Self {
+            provider: name.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The settings named by the environment: `NETIO_LIBFABRIC_PROVIDER`
+    /// (default `tcp`) and `NETIO_LIBFABRIC_DOMAIN`.
+    pub fn from_env() -> Self {
+        let mut c = Self::default();
+        if let Ok(p) = std::env::var("NETIO_LIBFABRIC_PROVIDER") {
+            if !p.is_empty() {
+                c.provider = p;
+            }
+        }
+        if let Ok(d) = std::env::var("NETIO_LIBFABRIC_DOMAIN") {
+            if !d.is_empty() {
+                c.domain = Some(d);
+            }
+        }
+        c
+    }
+}

@@ -1,0 +1,1339 @@
+//! Every call into libfabric, behind owning types whose safe methods cannot
+//! cause undefined behaviour.
+//!
+//! Ownership rules that make the safe API sound:
+//!
+//! - each libfabric object is closed once, by `Drop`, after every object
+//!   opened from it (children keep their parent alive through an `Arc`);
+//! - a [`Link`] (an active endpoint) owns everything the provider may read
+//!   or write for it: its receive memory and registration, the memory and
+//!   registration of every send in flight, the operation contexts, its
+//!   completion and event queues. `Drop` closes the endpoint *first*
+//!   (after which the provider touches none of its buffers), then frees
+//!   the rest; a send's memory is released before that only when its
+//!   completion was read;
+//! - memory is registered (`fi_mr_reg`) and its descriptor passed with
+//!   every operation whatever the provider's `mr_mode`, so the code path
+//!   is the one `FI_MR_LOCAL` providers (verbs) need; a registration is
+//!   closed before the memory it covers is freed.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void, CStr, CString};
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::RawFd;
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use netio_core::ledger::{LedgerFull, SendLedger, SendSeq};
+use netio_core::{BufferPool, Lent, MemoryRegion, NetworkBuffer};
+use netio_libfabric_sys as sys;
+
+/// The libfabric API version asked for.
+const API_VERSION: u32 = sys::FI_VERSION(1, 17);
+
+/// A failed libfabric call: which one and its error number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FiError {
+    /// The call that failed.
+    pub call: &'static str,
+    /// The positive libfabric error number (`FI_ENODATA`, …).
+    pub errno: i32,
+}
+
+impl FiError {
+    fn new(call: &'static str, rc: isize) -> Self {
+        Self {
+            call,
+            errno: (-rc) as i32,
+        }
+    }
+}
+
+/// The message of a positive libfabric error number.
+pub fn strerror(errno: i32) -> String {
+    // SAFETY: fi_strerror accepts any number and returns a pointer to a
+    // static NUL-terminated string.
+    let msg = unsafe { CStr::from_ptr(sys::fi_strerror(errno)) };
+    msg.to_string_lossy().into_owned()
+}
+
+impl fmt::Display for FiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} (-{})",
+            self.call,
+            strerror(self.errno),
+            self.errno
+        )
+    }
+}
+
+impl std::error::Error for FiError {}
+
+fn check(call: &'static str, rc: c_int) -> Result<(), FiError> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(FiError::new(call, rc as isize))
+    }
+}
+
+/// Mode bits this code honours: it gives every operation a context of
+/// `fi_context2` size that stays put until the operation ends.
+const SUPPORTED_MODE: u64 = sys::FI_CONTEXT | sys::FI_CONTEXT2;
+/// Memory registration modes this code honours: it registers all memory
+/// it hands to the provider and passes the descriptors (`FI_MR_LOCAL`),
+/// registers only allocated memory, lets the provider pick keys.
+const SUPPORTED_MR_MODE: c_int = sys::FI_MR_LOCAL
+    | sys::FI_MR_VIRT_ADDR
+    | sys::FI_MR_ALLOCATED
+    | sys::FI_MR_PROV_KEY
+    | sys::FI_MR_ENDPOINT;
+
+/// What [`Info::get`] asks for.
+#[derive(Debug, Clone)]
+pub struct Query<'a> {
+    /// Provider name (`tcp`, `sockets`, `verbs`, …).
+    pub provider: &'a str,
+    /// Domain (interface) name, if given.
+    pub domain: Option<&'a str>,
+    /// The address: the local one (`source`) or the peer's.
+    pub addr: SocketAddr,
+    /// `true` to get an entry for listening on `addr` (`FI_SOURCE`).
+    pub source: bool,
+    /// Transmit queue size asked for, if any.
+    pub tx_size: Option<usize>,
+    /// Receive queue size asked for, if any.
+    pub rx_size: Option<usize>,
+}
+
+/// An `fi_info` list (owned; freed with `fi_freeinfo`).
+pub struct Info {
+    ptr: *mut sys::fi_info,
+}
+
+// SAFETY: an fi_info list is plain heap data owned by this value alone.
+unsafe impl Send for Info {}
+
+impl Drop for Info {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is a list from fi_getinfo/fi_dupinfo or a CONNREQ
+        // event, owned by this value and freed once.
+        unsafe { sys::fi_freeinfo(self.ptr) };
+    }
+}
+
+fn dup_c(s: &str) -> Result<*mut std::ffi::c_char, FiError> {
+    let c = CString::new(s).map_err(|_| FiError {
+        call: "CString::new",
+        errno: sys::FI_EINVAL,
+    })?;
+    // SAFETY: `c` is NUL-terminated; strdup copies it into malloc'd memory
+    // that fi_freeinfo releases with free().
+    let p = unsafe { libc::strdup(c.as_ptr()) };
+    if p.is_null() {
+        return Err(FiError {
+            call: "strdup",
+            errno: sys::FI_ENOMEM,
+        });
+    }
+    Ok(p)
+}
+
+impl Info {
+    /// `fi_getinfo` for a connected (`FI_EP_MSG`) messaging endpoint.
+    /// Entries whose mode or mr_mode bits this code does not honour are
+    /// skipped; none left is `-FI_ENODATA`.
+    pub fn get(q: &Query<'_>) -> Result<Info, FiError> {
+        // SAFETY: fi_allocinfo has no precondition; it returns a zeroed
+        // fi_info with its attribute structs allocated, or null.
+        let hints = unsafe { sys::fi_allocinfo() };
+        if hints.is_null() {
+            return Err(FiError {
+                call: "fi_allocinfo",
+                errno: sys::FI_ENOMEM,
+            });
+        }
+        let hints = Info { ptr: hints };
+        let node = CString::new(q.addr.ip().to_string()).expect("an IP has no NUL");
+        let service = CString::new(q.addr.port().to_string()).expect("a port has no NUL");
+        // SAFETY: `hints` is a valid fi_info from fi_allocinfo with its
+        // attribute structs allocated; strings put in it are malloc'd
+        // (fi_freeinfo frees them).
+        unsafe {
+            let h = hints.ptr;
+            (*h).caps = sys::FI_MSG;
+            (*h).mode = SUPPORTED_MODE;
+            (*h).addr_format = if q.addr.is_ipv4() {
+                sys::FI_SOCKADDR_IN
+            } else {
+                sys::FI_SOCKADDR_IN6
+            };
+            (*(*h).ep_attr).type_ = sys::FI_EP_MSG;
+            (*(*h).domain_attr).mr_mode = SUPPORTED_MR_MODE;
+            (*(*h).domain_attr).threading = sys::FI_THREAD_SAFE;
+            (*(*h).fabric_attr).prov_name = dup_c(q.provider)?;
+            if let Some(d) = q.domain {
+                (*(*h).domain_attr).name = dup_c(d)?;
+            }
+            if let Some(n) = q.tx_size {
+                (*(*h).tx_attr).size = n;
+            }
+            if let Some(n) = q.rx_size {
+                (*(*h).rx_attr).size = n;
+            }
+        }
+        let mut out: *mut sys::fi_info = ptr::null_mut();
+        let flags = if q.source { sys::FI_SOURCE } else { 0 };
+        // SAFETY: node/service are NUL-terminated and outlive the call,
+        // `hints` is valid, `out` a valid out pointer.
+        let rc = unsafe {
+            sys::fi_getinfo(
+                API_VERSION,
+                node.as_ptr(),
+                service.as_ptr(),
+                flags,
+                hints.ptr,
+                &mut out,
+            )
+        };
+        check("fi_getinfo", rc)?;
+        if out.is_null() {
+            return Err(FiError::new("fi_getinfo", -(sys::FI_ENODATA as isize)));
+        }
+        let list = Info { ptr: out };
+        // Pick the first entry whose requirements are honoured here.
+        let mut e = list.ptr;
+        while !e.is_null() {
+            // SAFETY: `e` is an entry of `list`, alive while `list` is.
+            let (mode, mr_mode, next) = unsafe {
+                let attr = (*e).domain_attr;
+                let mr = if attr.is_null() { 0 } else { (*attr).mr_mode };
+                ((*e).mode, mr, (*e).next)
+            };
+            if mode & !SUPPORTED_MODE == 0 && mr_mode & !SUPPORTED_MR_MODE == 0 {
+                // SAFETY: `e` is a valid entry; fi_dupinfo copies that one
+                // entry (not the list).
+                let one = unsafe { sys::fi_dupinfo(e) };
+                if one.is_null() {
+                    return Err(FiError {
+                        call: "fi_dupinfo",
+                        errno: sys::FI_ENOMEM,
+                    });
+                }
+                // SAFETY: `one` is a fresh single-entry list we own; its
+                // `next` must be null so that freeing it frees one entry.
+                unsafe { (*one).next = ptr::null_mut() };
+                return Ok(Info { ptr: one });
+            }
+            e = next;
+        }
+        Err(FiError {
+            call: "fi_getinfo (no entry with supported mode and mr_mode bits)",
+            errno: sys::FI_ENODATA,
+        })
+    }
+
+    fn string(p: *const std::ffi::c_char) -> Option<String> {
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: a non-null libfabric string is NUL-terminated and
+            // lives as long as the fi_info it belongs to (borrowed here).
+            Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        }
+    }
+
+    /// The fabric and domain names of the entry (a cache key).
+    pub fn names(&self) -> (String, String) {
+        // SAFETY: `ptr` is a valid entry; the attribute structs may be
+        // null.
+        unsafe {
+            let f = (*self.ptr).fabric_attr;
+            let d = (*self.ptr).domain_attr;
+            let fname = if f.is_null() {
+                None
+            } else {
+                Self::string((*f).name)
+            };
+            let dname = if d.is_null() {
+                None
+            } else {
+                Self::string((*d).name)
+            };
+            (fname.unwrap_or_default(), dname.unwrap_or_default())
+        }
+    }
+
+    /// The transmit queue's gather limit (iovec entries per send).
+    pub fn iov_limit(&self) -> usize {
+        // SAFETY: `ptr` is a valid entry; tx_attr may be null.
+        unsafe {
+            let t = (*self.ptr).tx_attr;
+            if t.is_null() {
+                1
+            } else {
+                (*t).iov_limit.max(1)
+            }
+        }
+    }
+
+    /// The largest message the endpoint sends.
+    pub fn max_msg_size(&self) -> usize {
+        // SAFETY: `ptr` is a valid entry; ep_attr may be null.
+        unsafe {
+            let e = (*self.ptr).ep_attr;
+            if e.is_null() {
+                usize::MAX
+            } else {
+                (*e).max_msg_size
+            }
+        }
+    }
+
+    /// The peer's address of a CONNREQ entry or of a connecting entry.
+    pub fn dest_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: `ptr` is a valid entry; dest_addr is null or a sockaddr
+        // of dest_addrlen bytes.
+        unsafe { sockaddr((*self.ptr).dest_addr, (*self.ptr).dest_addrlen) }
+    }
+}
+
+/// Reads a `sockaddr_in`/`sockaddr_in6` of `len` bytes at `p`.
+///
+/// # Safety
+///
+/// `p` is null or points to `len` readable bytes.
+unsafe fn sockaddr(p: *const c_void, len: usize) -> Option<SocketAddr> {
+    if p.is_null() || len < std::mem::size_of::<libc::sa_family_t>() {
+        return None;
+    }
+    // SAFETY: at least the family field is readable (checked above).
+    let family = c_int::from(unsafe { ptr::read_unaligned(p.cast::<libc::sa_family_t>()) });
+    if family == libc::AF_INET && len >= std::mem::size_of::<libc::sockaddr_in>() {
+        // SAFETY: `len` covers a sockaddr_in.
+        let a = unsafe { ptr::read_unaligned(p.cast::<libc::sockaddr_in>()) };
+        let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+        Some(SocketAddr::V4(SocketAddrV4::new(
+            ip,
+            u16::from_be(a.sin_port),
+        )))
+    } else if family == libc::AF_INET6 && len >= std::mem::size_of::<libc::sockaddr_in6>() {
+        // SAFETY: `len` covers a sockaddr_in6.
+        let a = unsafe { ptr::read_unaligned(p.cast::<libc::sockaddr_in6>()) };
+        let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+        Some(SocketAddr::V6(SocketAddrV6::new(
+            ip,
+            u16::from_be(a.sin6_port),
+            a.sin6_flowinfo,
+            a.sin6_scope_id,
+        )))
+    } else {
+        None
+    }
+}
+
+/// An open fabric.
+pub struct Fabric {
+    ptr: *mut sys::fid_fabric,
+}
+
+// SAFETY: fabric objects are thread safe in libfabric; every use here is
+// serialised by the backend's lock anyway.
+unsafe impl Send for Fabric {}
+// SAFETY: as above.
+unsafe impl Sync for Fabric {}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        // SAFETY: opened by fi_fabric, closed once, after every child (the
+        // children hold an Arc of it).
+        unsafe { sys::fi_close(&mut (*self.ptr).fid) };
+    }
+}
+
+/// An open domain (and its fabric).
+pub struct Domain {
+    ptr: *mut sys::fid_domain,
+    fabric: Arc<Fabric>,
+}
+
+// SAFETY: see Fabric.
+unsafe impl Send for Domain {}
+// SAFETY: see Fabric.
+unsafe impl Sync for Domain {}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        // SAFETY: opened by fi_domain, closed once, after its children.
+        unsafe { sys::fi_close(&mut (*self.ptr).fid) };
+    }
+}
+
+impl Domain {
+    /// Opens the fabric and domain of `info`.
+    pub fn open(info: &Info) -> Result<Arc<Domain>, FiError> {
+        let mut fabric: *mut sys::fid_fabric = ptr::null_mut();
+        // SAFETY: `info` is a valid entry; the out pointer is valid.
+        let rc = unsafe { sys::fi_fabric((*info.ptr).fabric_attr, &mut fabric, ptr::null_mut()) };
+        check("fi_fabric", rc)?;
+        let fabric = Arc::new(Fabric { ptr: fabric });
+        let mut domain: *mut sys::fid_domain = ptr::null_mut();
+        // SAFETY: the fabric is open; `info` valid; out pointer valid.
+        let rc = unsafe { sys::fi_domain(fabric.ptr, info.ptr, &mut domain, ptr::null_mut()) };
+        check("fi_domain", rc)?;
+        Ok(Arc::new(Domain {
+            ptr: domain,
+            fabric,
+        }))
+    }
+
+    /// Opens a passive endpoint listening with `info` (from an
+    /// `FI_SOURCE` query), reporting to a new event queue.
+    pub fn listen(self: &Arc<Self>, info: Info) -> Result<PassiveEp, FiError> {
+        let eq = EventQueue::open(&self.fabric)?;
+        let mut pep: *mut sys::fid_pep = ptr::null_mut();
+        // SAFETY: the fabric is open, `info` valid, out pointer valid.
+        let rc =
+            unsafe { sys::fi_passive_ep(self.fabric.ptr, info.ptr, &mut pep, ptr::null_mut()) };
+        check("fi_passive_ep", rc)?;
+        let pep = PassiveEp {
+            ptr: pep,
+            eq,
+            _info: info,
+            _domain: Arc::clone(self),
+        };
+        // SAFETY: pep and eq are open.
+        let rc = unsafe { sys::fi_pep_bind(pep.ptr, &mut (*pep.eq.ptr).fid, 0) };
+        check("fi_pep_bind", rc)?;
+        // SAFETY: pep is open and bound.
+        let rc = unsafe { sys::fi_listen(pep.ptr) };
+        check("fi_listen", rc)?;
+        Ok(pep)
+    }
+}
+
+/// The outcome of `fi_trywait`.
+fn trywait(fabric: &Fabric, fid: *mut sys::fid) -> bool {
+    let mut fids = [fid];
+    // SAFETY: the fabric and the object are open; the array holds one
+    // valid fid.
+    let rc = unsafe { sys::fi_trywait(fabric.ptr, fids.as_mut_ptr(), 1) };
+    // -FI_EAGAIN: events are pending, do not sleep. Other errors (a
+    // provider without trywait support) cannot be acted on: sleep on the
+    // fd, which then wakes on new events.
+    rc != -sys::FI_EAGAIN
+}
+
+fn wait_fd(fid: *mut sys::fid) -> Result<RawFd, FiError> {
+    let mut fd: c_int = -1;
+    // SAFETY: `fid` is an open EQ or CQ made with FI_WAIT_FD, for which
+    // FI_GETWAIT writes an int.
+    let rc = unsafe {
+        sys::fi_control(
+            fid,
+            sys::FI_GETWAIT as c_int,
+            (&mut fd as *mut c_int).cast::<c_void>(),
+        )
+    };
+    check("fi_control(FI_GETWAIT)", rc)?;
+    Ok(fd)
+}
+
+/// An event queue with a wait fd.
+pub struct EventQueue {
+    ptr: *mut sys::fid_eq,
+    fd: RawFd,
+    fabric: Arc<Fabric>,
+}
+
+// SAFETY: see Fabric.
+unsafe impl Send for EventQueue {}
+// SAFETY: see Fabric.
+unsafe impl Sync for EventQueue {}
+
+impl Drop for EventQueue {
+    fn drop(&mut self) {
+        // SAFETY: opened by fi_eq_open, closed once, after the endpoints
+        // bound to it (they are dropped first by their owners).
+        unsafe { sys::fi_close(&mut (*self.ptr).fid) };
+    }
+}
+
+/// One event of an event queue.
+pub enum EqEvent {
+    /// A connection request on a passive endpoint.
+    ConnReq(Info),
+    /// The endpoint is connected.
+    Connected,
+    /// The peer shut the connection down.
+    Shutdown,
+    /// An error: the positive error number and the provider's.
+    Error {
+        /// libfabric error number.
+        errno: i32,
+        /// Provider-specific error number.
+        prov_errno: i32,
+    },
+    /// Another event type (ignored).
+    Other,
+}
+
+impl EventQueue {
+    fn open(fabric: &Arc<Fabric>) -> Result<EventQueue, FiError> {
+        let mut attr = sys::fi_eq_attr {
+            size: 64,
+            wait_obj: sys::FI_WAIT_FD,
+            ..Default::default()
+        };
+        let mut eq: *mut sys::fid_eq = ptr::null_mut();
+        // SAFETY: the fabric is open; attr and out pointer valid.
+        let rc = unsafe { sys::fi_eq_open(fabric.ptr, &mut attr, &mut eq, ptr::null_mut()) };
+        check("fi_eq_open", rc)?;
+        let mut q = EventQueue {
+            ptr: eq,
+            fd: -1,
+            fabric: Arc::clone(fabric),
+        };
+        // SAFETY: the EQ is open.
+        q.fd = wait_fd(unsafe { &mut (*q.ptr).fid })?;
+        Ok(q)
+    }
+
+    /// The wait fd to register in the event loop.
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// Reads one event, `None` if there is none.
+    pub fn read(&self) -> Result<Option<EqEvent>, FiError> {
+        let mut event: u32 = 0;
+        let mut buf = [0u64; 32];
+        // SAFETY: the EQ is open; `buf` is 256 writable bytes, aligned for
+        // fi_eq_cm_entry.
+        let rc = unsafe {
+            sys::fi_eq_read(
+                self.ptr,
+                &mut event,
+                buf.as_mut_ptr().cast::<c_void>(),
+                std::mem::size_of_val(&buf),
+                0,
+            )
+        };
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok(None);
+        }
+        if rc == -(sys::FI_EAVAIL as isize) {
+            let mut err = sys::fi_eq_err_entry::default();
+            // SAFETY: the EQ is open; `err` is a valid entry to fill.
+            let rc = unsafe { sys::fi_eq_readerr(self.ptr, &mut err, 0) };
+            if rc < 0 {
+                return Err(FiError::new("fi_eq_readerr", rc));
+            }
+            return Ok(Some(EqEvent::Error {
+                errno: err.err,
+                prov_errno: err.prov_errno,
+            }));
+        }
+        if rc < 0 {
+            return Err(FiError::new("fi_eq_read", rc));
+        }
+        Ok(Some(match event {
+            sys::FI_CONNREQ => {
+                // SAFETY: a CONNREQ event is an fi_eq_cm_entry, whose
+                // `info` the application owns and frees.
+                let info = unsafe { (*buf.as_ptr().cast::<sys::fi_eq_cm_entry>()).info };
+                if info.is_null() {
+                    EqEvent::Other
+                } else {
+                    EqEvent::ConnReq(Info { ptr: info })
+                }
+            }
+            sys::FI_CONNECTED => EqEvent::Connected,
+            sys::FI_SHUTDOWN => EqEvent::Shutdown,
+            _ => EqEvent::Other,
+        }))
+    }
+
+    /// `true` if the loop may sleep on the fd (`fi_trywait`).
+    pub fn trywait(&self) -> bool {
+        // SAFETY: taking the address of the open EQ's fid.
+        trywait(&self.fabric, unsafe { &mut (*self.ptr).fid })
+    }
+}
+
+/// A listening passive endpoint with its event queue.
+pub struct PassiveEp {
+    ptr: *mut sys::fid_pep,
+    eq: EventQueue,
+    // Kept until the endpoint is closed: providers (sockets) keep pointers
+    // into the entry they were opened with.
+    _info: Info,
+    _domain: Arc<Domain>,
+}
+
+// SAFETY: see Fabric.
+unsafe impl Send for PassiveEp {}
+
+impl Drop for PassiveEp {
+    fn drop(&mut self) {
+        // SAFETY: opened by fi_passive_ep, closed once, before its EQ (a
+        // field, dropped after this).
+        unsafe { sys::fi_close(&mut (*self.ptr).fid) };
+    }
+}
+
+impl PassiveEp {
+    /// The bound address (with the port the system picked).
+    pub fn local_addr(&self) -> Result<SocketAddr, FiError> {
+        let mut buf = [0u64; 16];
+        let mut len = std::mem::size_of_val(&buf);
+        // SAFETY: the pep is open; `buf` has `len` writable bytes.
+        let rc = unsafe {
+            sys::fi_getname(
+                &mut (*self.ptr).fid,
+                buf.as_mut_ptr().cast::<c_void>(),
+                &mut len,
+            )
+        };
+        check("fi_getname", rc)?;
+        // SAFETY: fi_getname wrote `len` bytes (at most the buffer size).
+        unsafe { sockaddr(buf.as_ptr().cast::<c_void>(), len.min(128)) }.ok_or(FiError {
+            call: "fi_getname (not an IP address)",
+            errno: sys::FI_EINVAL,
+        })
+    }
+
+    /// The event queue.
+    pub fn eq(&self) -> &EventQueue {
+        &self.eq
+    }
+}
+
+/// A memory registration.
+pub struct Mr {
+    ptr: *mut sys::fid_mr,
+    desc: *mut c_void,
+    _domain: Arc<Domain>,
+}
+
+// SAFETY: see Fabric.
+unsafe impl Send for Mr {}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: opened by fi_mr_reg, closed once, before the memory it
+        // covers is freed (owners drop the Mr first).
+        unsafe { sys::fi_close(&mut (*self.ptr).fid) };
+    }
+}
+
+/// Keys for providers that do not pick them (no `FI_MR_PROV_KEY`): unique
+/// per process, so per domain.
+static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
+
+impl Mr {
+    /// Registers `len` bytes at `addr` for local send and receive.
+    ///
+    /// # Safety
+    ///
+    /// The memory stays allocated until the returned `Mr` is dropped.
+    unsafe fn register(domain: &Arc<Domain>, addr: *const u8, len: usize) -> Result<Mr, FiError> {
+        let mut mr: *mut sys::fid_mr = ptr::null_mut();
+        let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the domain is open; the memory is valid (caller); out
+        // pointer valid.
+        let rc = unsafe {
+            sys::fi_mr_reg(
+                domain.ptr,
+                addr.cast::<c_void>(),
+                len.max(1),
+                sys::FI_SEND | sys::FI_RECV,
+                0,
+                key,
+                0,
+                &mut mr,
+                ptr::null_mut(),
+            )
+        };
+        check("fi_mr_reg", rc)?;
+        // SAFETY: `mr` is open.
+        let desc = unsafe { sys::fi_mr_desc(mr) };
+        Ok(Mr {
+            ptr: mr,
+            desc,
+            _domain: Arc::clone(domain),
+        })
+    }
+}
+
+/// Registered memory owned by a send in flight (dropped after its
+/// completion or after the endpoint is closed).
+struct Bounce {
+    // Field order: the registration is closed before the memory is freed.
+    mr: Mr,
+    _mem: Box<[u8]>,
+}
+
+impl Bounce {
+    fn new(
+        domain: &Arc<Domain>,
+        mut bytes: Vec<u8>,
+    ) -> Result<(Bounce, *const u8, usize), FiError> {
+        let n = bytes.len();
+        if n == 0 {
+            // Never register an empty (dangling) allocation.
+            bytes.push(0);
+        }
+        let mem = bytes.into_boxed_slice();
+        let p = mem.as_ptr();
+        // SAFETY: `mem` is stored next to the registration and freed after
+        // it (field order).
+        let mr = unsafe { Mr::register(domain, p, n) }?;
+        Ok((Bounce { mr, _mem: mem }, p, n))
+    }
+}
+
+/// What a send in flight keeps alive.
+enum TxData {
+    Buffer(#[allow(dead_code)] NetworkBuffer),
+    Bounce(#[allow(dead_code)] Bounce),
+    ZeroCopy(#[allow(dead_code)] Option<Bounce>, #[allow(dead_code)] Lent),
+}
+
+struct TxOp {
+    // The operation context handed to the provider (stays put: boxed).
+    ctx: Box<sys::fi_context2>,
+    _data: TxData,
+}
+
+/// Receive memory of an endpoint: `num` buffers of `size` bytes in one
+/// registered allocation, each with its operation context.
+struct RecvSlab {
+    mr: Mr,
+    mem: Box<[u8]>,
+    ctx: Box<[sys::fi_context2]>,
+    size: usize,
+}
+
+/// One completion of an endpoint's queue.
+#[derive(Debug)]
+pub enum Completion {
+    /// Receive buffer `index` holds a message of `len` bytes.
+    Received {
+        /// Buffer index.
+        index: usize,
+        /// Message length.
+        len: usize,
+    },
+    /// A message did not fit receive buffer `index`: `size` bytes in all.
+    Truncated {
+        /// The message's full size (0: not reported by the provider).
+        size: u64,
+    },
+    /// A send failed (the connection broke).
+    SendFailed(i32),
+    /// A receive failed for another reason (`FI_ECANCELED` at close, a
+    /// broken connection).
+    RecvFailed(i32),
+}
+
+/// Why a send was not posted.
+pub enum PostError {
+    /// The send queue depth is reached, or the provider's transmit queue
+    /// is full (`-FI_EAGAIN`): retry after a completion.
+    Again,
+    /// Another error.
+    Failed(FiError),
+}
+
+/// What each side of a link needs.
+pub struct LinkSpec {
+    /// Receive buffer size and count (0 buffers: no receive capability).
+    pub recv: (usize, usize),
+    /// Region for zero-copy sends.
+    pub zero_copy: Option<MemoryRegion>,
+    /// Send queue depth for copy and zero-copy sends.
+    pub depth: usize,
+    /// Completion queue size.
+    pub cq_size: usize,
+}
+
+/// An active endpoint and everything the provider may touch for it.
+pub struct Link {
+    ep: *mut sys::fid_ep,
+    // Dropped after the endpoint is closed (see Drop), in this order.
+    ledger: SendLedger<TxOp>,
+    tx_ctx: HashMap<usize, SendSeq>,
+    recv: Option<RecvSlab>,
+    zero_copy: Option<(Mr, MemoryRegion)>,
+    buffer_mrs: HashMap<usize, Mr>,
+    pools: Vec<BufferPool>,
+    cq: *mut sys::fid_cq,
+    cq_fd: RawFd,
+    eq: EventQueue,
+    domain: Arc<Domain>,
+    // Kept until the endpoint is closed: providers (sockets) keep pointers
+    // into the entry they were opened with.
+    info: Option<Info>,
+    iov_limit: usize,
+    max_msg: usize,
+    scratch: Vec<sys::fi_cq_msg_entry>,
+}
+
+// SAFETY: see Fabric; the raw pointers are libfabric objects owned here.
+unsafe impl Send for Link {}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.close_ep();
+        // SAFETY: the CQ was opened by fi_cq_open and is closed once,
+        // after the endpoint bound to it. The EQ and the domain are fields
+        // dropped after this.
+        unsafe { sys::fi_close(&mut (*self.cq).fid) };
+    }
+}
+
+impl Link {
+    /// Opens an endpoint for `info` on `domain` with its own completion
+    /// and event queues, registers its receive memory and posts every
+    /// receive buffer. Connect it with [`connect`](Self::connect) or
+    /// accept it with [`accept`](Self::accept).
+    pub fn open(domain: &Arc<Domain>, info: Info, spec: LinkSpec) -> Result<Link, FiError> {
+        let eq = EventQueue::open(&domain.fabric)?;
+        let mut attr = sys::fi_cq_attr {
+            size: spec.cq_size,
+            format: sys::FI_CQ_FORMAT_MSG,
+            wait_obj: sys::FI_WAIT_FD,
+            ..Default::default()
+        };
+        let mut cq: *mut sys::fid_cq = ptr::null_mut();
+        // SAFETY: the domain is open; attr and out pointer valid.
+        let rc = unsafe { sys::fi_cq_open(domain.ptr, &mut attr, &mut cq, ptr::null_mut()) };
+        check("fi_cq_open", rc)?;
+        let mut link = Link {
+            ep: ptr::null_mut(),
+            ledger: SendLedger::new(spec.depth),
+            tx_ctx: HashMap::new(),
+            recv: None,
+            zero_copy: None,
+            buffer_mrs: HashMap::new(),
+            pools: Vec::new(),
+            cq,
+            cq_fd: -1,
+            eq,
+            domain: Arc::clone(domain),
+            info: None,
+            iov_limit: info.iov_limit(),
+            max_msg: info.max_msg_size(),
+            scratch: Vec::with_capacity(64),
+        };
+        // SAFETY: the CQ is open.
+        link.cq_fd = wait_fd(unsafe { &mut (*link.cq).fid })?;
+        let mut ep: *mut sys::fid_ep = ptr::null_mut();
+        // SAFETY: domain open, info valid, out pointer valid.
+        let rc = unsafe { sys::fi_endpoint(domain.ptr, info.ptr, &mut ep, ptr::null_mut()) };
+        check("fi_endpoint", rc)?;
+        link.ep = ep;
+        link.info = Some(info);
+        // SAFETY: the endpoint, EQ and CQ are open; the CQ takes both
+        // directions' completions.
+        unsafe {
+            check(
+                "fi_ep_bind(eq)",
+                sys::fi_ep_bind(ep, &mut (*link.eq.ptr).fid, 0),
+            )?;
+            check(
+                "fi_ep_bind(cq)",
+                sys::fi_ep_bind(ep, &mut (*link.cq).fid, sys::FI_TRANSMIT | sys::FI_RECV),
+            )?;
+            check("fi_enable", sys::fi_enable(ep))?;
+        }
+        if let Some(region) = spec.zero_copy {
+            // SAFETY: the region's memory lives as long as the clone kept
+            // next to the registration, dropped after it (tuple order).
+            let mr = unsafe { Mr::register(domain, region.as_mut_ptr(), region.len()) }?;
+            link.zero_copy = Some((mr, region));
+        }
+        let (size, num) = spec.recv;
+        if num > 0 {
+            let mem = vec![0u8; size * num].into_boxed_slice();
+            // SAFETY: `mem` is stored in the slab next to the registration
+            // and freed after it (field order), after the endpoint closed.
+            let mr = unsafe { Mr::register(domain, mem.as_ptr(), mem.len()) }?;
+            // SAFETY: fi_context2 is plain data; zeroed is a valid value.
+            let ctx = vec![unsafe { std::mem::zeroed::<sys::fi_context2>() }; num];
+            link.recv = Some(RecvSlab {
+                mr,
+                mem,
+                ctx: ctx.into_boxed_slice(),
+                size,
+            });
+            for i in 0..num {
+                link.post_recv(i)?;
+            }
+        }
+        Ok(link)
+    }
+
+    /// The completion queue's and event queue's wait fds.
+    pub fn fds(&self) -> (RawFd, RawFd) {
+        (self.cq_fd, self.eq.fd)
+    }
+
+    /// Keeps a send pool alive as long as the registrations of its
+    /// buffers (needed before [`send_buffer`](Self::send_buffer) with its
+    /// buffers).
+    pub fn keep_pool(&mut self, pool: BufferPool) {
+        if !self.pools.iter().any(|p| p.same_pool(&pool)) {
+            self.pools.push(pool);
+        }
+    }
+
+    /// Starts connecting to the destination of the entry the endpoint was
+    /// opened with.
+    pub fn connect(&mut self) -> Result<(), FiError> {
+        self.live()?;
+        let info = self.info.as_ref().ok_or(FiError {
+            call: "fi_connect (no entry)",
+            errno: sys::FI_EINVAL,
+        })?;
+        // SAFETY: the endpoint is open; dest_addr is the address fi_getinfo
+        // resolved for it (the provider reads its format's size).
+        let rc = unsafe { sys::fi_connect(self.ep, (*info.ptr).dest_addr, ptr::null(), 0) };
+        check("fi_connect", rc)
+    }
+
+    /// Accepts the connection request this endpoint was opened for.
+    pub fn accept(&mut self) -> Result<(), FiError> {
+        self.live()?;
+        // SAFETY: the endpoint is open.
+        let rc = unsafe { sys::fi_accept(self.ep, ptr::null(), 0) };
+        check("fi_accept", rc)
+    }
+
+    fn live(&self) -> Result<(), FiError> {
+        if self.ep.is_null() {
+            Err(FiError {
+                call: "endpoint closed",
+                errno: sys::FI_EINVAL,
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Posts receive buffer `index` (again).
+    pub fn post_recv(&mut self, index: usize) -> Result<(), FiError> {
+        self.live()?;
+        let slab = self.recv.as_mut().ok_or(FiError {
+            call: "fi_recv (no receive buffers)",
+            errno: sys::FI_EINVAL,
+        })?;
+        if index >= slab.ctx.len() {
+            return Err(FiError {
+                call: "fi_recv (no such buffer)",
+                errno: sys::FI_EINVAL,
+            });
+        }
+        // SAFETY: buffer `index` lies inside the slab (index < count), the
+        // slab and its registration live until after the endpoint is
+        // closed (Drop), and its context slot stays put (boxed slice).
+        let rc = unsafe {
+            let buf = slab.mem.as_mut_ptr().add(index * slab.size);
+            sys::fi_recv(
+                self.ep,
+                buf.cast::<c_void>(),
+                slab.size,
+                slab.mr.desc,
+                sys::FI_ADDR_UNSPEC,
+                (&mut slab.ctx[index] as *mut sys::fi_context2).cast::<c_void>(),
+            )
+        };
+        if rc < 0 {
+            return Err(FiError::new("fi_recv", rc));
+        }
+        Ok(())
+    }
+
+    /// The bytes of receive buffer `index` (a completed receive not yet
+    /// posted again).
+    pub fn received(&self, index: usize, len: usize) -> &[u8] {
+        match &self.recv {
+            Some(s) if index < s.ctx.len() => {
+                let start = index * s.size;
+                &s.mem[start..start + len.min(s.size)]
+            }
+            _ => &[],
+        }
+    }
+
+    /// Receive buffer size and count.
+    pub fn recv_shape(&self) -> (usize, usize) {
+        self.recv.as_ref().map_or((0, 0), |s| (s.size, s.ctx.len()))
+    }
+
+    fn recv_index(&self, ctx: *mut c_void) -> Option<usize> {
+        let s = self.recv.as_ref()?;
+        let base = s.ctx.as_ptr() as usize;
+        let size = std::mem::size_of::<sys::fi_context2>();
+        let p = ctx as usize;
+        if p >= base && p < base + size * s.ctx.len() && (p - base) % size == 0 {
+            Some((p - base) / size)
+        } else {
+            None
+        }
+    }
+
+    /// Reads every completion: receives are returned, sends marked done in
+    /// the ledger (collect them with [`drain_completed`](Self::drain_completed)).
+    /// Returns `true` if anything was read.
+    pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<bool, FiError> {
+        if self.ep.is_null() {
+            return Ok(false);
+        }
+        let mut any = false;
+        loop {
+            self.scratch.clear();
+            let cap = self.scratch.capacity();
+            // SAFETY: the CQ is open; `scratch` has room for `cap` entries
+            // of the format it was opened with (FI_CQ_FORMAT_MSG).
+            let rc = unsafe {
+                sys::fi_cq_read(self.cq, self.scratch.as_mut_ptr().cast::<c_void>(), cap)
+            };
+            if rc == -(sys::FI_EAGAIN as isize) {
+                return Ok(any);
+            }
+            if rc == -(sys::FI_EAVAIL as isize) {
+                any = true;
+                let mut e = sys::fi_cq_err_entry::default();
+                // SAFETY: the CQ is open; `e` is a valid entry to fill.
+                let rc = unsafe { sys::fi_cq_readerr(self.cq, &mut e, 0) };
+                if rc < 0 {
+                    if rc == -(sys::FI_EAGAIN as isize) {
+                        continue;
+                    }
+                    return Err(FiError::new("fi_cq_readerr", rc));
+                }
+                if let Some(index) = self.recv_index(e.op_context) {
+                    if e.err == sys::FI_ETRUNC as c_int {
+                        let _ = index;
+                        out.push(Completion::Truncated {
+                            size: (e.len as u64).saturating_add(e.olen as u64),
+                        });
+                    } else {
+                        out.push(Completion::RecvFailed(e.err));
+                    }
+                } else if self.tx_ctx.remove(&(e.op_context as usize)).is_some() {
+                    // The send stays in the ledger: it is cancelled when the
+                    // broken connection is closed.
+                    out.push(Completion::SendFailed(e.err));
+                } else if e.flags & sys::FI_RECV != 0 {
+                    out.push(Completion::RecvFailed(e.err));
+                }
+                continue;
+            }
+            if rc < 0 {
+                return Err(FiError::new("fi_cq_read", rc));
+            }
+            let n = rc as usize;
+            // SAFETY: fi_cq_read wrote `n` <= cap entries.
+            unsafe { self.scratch.set_len(n) };
+            any = true;
+            for i in 0..n {
+                let e = self.scratch[i];
+                if let Some(index) = self.recv_index(e.op_context) {
+                    out.push(Completion::Received { index, len: e.len });
+                } else if let Some(seq) = self.tx_ctx.remove(&(e.op_context as usize)) {
+                    self.ledger.mark_done(seq);
+                }
+            }
+            if n < cap {
+                return Ok(any);
+            }
+        }
+    }
+
+    /// `true` if the loop may sleep on the completion queue's fd.
+    pub fn trywait_cq(&self) -> bool {
+        // SAFETY: taking the address of the open CQ's fid.
+        trywait(&self.domain.fabric, unsafe { &mut (*self.cq).fid })
+    }
+
+    /// The event queue.
+    pub fn eq(&self) -> &EventQueue {
+        &self.eq
+    }
+
+    /// The keys of sends that completed, in send order, ready to be
+    /// reported (their memory is released here).
+    pub fn drain_completed(&mut self) -> Vec<u64> {
+        self.ledger
+            .drain_completed()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    }
+
+    /// Reads completions (dropping received messages) until every send
+    /// completed or `limit` passed.
+    pub fn settle_sends(&mut self, limit: std::time::Duration) {
+        let end = std::time::Instant::now() + limit;
+        let mut dropped = Vec::new();
+        loop {
+            dropped.clear();
+            if self.poll(&mut dropped).is_err() || self.ledger_done() {
+                return;
+            }
+            if std::time::Instant::now() >= end {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+
+    fn ledger_done(&self) -> bool {
+        self.tx_ctx.is_empty()
+    }
+
+    /// `true` if a copy or zero-copy send would find a free slot.
+    pub fn has_room(&self) -> bool {
+        self.ledger.has_room()
+    }
+
+    // The payload goes back to the caller on the failure path only.
+    #[allow(clippy::result_large_err)]
+    fn post(
+        &mut self,
+        key: u64,
+        counted: bool,
+        iov: &[(*const u8, usize, *mut c_void)],
+        data: TxData,
+    ) -> Result<(), (PostError, TxData)> {
+        if self.ep.is_null() {
+            return Err((
+                PostError::Failed(FiError {
+                    call: "endpoint closed",
+                    errno: sys::FI_EINVAL,
+                }),
+                data,
+            ));
+        }
+        if counted && !self.ledger.has_room() {
+            return Err((PostError::Again, data));
+        }
+        let mut op = TxOp {
+            // SAFETY: fi_context2 is plain data; zeroed is a valid value.
+            ctx: Box::new(unsafe { std::mem::zeroed::<sys::fi_context2>() }),
+            _data: data,
+        };
+        let ctx = (&mut *op.ctx as *mut sys::fi_context2).cast::<c_void>();
+        let mut vecs: Vec<sys::iovec> = iov
+            .iter()
+            .map(|&(p, n, _)| sys::iovec {
+                iov_base: p as *mut c_void,
+                iov_len: n,
+            })
+            .collect();
+        let mut descs: Vec<*mut c_void> = iov.iter().map(|&(_, _, d)| d).collect();
+        // SAFETY: the endpoint is open; every iovec entry points into
+        // registered memory owned by `op` (a buffer, a bounce copy, or a
+        // region kept by the Link and lent to `op`), which the ledger keeps
+        // until the send's completion is read or the endpoint is closed;
+        // `ctx` is boxed in `op` likewise; descriptors match the memory.
+        let rc = unsafe {
+            if vecs.len() == 1 {
+                sys::fi_send(
+                    self.ep,
+                    vecs[0].iov_base,
+                    vecs[0].iov_len,
+                    descs[0],
+                    sys::FI_ADDR_UNSPEC,
+                    ctx,
+                )
+            } else {
+                sys::fi_sendv(
+                    self.ep,
+                    vecs.as_mut_ptr(),
+                    descs.as_mut_ptr(),
+                    vecs.len(),
+                    sys::FI_ADDR_UNSPEC,
+                    ctx,
+                )
+            }
+        };
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Err((PostError::Again, op._data));
+        }
+        if rc < 0 {
+            return Err((PostError::Failed(FiError::new("fi_send", rc)), op._data));
+        }
+        match self.ledger.accept(key, counted, op) {
+            Ok(seq) => {
+                self.tx_ctx.insert(ctx as usize, seq);
+                Ok(())
+            }
+            Err(LedgerFull(op)) => {
+                // Not reachable (room was checked under the same &mut); the
+                // send is posted, so its memory must outlive the endpoint:
+                // keep it by leaking rather than freeing it under the NIC.
+                std::mem::forget(op);
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends the bytes of `buf` (a buffer of a pool given to
+    /// [`keep_pool`](Self::keep_pool)), completing with `key`. On error the
+    /// buffer comes back.
+    pub fn send_buffer(
+        &mut self,
+        buf: NetworkBuffer,
+        key: u64,
+    ) -> Result<(), (PostError, Option<NetworkBuffer>)> {
+        if !self.pools.iter().any(|p| p.owns(&buf)) {
+            return Err((
+                PostError::Failed(FiError {
+                    call: "send_buffer (foreign buffer)",
+                    errno: sys::FI_EINVAL,
+                }),
+                Some(buf),
+            ));
+        }
+        let data = buf.as_slice();
+        let (p, n) = (data.as_ptr(), data.len());
+        // The whole buffer is registered once (its storage never moves
+        // while its pool, kept by this link, lives).
+        let full = buf.capacity();
+        let desc = match self.buffer_mrs.get(&(p as usize)) {
+            Some(mr) => mr.desc,
+            None => {
+                // SAFETY: the buffer's storage belongs to a pool this link
+                // keeps alive (`pools`, dropped after `buffer_mrs`).
+                match unsafe { Mr::register(&self.domain, p, full) } {
+                    Ok(mr) => {
+                        let d = mr.desc;
+                        self.buffer_mrs.insert(p as usize, mr);
+                        d
+                    }
+                    Err(e) => return Err((PostError::Failed(e), Some(buf))),
+                }
+            }
+        };
+        match self.post(key, false, &[(p, n, desc)], TxData::Buffer(buf)) {
+            Ok(()) => Ok(()),
+            Err((e, TxData::Buffer(b))) => Err((e, Some(b))),
+            Err((e, _)) => Err((e, None)),
+        }
+    }
+
+    /// Sends `header` then `parts`, copied into registered memory now.
+    pub fn send_copy(&mut self, parts: &[&[u8]], header: &[u8], key: u64) -> Result<(), PostError> {
+        if !self.ledger.has_room() {
+            return Err(PostError::Again);
+        }
+        let total = header.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut bytes = Vec::with_capacity(total);
+        bytes.extend_from_slice(header);
+        for p in parts {
+            bytes.extend_from_slice(p);
+        }
+        let (b, p, n) = Bounce::new(&self.domain, bytes).map_err(PostError::Failed)?;
+        let desc = b.mr.desc;
+        self.post(key, true, &[(p, n, desc)], TxData::Bounce(b))
+            .map_err(|(e, _)| e)
+    }
+
+    /// Sends `header` (copied into registered memory) then the lent
+    /// region bytes, without copying them when the provider's gather limit
+    /// allows (otherwise everything is copied into registered memory).
+    pub fn send_zero_copy(&mut self, lent: Lent, header: &[u8], key: u64) -> Result<(), PostError> {
+        if !self.ledger.has_room() {
+            return Err(PostError::Again);
+        }
+        let Some((mr, _)) = &self.zero_copy else {
+            return Err(PostError::Failed(FiError {
+                call: "send_data (no region)",
+                errno: sys::FI_EINVAL,
+            }));
+        };
+        let region_desc = mr.desc;
+        let chunks: Vec<&[u8]> = lent.chunks().filter(|c| !c.is_empty()).collect();
+        let segments = chunks.len() + usize::from(!header.is_empty());
+        if segments == 0 || segments > self.iov_limit {
+            let mut parts = chunks;
+            parts.retain(|c| !c.is_empty());
+            let r = self.send_copy(&parts, header, key);
+            drop(lent);
+            return r;
+        }
+        let mut iov: Vec<(*const u8, usize, *mut c_void)> = Vec::with_capacity(segments);
+        let head = if header.is_empty() {
+            None
+        } else {
+            let (b, p, n) =
+                Bounce::new(&self.domain, header.to_vec()).map_err(PostError::Failed)?;
+            iov.push((p, n, b.mr.desc));
+            Some(b)
+        };
+        for c in &chunks {
+            iov.push((c.as_ptr(), c.len(), region_desc));
+        }
+        drop(chunks);
+        self.post(key, true, &iov, TxData::ZeroCopy(head, lent))
+            .map_err(|(e, _)| e)
+    }
+
+    /// The largest message the endpoint sends.
+    pub fn max_msg_size(&self) -> usize {
+        self.max_msg
+    }
+
+    /// The region of zero-copy sends, if any.
+    pub fn region(&self) -> Option<MemoryRegion> {
+        self.zero_copy.as_ref().map(|(_, r)| r.clone())
+    }
+
+    /// The send pools whose buffers this link sends.
+    pub fn pools(&self) -> Vec<BufferPool> {
+        self.pools.clone()
+    }
+
+    /// Starts an orderly shutdown (`fi_shutdown`).
+    pub fn shutdown(&mut self) {
+        if !self.ep.is_null() {
+            // SAFETY: the endpoint is open.
+            unsafe { sys::fi_shutdown(self.ep, 0) };
+        }
+    }
+
+    fn close_ep(&mut self) {
+        if !self.ep.is_null() {
+            // SAFETY: the endpoint is open and closed once; afterwards the
+            // provider uses none of its buffers or contexts.
+            unsafe { sys::fi_close(&mut (*self.ep).fid) };
+            self.ep = ptr::null_mut();
+        }
+    }
+
+    /// Closes the endpoint, then ends every send: the completed ones not yet
+    /// reported, then the cancelled ones (keys in send order).
+    pub fn close(mut self) -> (Vec<u64>, Vec<u64>) {
+        self.close_ep();
+        let ended = self.ledger.cancel_all();
+        let keys = |v: Vec<(u64, TxOp)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+        (keys(ended.completed), keys(ended.cancelled))
+    }
+}
+
+/// Sets `name` to `value` in the environment unless it is set already, for
+/// providers that read their settings from the environment when first
+/// initialised.
+pub fn default_env(name: &str, value: &str) {
+    if std::env::var_os(name).is_none() {
+        std::env::set_var(name, value);
+    }
+}

@@ -1,0 +1,73 @@
+//! The libfabric provider of netio-rs: the netio contract over libfabric
+//! connected (`FI_EP_MSG`) endpoints with `FI_MSG`, on
+//! [`MioLoop`](netio_core::mio_loop::MioLoop).
+//!
+//! The fabric provider is chosen by name ([`LibfabricConfig::provider`]):
+//! `tcp` and `sockets` run on any Linux host; `verbs` takes the same code
+//! onto RDMA hardware. See `docs/libfabric.md`.
+//!
+//! # How it works
+//!
+//! - A listen endpoint is a passive endpoint with its own event queue
+//!   (`FI_WAIT_FD`), whose fd is registered in the loop. A connection
+//!   request (`FI_CONNREQ`) opens an endpoint and accepts it; `FI_CONNECTED`
+//!   establishes the connection, `FI_SHUTDOWN` closes it (`PeerClosed`), an
+//!   error event refuses (`Refused`, `Unreachable`) or resets it.
+//! - Every connection has its own endpoint, completion queue and event
+//!   queue; both queues' wait fds are registered in the loop. Before the
+//!   loop sleeps on them `fi_trywait` is called; when it answers
+//!   `-FI_EAGAIN` the queues are read again instead.
+//! - Receive buffers are one registered allocation per connection
+//!   (`recv.buf_size × recv.num_buf`), all posted. A message is copied out
+//!   of its buffer for `on_data` (so no registered memory is ever lent
+//!   outside the backend's lock), and the buffer is posted again once
+//!   `on_data` returns. `pause_receive` stops posting buffers again: the
+//!   provider then stops taking the peer's data and the peer's sends back
+//!   up.
+//! - Messages keep their boundaries (`FI_MSG`): no length prefix. A
+//!   message larger than the receive buffer is reported by libfabric as a
+//!   truncation (`FI_ETRUNC`): the connection closes with
+//!   `CloseReason::MessageTooLarge`. A connection opened without receive
+//!   buffers posts one small buffer so that a message sent to it is
+//!   noticed and closes it with `CloseReason::Protocol`.
+//! - Sends: buffered sends send the pool buffer itself (registered on
+//!   first use, the registration kept as long as the connection); copy
+//!   sends copy into a freshly registered bounce buffer; zero-copy sends
+//!   send the header (copied into a registered bounce buffer) and the
+//!   region's bytes as one gathered message (`fi_sendv`, the region is
+//!   registered once per connection), or copy everything into a bounce
+//!   buffer when the provider's gather limit is too small.
+//! - Memory is always registered and its descriptor passed, whatever the
+//!   provider's `mr_mode`, as `FI_MR_LOCAL` providers (verbs) require;
+//!   every operation gets a context of `fi_context2` size
+//!   (`FI_CONTEXT`/`FI_CONTEXT2` modes). Entries of `fi_getinfo` asking for
+//!   anything else are skipped.
+//! - The in-flight ledger is [`netio_core::ledger::SendLedger`].
+//!
+//! # Limits
+//!
+//! - Shared receive pools are not supported (each endpoint posts its own
+//!   registered buffers; sharing them needs shared receive contexts).
+//! - A reset by the peer is reported by libfabric 1.17 (`tcp`, `sockets`)
+//!   as an orderly `FI_SHUTDOWN`, so it closes with
+//!   `CloseReason::PeerClosed`; only the side whose connection broke
+//!   locally (`ECONNABORTED` and the like on its completions) reports
+//!   `Reset`.
+//! - `sockets` keeps completing sends to a receiver that posts no buffers,
+//!   so pausing a receiver does not push back on the sender (see
+//!   `docs/libfabric.md`); `tcp` pushes back. Use `tcp`.
+//! - Liveness: libfabric 1.17's `tcp` and `sockets` endpoints offer no
+//!   keepalive or user timeout, so a peer that becomes unreachable without
+//!   a reset is not noticed; [`BackendConfig::peer_timeout`] is accepted and
+//!   not enforced.
+//!
+//! [`BackendConfig::peer_timeout`]: netio_core::BackendConfig::peer_timeout
+
+#![warn(missing_docs)]
+
+mod backend;
+mod config;
+mod ffi;
+
+pub use backend::{LibfabricBackend, LibfabricProvider};
+pub use config::LibfabricConfig;

@@ -1,0 +1,152 @@
+//! What the integration tests share: a handler that records events and
+//! answers `ping` with `pong`, and a loop running on a thread of its own.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use netio_core::mio_loop::MioLoop;
+use netio_core::{
+    Backend, Capabilities, CloseReason, ConnId, EndpointAddress, EventLoop, Handler, RefuseReason,
+};
+
+/// Wall time a condition gets on a loaded machine.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// What a [`Recorder`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// `on_connection_established`.
+    Established(ConnId, EndpointAddress),
+    /// `on_connection_refused`.
+    Refused(ConnId, RefuseReason),
+    /// `on_connection_closed`.
+    Closed(ConnId, CloseReason),
+    /// `on_data` with a `pong`.
+    Pong(ConnId),
+}
+
+/// Records events; answers every `ping` with a `pong` (copy send); when a
+/// connection to `greet_port` is established, sends `pings` pings on it.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    pub log: Arc<Mutex<Vec<Seen>>>,
+    pub greet_port: Arc<AtomicU16>,
+    pub pings: usize,
+}
+
+impl Recorder {
+    pub fn new(pings: usize) -> Self {
+        Self {
+            pings,
+            ..Self::default()
+        }
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn count(&self, f: impl Fn(&Seen) -> bool) -> usize {
+        self.log.lock().unwrap().iter().filter(|s| f(s)).count()
+    }
+}
+
+impl<B: Backend + ?Sized> Handler<B> for Recorder {
+    fn on_connection_established(
+        &mut self,
+        b: &B,
+        conn: ConnId,
+        remote: EndpointAddress,
+        _caps: Capabilities,
+    ) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(Seen::Established(conn, remote));
+        if remote.port() == self.greet_port.load(Ordering::SeqCst) {
+            for i in 0..self.pings {
+                b.send_data_copy(conn, &[b"ping"], &[], i as u64)
+                    .expect("a ping is accepted (the queue depth exceeds the pings)");
+            }
+        }
+    }
+
+    fn on_connection_refused(
+        &mut self,
+        _b: &B,
+        conn: ConnId,
+        _r: EndpointAddress,
+        why: &RefuseReason,
+    ) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(Seen::Refused(conn, why.clone()));
+    }
+
+    fn on_connection_closed(
+        &mut self,
+        _b: &B,
+        conn: ConnId,
+        _r: EndpointAddress,
+        why: &CloseReason,
+        _keys: &[u64],
+    ) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(Seen::Closed(conn, why.clone()));
+    }
+
+    fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
+        match data {
+            b"ping" => {
+                let _ = b.send_data_copy(conn, &[b"pong"], &[], 0);
+            }
+            b"pong" => self.log.lock().unwrap().push(Seen::Pong(conn)),
+            _ => {}
+        }
+    }
+}
+
+/// A loop running on its own thread until dropped.
+pub struct Running {
+    pub lp: MioLoop,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    pub fn start() -> Self {
+        let lp = MioLoop::new().expect("creating a loop");
+        let runner = lp.clone();
+        let thread = std::thread::spawn(move || runner.run(|| {}));
+        Self {
+            lp,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.lp.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Waits (bounded by [`DEADLINE`]) until `cond` holds; `false` if it never did.
+pub fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + DEADLINE;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    cond()
+}

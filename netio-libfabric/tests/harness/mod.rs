@@ -1,0 +1,81 @@
+//! The conformance harness of the libfabric provider, shared by the suite's
+//! test binaries (`conformance_tcp`, `conformance_sockets`): a
+//! [`MioProvider`] per fabric provider for the suite's ready-made
+//! [`MioHarness`](netio_conformance::mio::MioHarness), on 127.0.0.1.
+//!
+//! Both fabric providers carry messages over kernel TCP sockets, so a
+//! connection is reset the way the TCP provider's harness does it: the
+//! kernel's socket-destroy request (`ss -K`, needs root) aborts the socket
+//! and the peer sees a real TCP reset.
+#![allow(dead_code)]
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::process::Command;
+
+use netio_conformance::mio::MioProvider;
+use netio_core::mio_loop::MioLoop;
+use netio_core::{BackendConfig, CreateError, EndpointAddress, Features, Handler};
+use netio_libfabric::{LibfabricBackend, LibfabricConfig};
+
+/// A port that was just free: nothing listens there, so the kernel answers
+/// a connect with a reset (a refusal).
+pub fn refusing() -> EndpointAddress {
+    let l = TcpListener::bind(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0))
+        .expect("binding a probe port");
+    EndpointAddress::from(l.local_addr().expect("probe address"))
+}
+
+/// Destroys the TCP sockets from `local` to `remote` (`ss -K`).
+pub fn reset(local: IpAddr, remote: EndpointAddress) {
+    let out = Command::new("ss")
+        .args(["-K", "-t", "src", &local.to_string(), "dst"])
+        .arg(remote.ip().to_string())
+        .args(["dport", "=", &remote.port().to_string()])
+        .output()
+        .unwrap_or_else(|e| panic!("running `ss -K` to reset a connection (iproute2): {e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.lines().count() > 1,
+        "`ss -K` did not reset the connection to {remote} (it needs root and a kernel with \
+         CONFIG_INET_DIAG_DESTROY): status {}, stdout {text:?}, stderr {:?}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+macro_rules! flavor {
+    ($(#[$m:meta])* $name:ident, $prov:expr) => {
+        $(#[$m])*
+        pub struct $name;
+        impl MioProvider for $name {
+            type Backend = LibfabricBackend;
+            fn features() -> Features {
+                LibfabricBackend::FEATURES
+            }
+            fn create(
+                lp: &MioLoop,
+                config: BackendConfig,
+                handler: Box<dyn Handler<LibfabricBackend>>,
+            ) -> Result<LibfabricBackend, CreateError> {
+                LibfabricBackend::new(lp, config, LibfabricConfig::provider($prov), handler)
+            }
+            fn local_ip() -> IpAddr {
+                Ipv4Addr::LOCALHOST.into()
+            }
+            fn refusing_address() -> EndpointAddress {
+                refusing()
+            }
+        }
+    };
+}
+
+flavor!(
+    /// libfabric's `tcp` provider on 127.0.0.1.
+    Tcp,
+    "tcp"
+);
+flavor!(
+    /// libfabric's `sockets` provider on 127.0.0.1.
+    Sockets,
+    "sockets"
+);
