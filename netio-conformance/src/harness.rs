@@ -111,6 +111,18 @@ pub trait Harness: Sized + 'static {
         panic!("this harness cannot reset connections (Harness::can_reset is false)");
     }
 
+    /// `true` (default) if the provider pushes back on a sender whose
+    /// receiver takes nothing (it holds its loop, or paused receiving):
+    /// sends answer [`SendError::NoResources`](netio_core::SendError::NoResources)
+    /// or buffers run out after a bounded amount. `false` for a transport
+    /// that buffers without bound on the sender's behalf (libfabric's
+    /// `sockets` provider); declare `backpressure` unsupported in
+    /// [`suite!`](crate::suite), with the reason. The behaviours that need
+    /// sends truly held in flight are then ignored.
+    fn pushes_back(&self) -> bool {
+        true
+    }
+
     /// `true` if [`Harness::partition`] and [`Harness::heal`] work; declare
     /// `partition` unsupported in [`suite!`](crate::suite) otherwise (with
     /// a reason: `unsupported = [partition = "why"]`).

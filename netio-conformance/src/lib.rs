@@ -61,7 +61,10 @@
 //! connection the way a network failure does ([`Harness::can_reset`]); and
 //! `partition`, for a harness that cannot make one node unreachable from
 //! another ([`Harness::can_partition`]), which the liveness behaviour
-//! needs. Each may carry a reason: `name = "why"`.
+//! needs; and `backpressure`, for a provider whose transport buffers sends
+//! without bound when the receiver takes nothing
+//! ([`Harness::pushes_back`]), so that no send can be held in flight.
+//! Each may carry a reason: `name = "why"`.
 //!
 //! A test that partitions calls [`Harness::isolate`] before it makes its
 //! nodes. The simulator partitions virtual hosts and needs nothing there;
@@ -201,9 +204,9 @@ macro_rules! __behaviours {
             both a_send_slot_is_free_when_its_completion_is_reported [send_copy],
             both a_send_buffer_is_free_when_its_completion_is_reported [],
             // backpressure
-            both backpressure_stops_buffered_sends_and_resumes_after_the_peer_reads [],
-            both backpressure_stops_copy_sends_and_resumes_after_the_peer_reads [send_copy],
-            both backpressure_stops_zero_copy_sends_and_resumes_after_the_peer_reads [send_zero_copy],
+            both backpressure_stops_buffered_sends_and_resumes_after_the_peer_reads [backpressure],
+            both backpressure_stops_copy_sends_and_resumes_after_the_peer_reads [send_copy, backpressure],
+            both backpressure_stops_zero_copy_sends_and_resumes_after_the_peer_reads [send_zero_copy, backpressure],
             // delivery
             both many_messages_arrive_in_order_exactly_once [],
             both message_of_exactly_receive_buffer_size_arrives [],
@@ -212,10 +215,10 @@ macro_rules! __behaviours {
             // closing
             both closing_active_endpoint_reports_closed_on_both_sides [],
             both closing_with_sends_in_flight_reports_each_key_once [],
-            both local_close_with_sends_held_in_flight_reports_each_key_once_on_both_sides [send_copy],
-            both peer_close_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy],
-            both listener_close_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy],
-            both reset_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy, reset],
+            both local_close_with_sends_held_in_flight_reports_each_key_once_on_both_sides [send_copy, backpressure],
+            both peer_close_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy, backpressure],
+            both listener_close_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy, backpressure],
+            both reset_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy, reset, backpressure],
             both sender_close_after_completions_delivers_everything_before_the_peer_hears_of_it [send_copy],
             both messages_before_a_peer_close_are_delivered_before_the_close [send_copy],
             both messages_before_a_reset_are_delivered_before_the_close [send_copy, reset],
@@ -227,7 +230,7 @@ macro_rules! __behaviours {
             both peer_close_is_reported_and_endpoint_is_gone [],
             both open_close_cycles_leave_no_resources_behind [],
             // receive flow control
-            both pausing_receive_stops_delivery_and_pushes_back_on_the_sender_and_resume_delivers_everything_in_order [],
+            both pausing_receive_stops_delivery_and_pushes_back_on_the_sender_and_resume_delivers_everything_in_order [backpressure],
             both pause_then_peer_close_reports_the_close_after_the_held_messages [],
             // time in handlers
             both set_timer_calls_on_timer_after_the_delay_in_order [],
@@ -369,6 +372,7 @@ macro_rules! __member {
     (shared_send_pool, [shared_send_pool $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (reset, [reset $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (partition, [partition $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (backpressure, [backpressure $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     ($f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?], $yes:tt, $no:tt) => {
         $crate::__member!($f, [$($($r)*)?], $yes, $no);
     };
@@ -418,6 +422,9 @@ macro_rules! __reason_text {
     (@$m:ident $(: $n:ident)?, partition, []) => {
         $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: partition" }
     };
+    (@$m:ident $(: $n:ident)?, backpressure, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: backpressure" }
+    };
     (@$m:ident $(: $n:ident)?, send_copy, [send_copy = $why:literal $(, $($r:tt)*)?]) => {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
@@ -440,6 +447,9 @@ macro_rules! __reason_text {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
     (@$m:ident $(: $n:ident)?, partition, [partition = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, backpressure, [backpressure = $why:literal $(, $($r:tt)*)?]) => {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
     (@$m:ident $(: $n:ident)?, $f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?]) => {

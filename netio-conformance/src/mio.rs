@@ -134,6 +134,10 @@ pub trait MioProvider: 'static {
         false
     }
 
+    /// `false` for a transport that buffers sends without bound when the
+    /// receiver takes nothing (see [`Harness::pushes_back`]).
+    const PUSHES_BACK: bool = true;
+
     /// Breaks the connection between `local` (a backend's own IP) and
     /// `remote` like a network failure would. See [`Harness::reset`].
     fn reset(local: IpAddr, remote: EndpointAddress) {
@@ -338,6 +342,10 @@ impl<P: MioProvider> Harness for MioHarness<P> {
 
     fn can_partition(&self) -> bool {
         P::NETNS_PARTITION
+    }
+
+    fn pushes_back(&self) -> bool {
+        P::PUSHES_BACK
     }
 
     /// With [`MioProvider::NETNS_PARTITION`]: moves the calling (test)

@@ -2070,6 +2070,7 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         ("shared_send_pool", f.shared_send_pool),
         ("reset", reset),
         ("partition", h.can_partition()),
+        ("backpressure", h.pushes_back()),
     ];
     for name in unsupported {
         assert!(
@@ -2081,7 +2082,7 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         assert_eq!(
             unsupported.contains(&name),
             !supported,
-            "feature `{name}`: Harness::features (or can_reset, can_partition) says supported = {supported}, the suite! list disagrees"
+            "feature `{name}`: Harness::features (or can_reset, can_partition, pushes_back) says supported = {supported}, the suite! list disagrees"
         );
     }
 }

@@ -7,21 +7,16 @@
 //! cargo test -p netio-libfabric --features sockets-conformance --test conformance_sockets
 //! ```
 //!
-//! Known failures on libfabric 1.17 (15 of 145 run, about 6 minutes): the
-//! `sockets` provider keeps completing sends to a receiver that is held or
-//! paused (its buffers not posted again), so nothing pushes back before the
-//! suite's limit of 4096 sends (64 MiB); see `docs/libfabric.md`. In both
-//! thread modes:
-//! `backpressure_stops_buffered_sends_and_resumes_after_the_peer_reads`,
-//! `backpressure_stops_copy_sends_and_resumes_after_the_peer_reads`,
-//! `backpressure_stops_zero_copy_sends_and_resumes_after_the_peer_reads`,
-//! `listener_close_with_sends_in_flight_reports_each_key_once_on_both_sides`,
-//! `local_close_with_sends_held_in_flight_reports_each_key_once_on_both_sides`,
-//! `peer_close_with_sends_in_flight_reports_each_key_once_on_both_sides`,
-//! `pausing_receive_stops_delivery_and_pushes_back_on_the_sender_and_resume_delivers_everything_in_order`;
-//! and, intermittently, `closing_with_sends_in_flight_reports_each_key_once`
-//! (a send the progress thread delivers after the close reported it
-//! cancelled).
+//! `backpressure` is declared unsupported: `sockets` keeps completing sends
+//! to a receiver that posts no buffers, so the behaviours that need sends
+//! held in flight are ignored. Not in the default test run because of
+//! intermittent failures (1–2 behaviours in 5 of 8 runs, a different mix
+//! each time; see `docs/libfabric.md`):
+//! `closing_with_sends_in_flight_reports_each_key_once` (a send the progress
+//! thread delivers after the close reported it cancelled),
+//! `accepted_connection_can_be_closed_by_its_handle` (a connect reported
+//! refused), `handler_can_send_and_close_inside_callbacks`,
+//! `a_refused_chunk_send_gives_the_chunk_back_unchanged`.
 
 mod harness;
 
@@ -36,6 +31,9 @@ netio_conformance::suite!(
         shared_receive_pool = "libfabric endpoints post their own registered receive buffers; \
                                sharing them needs shared receive contexts, not implemented",
         partition = "libfabric 1.17 sockets endpoints offer no keepalive or user timeout, so an \
-                     unreachable peer cannot be detected (peer_timeout is not enforced)"
+                     unreachable peer cannot be detected (peer_timeout is not enforced)",
+        backpressure = "libfabric 1.17 sockets keeps completing sends to a receiver that posts no \
+                        buffers (its progress thread buffers them without bound), so a sender \
+                        is never pushed back and no send can be held in flight"
     ]
 );

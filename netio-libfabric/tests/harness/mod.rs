@@ -44,7 +44,7 @@ pub fn reset(local: IpAddr, remote: EndpointAddress) {
 }
 
 macro_rules! flavor {
-    ($(#[$m:meta])* $name:ident, $prov:expr) => {
+    ($(#[$m:meta])* $name:ident, $prov:expr, pushes_back = $pb:expr) => {
         $(#[$m])*
         pub struct $name;
         impl MioProvider for $name {
@@ -65,6 +65,7 @@ macro_rules! flavor {
             fn refusing_address() -> EndpointAddress {
                 refusing()
             }
+            const PUSHES_BACK: bool = $pb;
         }
     };
 }
@@ -72,10 +73,12 @@ macro_rules! flavor {
 flavor!(
     /// libfabric's `tcp` provider on 127.0.0.1.
     Tcp,
-    "tcp"
+    "tcp",
+    pushes_back = true
 );
 flavor!(
     /// libfabric's `sockets` provider on 127.0.0.1.
     Sockets,
-    "sockets"
+    "sockets",
+    pushes_back = false
 );
