@@ -203,6 +203,10 @@ macro_rules! __behaviours {
             both send_queue_depth_bounds_sends_with_no_resources [send_copy],
             both a_send_slot_is_free_when_its_completion_is_reported [send_copy],
             both a_send_buffer_is_free_when_its_completion_is_reported [],
+            // batches
+            both a_copy_batch_arrives_in_order_with_each_key_completed_once [send_copy],
+            both a_copy_batch_stops_at_the_first_refused_message_and_says_how_many_were_sent [send_copy],
+            both a_buffer_batch_arrives_in_order_and_a_refused_buffer_leaves_the_rest_with_the_caller [],
             // backpressure
             both backpressure_stops_buffered_sends_and_resumes_after_the_peer_reads [backpressure],
             both backpressure_stops_copy_sends_and_resumes_after_the_peer_reads [send_copy, backpressure],

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use netio_core::{
     Backend, BackendConfig, BufferError, BufferPool, CloseError, CloseReason, ConnError, ConnId,
-    ConnectionParams, EndpointAddress, EventLoop, Features, MemoryRegion, OpenActiveError,
-    OpenListenError, PoolParams, RefuseReason, SendError, Signal, ThreadSafety, Timer,
-    MAX_HEADER_LEN,
+    ConnectionParams, CopyMessage, EndpointAddress, EventLoop, Features, MemoryRegion,
+    NetworkBuffer, OpenActiveError, OpenListenError, PoolParams, RefuseReason, SendError, Signal,
+    ThreadSafety, Timer, MAX_HEADER_LEN,
 };
 
 use crate::ctx::{connect_target, full_params, Ctx, Node, SendMode, Turn};
@@ -1011,6 +1011,231 @@ pub fn send_queue_depth_bounds_sends_with_no_resources<H: Harness>(mode: ThreadS
     c.wait("five messages arrive", || {
         sl.data_on(p.to_client).len() == 5
     });
+}
+
+/// A batch of copy sends arrives as its messages, in order (each header
+/// before its data), and each key completes once, in batch order.
+pub fn a_copy_batch_arrives_in_order_with_each_key_completed_once<H: Harness>(mode: ThreadSafety) {
+    const N: u64 = 40;
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 16),
+        ConnectionParams::default(),
+    );
+    let to_server = p.to_server;
+    let r = c.call(&p.client, move |b| {
+        let bodies: Vec<Vec<u8>> = (0..N).map(|k| vec![k as u8; 1 + k as usize]).collect();
+        let heads: Vec<[u8; 2]> = (0..N).map(|k| [0xa0, k as u8]).collect();
+        let msgs: Vec<CopyMessage<'_>> = (0..N as usize)
+            .map(|i| {
+                if i % 3 == 0 {
+                    CopyMessage::with_header(&heads[i], &bodies[i], 100 + i as u64)
+                } else {
+                    CopyMessage::new(&bodies[i], 100 + i as u64)
+                }
+            })
+            .collect();
+        b.send_copy_batch(to_server, &msgs)
+    });
+    r.expect("a batch within the queue depth is accepted whole");
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("every message arrives and every send completes", || {
+        sl.data_on(p.to_client).len() >= N as usize && cl.completed(to_server).len() >= N as usize
+    });
+    c.settle();
+    let expected: Vec<Vec<u8>> = (0..N)
+        .map(|k| {
+            let mut m = Vec::new();
+            if k % 3 == 0 {
+                m.extend_from_slice(&[0xa0, k as u8]);
+            }
+            m.extend(std::iter::repeat_n(k as u8, 1 + k as usize));
+            m
+        })
+        .collect();
+    assert_eq!(
+        p.server.log.data_on(p.to_client),
+        expected,
+        "each message once, in batch order"
+    );
+    assert_eq!(
+        p.client.log.completed(to_server),
+        (100..100 + N).collect::<Vec<_>>(),
+        "each key once, in batch order"
+    );
+}
+
+/// A batch of copy sends stops at the first message refused and says how
+/// many went before it: a header over the limit, then the queue depth.
+/// Exactly the accepted messages arrive and complete; sending the rest
+/// after completions works.
+pub fn a_copy_batch_stops_at_the_first_refused_message_and_says_how_many_were_sent<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let cfg = BackendConfig {
+        send_queue_depth: 4,
+        ..c.config()
+    };
+    let cl = c.node_with(cfg, None);
+    let p = c.pair_of(
+        s,
+        cl,
+        ConnectionParams::receive(64, 16),
+        ConnectionParams::default(),
+    );
+    let to_server = p.to_server;
+    let long = [0u8; MAX_HEADER_LEN + 1];
+    let bad_header = c.on_loop(&p.client, move |b| {
+        let msgs = [
+            CopyMessage::new(b"h0", 0),
+            CopyMessage::new(b"h1", 1),
+            CopyMessage::with_header(&long, b"h2", 2),
+            CopyMessage::new(b"h3", 3),
+        ];
+        b.send_copy_batch(to_server, &msgs)
+    });
+    match bad_header {
+        Err(e) => {
+            assert_eq!(e.sent, 2, "two messages went before the bad header: {e}");
+            assert!(
+                matches!(e.error, SendError::HeaderTooLong { .. }),
+                "{:?}",
+                e.error
+            );
+            assert!(!e.is_retryable());
+        }
+        Ok(()) => panic!("a header over MAX_HEADER_LEN must stop the batch"),
+    }
+    let cl = p.client.log.clone();
+    c.wait("the two accepted sends complete", || {
+        cl.completed(to_server).len() == 2
+    });
+    // On the loop thread, so that no send completes during the call.
+    let full = c.on_loop(&p.client, move |b| {
+        let bodies: Vec<[u8; 2]> = (10..16u8).map(|k| [b'd', k]).collect();
+        let msgs: Vec<CopyMessage<'_>> = bodies
+            .iter()
+            .enumerate()
+            .map(|(i, d)| CopyMessage::new(d, 10 + i as u64))
+            .collect();
+        b.send_copy_batch(to_server, &msgs)
+    });
+    match full {
+        Err(e) => {
+            assert_eq!(e.sent, 4, "the queue depth admits four: {e}");
+            assert!(matches!(e.error, SendError::NoResources), "{:?}", e.error);
+            assert!(e.is_retryable());
+        }
+        Ok(()) => panic!("six sends on a depth of four must stop at the fifth"),
+    }
+    c.wait("the four accepted sends complete", || {
+        cl.completed(to_server).len() == 6
+    });
+    c.call(&p.client, move |b| {
+        b.send_copy_batch(
+            to_server,
+            &[
+                CopyMessage::new(b"d\x0e", 14),
+                CopyMessage::new(b"d\x0f", 15),
+            ],
+        )
+    })
+    .expect("the rest, sent again after completions, is accepted");
+    let sl = p.server.log.clone();
+    c.wait("eight messages arrive", || {
+        sl.data_on(p.to_client).len() == 8
+    });
+    c.settle();
+    let got = p.server.log.data_on(p.to_client);
+    let mut expected: Vec<Vec<u8>> = vec![b"h0".to_vec(), b"h1".to_vec()];
+    expected.extend((10..16u8).map(|k| vec![b'd', k]));
+    assert_eq!(got, expected, "exactly the accepted messages, in order");
+    assert_eq!(
+        p.client.log.completed(to_server),
+        vec![0, 1, 10, 11, 12, 13, 14, 15],
+        "exactly the accepted keys"
+    );
+}
+
+/// `get_buffers` takes up to the free buffers (none while all are in
+/// flight); a batch of buffered sends arrives in order; a refused buffer in
+/// the middle stops it, goes back to its pool, and leaves the buffers after
+/// it with the caller, who sends them next.
+pub fn a_buffer_batch_arrives_in_order_and_a_refused_buffer_leaves_the_rest_with_the_caller<
+    H: Harness,
+>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = c.pair(
+        ConnectionParams::receive(64, 8),
+        ConnectionParams::buffered(64, 4),
+    );
+    let to_server = p.to_server;
+    let r = c.on_loop(&p.client, move |b| {
+        let mut bufs = Vec::new();
+        let took = b.get_buffers(to_server, 8, &mut bufs).expect("get_buffers");
+        let none_left = b.get_buffers(to_server, 8, &mut bufs).expect("get_buffers");
+        let mut batch: Vec<(NetworkBuffer, u64)> = Vec::new();
+        for (i, mut buf) in bufs.into_iter().enumerate() {
+            buf.write(&[b'b', i as u8]).unwrap();
+            batch.push((buf, 20 + i as u64));
+        }
+        let alien_pool = BufferPool::new(64, 1);
+        let mut alien = alien_pool.get().unwrap();
+        alien.write(b"alien").unwrap();
+        batch.insert(2, (alien, 99));
+        let r = b.send_buffer_batch(to_server, &mut batch);
+        let left: Vec<(Vec<u8>, u64)> = batch
+            .iter()
+            .map(|(b, k)| (b.as_slice().to_vec(), *k))
+            .collect();
+        let r2 = b.send_buffer_batch(to_server, &mut batch);
+        (
+            took,
+            none_left,
+            r,
+            left,
+            r2,
+            batch.len(),
+            alien_pool.available(),
+        )
+    });
+    let (took, none_left, first, left, second, after, alien_free) = r;
+    assert_eq!(took, 4, "get_buffers takes every free buffer, up to max");
+    assert_eq!(none_left, 0, "and none while all are taken");
+    match first {
+        Err(e) => {
+            assert_eq!(e.sent, 2, "{e}");
+            assert!(matches!(e.error, SendError::ForeignBuffer), "{:?}", e.error);
+        }
+        Ok(()) => panic!("a foreign buffer must stop the batch"),
+    }
+    assert_eq!(
+        left,
+        vec![(vec![b'b', 2], 22), (vec![b'b', 3], 23)],
+        "the buffers after the refused one stay with the caller, in order"
+    );
+    assert_eq!(alien_free, 1, "the refused buffer went back to its pool");
+    second.expect("the rest of the batch is accepted");
+    assert_eq!(after, 0, "a batch sent whole leaves the vector empty");
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("four messages arrive and complete", || {
+        sl.data_on(p.to_client).len() >= 4 && cl.completed(to_server).len() >= 4
+    });
+    c.settle();
+    assert_eq!(
+        p.server.log.data_on(p.to_client),
+        (0..4u8).map(|i| vec![b'b', i]).collect::<Vec<_>>()
+    );
+    assert_eq!(p.client.log.completed(to_server), vec![20, 21, 22, 23]);
+    let back = c.call(&p.client, move |b| {
+        let mut v = Vec::new();
+        b.get_buffers(to_server, 8, &mut v)
+    });
+    assert_eq!(back.expect("get_buffers"), 4, "every buffer is free again");
 }
 
 // ------------------------------------------------------------------- delivery

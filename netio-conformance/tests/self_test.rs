@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 
 use netio_conformance::{behaviours, Event, Harness, NodeId};
 use netio_core::{
-    Backend, BackendConfig, BufferError, Capabilities, CloseError, CloseReason, ConnError, ConnId,
-    ConnectionParams, EndpointAddress, EventLoop, Features, Handler, MemoryUsage, NetworkBuffer,
-    OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError, Signal, ThreadSafety,
+    Backend, BackendConfig, BatchSendError, BufferError, Capabilities, CloseError, CloseReason,
+    ConnError, ConnId, ConnectionParams, CopyMessage, EndpointAddress, EventLoop, Features,
+    Handler, MemoryUsage, NetworkBuffer, OpenActiveError, OpenListenError, RefuseReason,
+    RegionSlice, SendError, Signal, ThreadSafety,
 };
 use netio_sim::{SimBackend, SimLoop, SimSignal};
 use sim_harness::SimHarness;
@@ -83,6 +84,8 @@ const TIMER_EARLY: u8 = 22;
 const WAKE_INSIDE_THE_CALL: u8 = 23;
 /// Ignores `peer_timeout`.
 const NO_PEER_TIMEOUT: u8 = 24;
+/// `send_copy_batch` goes on past a refused message, sending the rest.
+const BATCH_PAST_REFUSAL: u8 = 25;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -535,6 +538,23 @@ impl Backend for BrokenBackend {
             h
         };
         self.inner.send_data(c, d, h, k)
+    }
+    fn send_copy_batch(&self, c: ConnId, m: &[CopyMessage<'_>]) -> Result<(), BatchSendError> {
+        let mut first_error = None;
+        let mut sent = 0;
+        for msg in m {
+            match self.send_data_copy(c, &[msg.data], msg.header, msg.key) {
+                Ok(()) => sent += 1,
+                Err(error) if self.bug() == BATCH_PAST_REFUSAL => {
+                    first_error.get_or_insert(error);
+                }
+                Err(error) => return Err(BatchSendError { sent, error }),
+            }
+        }
+        match first_error {
+            Some(error) => Err(BatchSendError { sent, error }),
+            None => Ok(()),
+        }
     }
     fn send_data_copy(&self, c: ConnId, d: &[&[u8]], h: &[u8], k: u64) -> Result<(), SendError> {
         let _g = self.guard();
@@ -1011,6 +1031,14 @@ fn a_timer_that_fires_early_is_caught() {
     caught::<TIMER_EARLY>(
         "timer early",
         &["set_timer_calls_on_timer_after_the_delay_in_order"],
+    );
+}
+
+#[test]
+fn a_copy_batch_that_goes_past_a_refusal_is_caught() {
+    caught::<BATCH_PAST_REFUSAL>(
+        "batch past refusal",
+        &["a_copy_batch_stops_at_the_first_refused_message_and_says_how_many_were_sent"],
     );
 }
 

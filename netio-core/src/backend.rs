@@ -7,8 +7,8 @@ use crate::addr::EndpointAddress;
 use crate::buffer::NetworkBuffer;
 use crate::conn::ConnId;
 use crate::error::{
-    BufferError, ChunkSendError, CloseError, ConnError, CreateError, OpenActiveError,
-    OpenListenError, SendError,
+    BatchSendError, BufferError, ChunkSendError, CloseError, ConnError, CreateError,
+    OpenActiveError, OpenListenError, SendError,
 };
 use crate::event_loop::EventLoop;
 use crate::handler::Handler;
@@ -23,6 +23,35 @@ pub struct MemoryUsage {
     pub receive_bytes: usize,
     /// Bytes of send buffers (per-connection and shared pools).
     pub send_bytes: usize,
+}
+
+/// One message of [`Backend::send_copy_batch`]: `header` (at most
+/// [`MAX_HEADER_LEN`](crate::MAX_HEADER_LEN) bytes) followed by `data`,
+/// copied at once, completing with `key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyMessage<'a> {
+    /// Header bytes, sent before `data`.
+    pub header: &'a [u8],
+    /// The message body.
+    pub data: &'a [u8],
+    /// The completion key.
+    pub key: u64,
+}
+
+impl<'a> CopyMessage<'a> {
+    /// A message of `data` with no header, completing with `key`.
+    pub fn new(data: &'a [u8], key: u64) -> Self {
+        Self {
+            header: &[],
+            data,
+            key,
+        }
+    }
+
+    /// A message of `header` followed by `data`, completing with `key`.
+    pub fn with_header(header: &'a [u8], data: &'a [u8], key: u64) -> Self {
+        Self { header, data, key }
+    }
 }
 
 /// The operations of the contract. Object safe: `Box<dyn Backend>` works for
@@ -136,6 +165,76 @@ pub trait Backend: Send + Sync {
         key: u64,
     ) -> Result<(), SendError>;
 
+    /// Sends every message of `messages` in order, as that many
+    /// [`send_data_copy`](Self::send_data_copy) calls would, each completing
+    /// with its own key. Providers that can do better check the thread and
+    /// the connection and take their locks once for the whole batch (the
+    /// TCP provider does), so small messages are cheapest sent this way.
+    ///
+    /// Stops at the first message refused: the error says how many were
+    /// accepted before it ([`BatchSendError::sent`]); none after it is
+    /// tried. After `NoResources`, sending the rest again once sends have
+    /// completed works.
+    fn send_copy_batch(
+        &self,
+        conn: ConnId,
+        messages: &[CopyMessage<'_>],
+    ) -> Result<(), BatchSendError> {
+        for (sent, m) in messages.iter().enumerate() {
+            self.send_data_copy(conn, &[m.data], m.header, m.key)
+                .map_err(|error| BatchSendError { sent, error })?;
+        }
+        Ok(())
+    }
+
+    /// Sends the buffers of `buffers` in order, each completing with the
+    /// key paired with it, as that many
+    /// [`send_buffer`](Self::send_buffer) calls would; providers that can
+    /// take their locks once for the whole batch do. Sent buffers are taken
+    /// out of `buffers`: it is empty on success.
+    ///
+    /// Stops at the first buffer refused: the error says how many were
+    /// accepted before it; the refused buffer returns to its pool (as with
+    /// `send_buffer`), and the ones after it stay in `buffers`, in order.
+    fn send_buffer_batch(
+        &self,
+        conn: ConnId,
+        buffers: &mut Vec<(NetworkBuffer, u64)>,
+    ) -> Result<(), BatchSendError> {
+        let mut rest = std::mem::take(buffers).into_iter();
+        let mut sent = 0;
+        while let Some((buffer, key)) = rest.next() {
+            if let Err(error) = self.send_buffer(conn, buffer, key) {
+                buffers.extend(rest);
+                return Err(BatchSendError { sent, error });
+            }
+            sent += 1;
+        }
+        Ok(())
+    }
+
+    /// Takes up to `max` free send buffers of `conn` (or of the shared send
+    /// pool) and appends them to `out`, returning how many it took (0 when
+    /// every buffer is in flight). One call instead of `max`
+    /// [`get_buffer`](Self::get_buffer) calls; providers that can take
+    /// their locks once do.
+    fn get_buffers(
+        &self,
+        conn: ConnId,
+        max: usize,
+        out: &mut Vec<NetworkBuffer>,
+    ) -> Result<usize, BufferError> {
+        let mut n = 0;
+        while n < max {
+            match self.get_buffer(conn)? {
+                Some(b) => out.push(b),
+                None => break,
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// The smallest number of free send buffers of `conn` since the
     /// previous call (a low-water mark for monitoring).
     fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError>;
@@ -207,6 +306,12 @@ macro_rules! forward_backend {
                 -> Result<(), SendError> { (**self).send_data(c, d, h, k) }
             fn send_data_copy(&self, c: ConnId, d: &[&[u8]], h: &[u8], k: u64)
                 -> Result<(), SendError> { (**self).send_data_copy(c, d, h, k) }
+            fn send_copy_batch(&self, c: ConnId, m: &[CopyMessage<'_>])
+                -> Result<(), BatchSendError> { (**self).send_copy_batch(c, m) }
+            fn send_buffer_batch(&self, c: ConnId, b: &mut Vec<(NetworkBuffer, u64)>)
+                -> Result<(), BatchSendError> { (**self).send_buffer_batch(c, b) }
+            fn get_buffers(&self, c: ConnId, max: usize, out: &mut Vec<NetworkBuffer>)
+                -> Result<usize, BufferError> { (**self).get_buffers(c, max, out) }
             fn num_available_buffers(&self, c: ConnId) -> Result<usize, BufferError> {
                 (**self).num_available_buffers(c)
             }

@@ -92,6 +92,30 @@ impl BufferPool {
         })
     }
 
+    /// Takes up to `max` free buffers under one lock and appends them to
+    /// `out`; returns how many it took.
+    pub fn get_many(&self, max: usize, out: &mut Vec<NetworkBuffer>) -> usize {
+        let mut st = lock(&self.inner.state);
+        let n = max.min(st.free.len());
+        out.reserve(n);
+        for _ in 0..n {
+            let Some((index, data)) = st.free.pop() else {
+                break;
+            };
+            out.push(NetworkBuffer {
+                index,
+                len: 0,
+                data: Some(data),
+                pool: Arc::clone(&self.inner),
+            });
+        }
+        let left = st.free.len();
+        if left < st.low_water {
+            st.low_water = left;
+        }
+        n
+    }
+
     /// Number of free buffers now.
     pub fn available(&self) -> usize {
         lock(&self.inner.state).free.len()
@@ -349,6 +373,22 @@ mod tests {
         let mut idx: Vec<u64> = again.iter().map(NetworkBuffer::index).collect();
         idx.sort();
         assert_eq!(idx, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn get_many_takes_at_most_what_is_free_in_index_order_and_lowers_the_low_water_mark() {
+        let pool = BufferPool::new(8, 4);
+        let mut out = Vec::new();
+        assert_eq!(pool.get_many(3, &mut out), 3);
+        let idx: Vec<u64> = out.iter().map(NetworkBuffer::index).collect();
+        assert_eq!(idx, vec![0, 1, 2]);
+        assert!(out.iter().all(|b| b.is_empty() && b.capacity() == 8));
+        assert_eq!(pool.get_many(5, &mut out), 1, "only one was left");
+        assert_eq!(pool.get_many(5, &mut out), 0);
+        assert_eq!(out.len(), 4);
+        assert_eq!(pool.take_low_water(), 0);
+        out.truncate(1);
+        assert_eq!(pool.available(), 3);
     }
 
     #[test]

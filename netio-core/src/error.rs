@@ -330,6 +330,28 @@ impl From<ChunkSendError> for SendError {
     }
 }
 
+/// Error of the batch sends ([`Backend::send_copy_batch`](crate::Backend::send_copy_batch),
+/// [`Backend::send_buffer_batch`](crate::Backend::send_buffer_batch)): the
+/// first `sent` messages of the batch were accepted (each completes or is
+/// cancelled as a single send would), message `sent` was refused with
+/// `error`, and none after it was tried.
+#[derive(Debug, thiserror::Error)]
+#[error("batch stopped after {sent} messages: {error}")]
+pub struct BatchSendError {
+    /// Messages accepted, from the start of the batch.
+    pub sent: usize,
+    /// Why the next one was refused.
+    #[source]
+    pub error: SendError,
+}
+
+impl BatchSendError {
+    /// `true` for "no resources, retry later" (see [`SendError::is_retryable`]).
+    pub fn is_retryable(&self) -> bool {
+        self.error.is_retryable()
+    }
+}
+
 /// Errors creating a backend.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -71,12 +71,12 @@ mod sync;
 mod timer_queue;
 
 pub use addr::{AddressError, EndpointAddress};
-pub use backend::{Backend, MemoryUsage, Provider};
+pub use backend::{Backend, CopyMessage, MemoryUsage, Provider};
 pub use buffer::{BufferFull, BufferPool, NetworkBuffer, WireInt};
 pub use conn::{ConnId, ConnTable};
 pub use error::{
-    BufferError, ChunkSendError, CloseError, ConnError, CreateError, OpenActiveError,
-    OpenListenError, SendError, Source,
+    BatchSendError, BufferError, ChunkSendError, CloseError, ConnError, CreateError,
+    OpenActiveError, OpenListenError, SendError, Source,
 };
 pub use event_loop::{thread_token, EventLoop, Signal, Timer};
 pub use handler::{CloseReason, DynHandler, Handler, NoopHandler, RefuseReason};

@@ -15,7 +15,8 @@ use netio::mio_loop::{LoopConfig, MioLoop};
 use netio::sim::Sim;
 use netio::{
     AnyLoop, Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams,
-    EndpointAddress, EventLoop, Features, Handler, MemoryRegion, RefuseReason, SendError,
+    CopyMessage, EndpointAddress, EventLoop, Features, Handler, MemoryRegion, NetworkBuffer,
+    RefuseReason, SendError,
 };
 
 use crate::cli::{SendMode, TestKind};
@@ -338,6 +339,9 @@ pub enum ClientResult {
 
 type Outcome = Arc<Mutex<Option<Result<ClientResult, String>>>>;
 
+/// Most data messages sent in one batch call.
+const MAX_BATCH: u64 = 256;
+
 /// The client: ping-pong, or sends one way as fast as the window allows.
 pub struct Client {
     spec: Spec,
@@ -358,6 +362,10 @@ pub struct Client {
     end_sent: bool,
     deadline: Option<Instant>,
     key: u64,
+    /// Buffers taken for the next batch of buffered sends.
+    bufs: Vec<NetworkBuffer>,
+    /// The batch of buffered sends being made.
+    batch: Vec<(NetworkBuffer, u64)>,
     finished: bool,
     outcome: Outcome,
     done: Arc<AtomicBool>,
@@ -400,6 +408,8 @@ impl Client {
             end_sent: false,
             deadline: None,
             key: 0,
+            bufs: Vec::new(),
+            batch: Vec::new(),
             finished: false,
             outcome,
             done,
@@ -461,27 +471,35 @@ impl Client {
 
     fn pump<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId) {
         while !self.end_sent && !self.finished && self.inflight < self.window {
-            let key = self.next_key();
             let r = if self.more_data() {
                 if self.data_sent == self.spec.warmup {
                     if let Some(d) = self.spec.duration {
                         self.deadline = Some(Instant::now() + d);
                     }
                 }
-                send_msg(
-                    b,
-                    conn,
-                    self.spec.mode,
-                    &self.msg,
-                    self.region.as_ref(),
-                    key,
-                )
-                .map(|()| self.data_sent += 1)
+                // As many as the window has room for, up to the end of the
+                // warm-up or of the count (batches do not cross either).
+                let mut n = (self.window - self.inflight) as u64;
+                if let Some(count) = self.spec.count {
+                    n = n.min(self.spec.warmup + count - self.data_sent);
+                }
+                if self.data_sent < self.spec.warmup {
+                    n = n.min(self.spec.warmup - self.data_sent);
+                }
+                let n = n.min(MAX_BATCH) as usize;
+                let (sent, r) = self.send_batch(b, conn, n);
+                self.data_sent += sent as u64;
+                self.inflight += sent;
+                r
             } else {
-                send_control(b, conn, &proto::end(), key).map(|()| self.end_sent = true)
+                let key = self.next_key();
+                send_control(b, conn, &proto::end(), key).map(|()| {
+                    self.end_sent = true;
+                    self.inflight += 1;
+                })
             };
             match r {
-                Ok(()) => self.inflight += 1,
+                Ok(()) => {}
                 Err(SendError::NoResources) => break,
                 Err(e) => {
                     self.finish(b, Err(format!("send failed: {e}")));
@@ -489,6 +507,63 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// Sends up to `n` data messages (at least one), as one batch where
+    /// the mode has a batch operation; returns how many were accepted.
+    fn send_batch<B: Backend + ?Sized>(
+        &mut self,
+        b: &B,
+        conn: ConnId,
+        n: usize,
+    ) -> (usize, Result<(), SendError>) {
+        let first = self.key.wrapping_add(1);
+        let (sent, r) = match self.spec.mode {
+            SendMode::Copy => {
+                let msgs: Vec<CopyMessage<'_>> = (0..n as u64)
+                    .map(|i| CopyMessage::new(&self.msg, first.wrapping_add(i)))
+                    .collect();
+                match b.send_copy_batch(conn, &msgs) {
+                    Ok(()) => (n, Ok(())),
+                    Err(e) => (e.sent, Err(e.error)),
+                }
+            }
+            SendMode::Buffered => match b.get_buffers(conn, n, &mut self.bufs) {
+                Err(e) => (0, Err(SendError::Failed(e.into()))),
+                Ok(0) => (0, Err(SendError::NoResources)),
+                Ok(_) => {
+                    let mut key = first;
+                    for mut buf in self.bufs.drain(..) {
+                        if let Err(e) = buf.write(&self.msg) {
+                            return (0, Err(SendError::Failed(e.into())));
+                        }
+                        self.batch.push((buf, key));
+                        key = key.wrapping_add(1);
+                    }
+                    let k = self.batch.len();
+                    let r = b.send_buffer_batch(conn, &mut self.batch);
+                    // What a refusal left behind goes back to the pool.
+                    self.batch.clear();
+                    match r {
+                        Ok(()) => (k, Ok(())),
+                        Err(e) => (e.sent, Err(e.error)),
+                    }
+                }
+            },
+            _ => {
+                let r = send_msg(
+                    b,
+                    conn,
+                    self.spec.mode,
+                    &self.msg,
+                    self.region.as_ref(),
+                    first,
+                );
+                (usize::from(r.is_ok()), r)
+            }
+        };
+        self.key = self.key.wrapping_add(sent as u64);
+        (sent, r)
     }
 }
 

@@ -22,10 +22,11 @@ use mio::unix::SourceFd;
 use mio::Interest;
 use netio_core::mio_loop::{MioLoop, MioTimer, SourceId, SpinId};
 use netio_core::{
-    Backend, BackendConfig, BufferError, BufferPool, CloseError, CloseReason, ConnError, ConnId,
-    ConnTable, ConnectionParams, CreateError, EndpointAddress, EventLoop, Features, Handler,
-    MemoryUsage, NetworkBuffer, NetworkMode, OpenActiveError, OpenListenError, RefuseReason,
-    RegionSlice, SendError, ThreadSafety, Timer, TimerQueue, MAX_HEADER_LEN,
+    Backend, BackendConfig, BatchSendError, BufferError, BufferPool, CloseError, CloseReason,
+    ConnError, ConnId, ConnTable, ConnectionParams, CopyMessage, CreateError, EndpointAddress,
+    EventLoop, Features, Handler, MemoryUsage, NetworkBuffer, NetworkMode, OpenActiveError,
+    OpenListenError, RefuseReason, RegionSlice, SendError, ThreadSafety, Timer, TimerQueue,
+    MAX_HEADER_LEN,
 };
 
 use crate::config::TcpConfig;
@@ -1262,6 +1263,73 @@ impl Inner {
         self.dispatch();
     }
 
+    /// A buffered send on established connection `conn`, under the state
+    /// lock.
+    fn buffer_send(
+        &self,
+        st: &mut State,
+        conn: ConnId,
+        buffer: NetworkBuffer,
+        key: u64,
+    ) -> Result<(), SendError> {
+        let Some(c) = st.conns.get_mut(conn) else {
+            return Err(SendError::UnknownConnection(conn));
+        };
+        if !c.send_pool.as_ref().is_some_and(|p| p.owns(&buffer)) {
+            return Err(SendError::ForeignBuffer);
+        }
+        if buffer.len() <= COALESCE_MAX {
+            let frame = data_frame_header(&[], buffer.len())?;
+            c.push_buffered_copy(&frame, buffer, key);
+            self.schedule_flush(st, conn);
+        } else {
+            let prefix = prefix_for(&[], buffer.len())?;
+            self.enqueue(
+                st,
+                conn,
+                Out::data(prefix, Payload::Buffer(buffer), key, false),
+            );
+        }
+        Ok(())
+    }
+
+    /// A copy send on established connection `conn`, under the state lock.
+    fn copy_send(
+        &self,
+        st: &mut State,
+        conn: ConnId,
+        header: &[u8],
+        data: &[&[u8]],
+        key: u64,
+    ) -> Result<(), SendError> {
+        header_check(header)?;
+        let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
+        let frame = data_frame_header(header, payload_len)?;
+        let c = st
+            .conns
+            .get_mut(conn)
+            .ok_or(SendError::UnknownConnection(conn))?;
+        self.check_queue_depth(c)?;
+        c.slots_taken += 1;
+        let frame_len = FRAME_HEADER_LEN + header.len() + payload_len;
+        let written = if c.queue.is_empty() && frame_len >= WRITE_THROUGH_MIN {
+            c.write_through(&frame, header, data)
+        } else {
+            0
+        };
+        if written == frame_len {
+            let State { conns, events, .. } = st;
+            if let Some(c) = conns.get(conn) {
+                events.completed(conn, key, Release::Slot(&c.slots_released));
+            }
+            self.post_dispatch(st);
+        } else {
+            c.push_copied(&frame, header, data, frame_len, written, key);
+            self.schedule_flush(st, conn);
+        }
+        Ok(())
+    }
+
     /// `NoResources` when `send_queue_depth` copy and zero-copy sends of a
     /// connection are in flight.
     fn check_queue_depth(&self, c: &Conn) -> Result<(), SendError> {
@@ -1603,25 +1671,38 @@ impl Backend for TcpBackend {
     fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64) -> Result<(), SendError> {
         let inner = &self.inner;
         let mut st = inner.send_target(conn)?;
-        let Some(c) = st.conns.get_mut(conn) else {
-            return Err(SendError::UnknownConnection(conn));
-        };
-        if !c.send_pool.as_ref().is_some_and(|p| p.owns(&buffer)) {
-            return Err(SendError::ForeignBuffer);
-        }
-        if buffer.len() <= COALESCE_MAX {
-            let frame = data_frame_header(&[], buffer.len())?;
-            c.push_buffered_copy(&frame, buffer, key);
-            inner.schedule_flush(&mut st, conn);
-        } else {
-            let prefix = prefix_for(&[], buffer.len())?;
-            inner.enqueue(
-                &mut st,
-                conn,
-                Out::data(prefix, Payload::Buffer(buffer), key, false),
-            );
+        inner.buffer_send(&mut st, conn, buffer, key)
+    }
+
+    fn send_buffer_batch(
+        &self,
+        conn: ConnId,
+        buffers: &mut Vec<(NetworkBuffer, u64)>,
+    ) -> Result<(), BatchSendError> {
+        let inner = &self.inner;
+        let mut st = inner
+            .send_target(conn)
+            .map_err(|error| BatchSendError { sent: 0, error })?;
+        let mut rest = std::mem::take(buffers).into_iter();
+        let mut sent = 0;
+        while let Some((buffer, key)) = rest.next() {
+            if let Err(error) = inner.buffer_send(&mut st, conn, buffer, key) {
+                drop(st);
+                buffers.extend(rest);
+                return Err(BatchSendError { sent, error });
+            }
+            sent += 1;
         }
         Ok(())
+    }
+
+    fn get_buffers(
+        &self,
+        conn: ConnId,
+        max: usize,
+        out: &mut Vec<NetworkBuffer>,
+    ) -> Result<usize, BufferError> {
+        self.with_send_pool(conn, |p| p.get_many(max, out))
     }
 
     fn send_data(
@@ -1666,30 +1747,28 @@ impl Backend for TcpBackend {
     ) -> Result<(), SendError> {
         let inner = &self.inner;
         let mut st = inner.send_target(conn)?;
-        header_check(header)?;
-        let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
-        let frame = data_frame_header(header, payload_len)?;
-        let c = st
-            .conns
-            .get_mut(conn)
-            .ok_or(SendError::UnknownConnection(conn))?;
-        inner.check_queue_depth(c)?;
-        c.slots_taken += 1;
-        let frame_len = FRAME_HEADER_LEN + header.len() + payload_len;
-        let written = if c.queue.is_empty() && frame_len >= WRITE_THROUGH_MIN {
-            c.write_through(&frame, header, data)
-        } else {
-            0
-        };
-        if written == frame_len {
-            let State { conns, events, .. } = &mut *st;
-            if let Some(c) = conns.get(conn) {
-                events.completed(conn, key, Release::Slot(&c.slots_released));
-            }
-            inner.post_dispatch(&mut st);
-        } else {
-            c.push_copied(&frame, header, data, frame_len, written, key);
-            inner.schedule_flush(&mut st, conn);
+        inner.copy_send(&mut st, conn, header, data, key)
+    }
+
+    fn send_copy_batch(
+        &self,
+        conn: ConnId,
+        messages: &[CopyMessage<'_>],
+    ) -> Result<(), BatchSendError> {
+        let inner = &self.inner;
+        let mut st = inner
+            .send_target(conn)
+            .map_err(|error| BatchSendError { sent: 0, error })?;
+        for (sent, m) in messages.iter().enumerate() {
+            inner
+                .copy_send(
+                    &mut st,
+                    conn,
+                    m.header,
+                    std::slice::from_ref(&m.data),
+                    m.key,
+                )
+                .map_err(|error| BatchSendError { sent, error })?;
         }
         Ok(())
     }
