@@ -116,6 +116,12 @@ impl BufferPool {
         n
     }
 
+    /// An identity of the pool: equal for clones of one pool (handles to
+    /// the same buffers), different between pools alive at the same time.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// Number of free buffers now.
     pub fn available(&self) -> usize {
         lock(&self.inner.state).free.len()

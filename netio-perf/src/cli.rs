@@ -63,6 +63,11 @@ pub struct Cli {
     #[arg(long)]
     pub busy_poll: bool,
 
+    /// Backends in thread-unsafe mode (netio3's UNSAFE): every call is
+    /// made on the loop thread, and the provider takes no lock for it.
+    #[arg(long)]
+    pub thread_unsafe: bool,
+
     /// Runs of each figure (alternated with the baseline: A B A B ...).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,

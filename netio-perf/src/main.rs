@@ -67,6 +67,12 @@ fn validate(cli: &Cli) -> Result<(), String> {
     if sim && cli.busy_poll {
         return Err("--busy-poll applies to the real event loop; the simulator runs on virtual time, driven on one thread".into());
     }
+    if cli.thread_unsafe && (sim || cli.listen.is_some()) {
+        return Err(
+            "--thread-unsafe applies to the in-process and --connect runs of a socket provider"
+                .into(),
+        );
+    }
     if sim && (cli.listen.is_some() || cli.connect.is_some()) {
         return Err(
             "--listen and --connect need a socket provider; the simulator runs in one process"
@@ -127,6 +133,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     let setup = Setup {
         provider: cli.provider.clone(),
         busy_poll: cli.busy_poll,
+        thread_unsafe: cli.thread_unsafe,
         runs: cli.runs,
         baseline,
         layout,
@@ -172,6 +179,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     },
                     duration,
                     busy_poll: cli.busy_poll,
+                    thread_unsafe: cli.thread_unsafe,
                     timeout,
                 };
                 rows.push(run_row(&cli, &spec, baseline, &mut progress));

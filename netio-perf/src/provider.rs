@@ -16,7 +16,7 @@ use netio::sim::Sim;
 use netio::{
     AnyLoop, Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams,
     CopyMessage, EndpointAddress, EventLoop, Features, Handler, MemoryRegion, NetworkBuffer,
-    RefuseReason, SendError,
+    RefuseReason, SendError, ThreadSafety,
 };
 
 use crate::cli::{SendMode, TestKind};
@@ -40,6 +40,8 @@ pub struct Spec {
     pub duration: Option<Duration>,
     /// Busy-polling loops.
     pub busy_poll: bool,
+    /// Backends in thread-unsafe mode (every call on the loop thread).
+    pub thread_unsafe: bool,
     /// Bound of the whole run.
     pub timeout: Duration,
 }
@@ -89,7 +91,19 @@ fn client_config(spec: &Spec) -> BackendConfig {
     let default = BackendConfig::default();
     BackendConfig {
         send_queue_depth: window(spec.size).max(default.send_queue_depth),
-        ..default
+        ..backend_config(spec)
+    }
+}
+
+/// A backend's configuration: the thread mode the run asks for.
+fn backend_config(spec: &Spec) -> BackendConfig {
+    BackendConfig {
+        thread_safety: if spec.thread_unsafe {
+            ThreadSafety::Unsafe
+        } else {
+            ThreadSafety::Safe
+        },
+        ..BackendConfig::default()
     }
 }
 
@@ -724,6 +738,22 @@ impl LoopThread {
     }
 }
 
+impl LoopThread {
+    /// Runs `f` on the loop thread and returns its result: how a
+    /// thread-unsafe backend is called from outside its loop.
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, RunError> {
+        let (tx, rx) = mpsc::channel();
+        self.lp.post(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .map_err(|e| failed("the loop thread did not answer", e))
+    }
+}
+
 impl Drop for LoopThread {
     fn drop(&mut self) {
         self.lp.stop();
@@ -756,13 +786,15 @@ pub fn run_socket(
         Some(a) => a,
         None => {
             let lp = new_loop(spec.busy_poll)?;
-            let backend = netio::create_backend(
-                provider,
-                &AnyLoop::Mio(lp.clone()),
-                BackendConfig::default(),
-                Server::new(region.clone(), false),
-            )
-            .map_err(|e| failed("cannot create the server backend", e))?;
+            let backend = Arc::new(
+                netio::create_backend(
+                    provider,
+                    &AnyLoop::Mio(lp.clone()),
+                    backend_config(spec),
+                    Server::new(region.clone(), false),
+                )
+                .map_err(|e| failed("cannot create the server backend", e))?,
+            );
             check_mode(provider, backend.features(), spec.mode)?;
             let params = match spec.role() {
                 Role::Echo => server_params(
@@ -780,10 +812,13 @@ pub fn run_socket(
                     backend.features(),
                 ),
             };
-            let addr = backend
-                .open_listen_endpoint(EndpointAddress::localhost(0), params)
-                .map_err(|e| failed("cannot listen", e))?;
+            // Calls are made on the loop thread, as thread-unsafe mode
+            // requires.
             let t = LoopThread::start(lp, "perf-server")?;
+            let b = backend.clone();
+            let addr = t
+                .call(move || b.open_listen_endpoint(EndpointAddress::localhost(0), params))?
+                .map_err(|e| failed("cannot listen", e))?;
             server = Some((t, backend));
             addr
         }
@@ -791,27 +826,31 @@ pub fn run_socket(
     let lp = new_loop(spec.busy_poll)?;
     let outcome: Outcome = Arc::default();
     let (tx, rx) = mpsc::channel();
-    let client = netio::create_backend(
-        provider,
-        &AnyLoop::Mio(lp.clone()),
-        client_config(spec),
-        Client::new(
-            spec.clone(),
-            region.clone(),
-            false,
-            outcome.clone(),
-            Arc::default(),
-            tx,
-        ),
-    )
-    .map_err(|e| failed("cannot create the client backend", e))?;
+    let client = Arc::new(
+        netio::create_backend(
+            provider,
+            &AnyLoop::Mio(lp.clone()),
+            client_config(spec),
+            Client::new(
+                spec.clone(),
+                region.clone(),
+                false,
+                outcome.clone(),
+                Arc::default(),
+                tx,
+            ),
+        )
+        .map_err(|e| failed("cannot create the client backend", e))?,
+    );
     check_mode(provider, client.features(), spec.mode)?;
     let client_thread = LoopThread::start(lp, "perf-client")?;
-    let conn = client
-        .open_active_endpoint(addr, client_params(spec, region.as_ref()))
+    let (b, params) = (client.clone(), client_params(spec, region.as_ref()));
+    let conn = client_thread
+        .call(move || b.open_active_endpoint(addr, params))?
         .map_err(|e| failed("cannot connect", e))?;
     let got = rx.recv_timeout(spec.timeout);
-    let _ = client.close_active_endpoint(conn);
+    let b = client.clone();
+    let _ = client_thread.call(move || b.close_active_endpoint(conn));
     drop(client_thread);
     drop(client);
     drop(server);

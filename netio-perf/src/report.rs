@@ -134,6 +134,8 @@ pub struct Setup {
     pub provider: String,
     /// Busy-polling loops.
     pub busy_poll: bool,
+    /// Backends in thread-unsafe mode.
+    pub thread_unsafe: bool,
     /// Runs per row.
     pub runs: u32,
     /// Baseline alternated.
@@ -152,6 +154,14 @@ impl Setup {
     }
 }
 
+fn unsafe_note(setup: &Setup) -> &'static str {
+    if setup.thread_unsafe {
+        ", thread-unsafe backends"
+    } else {
+        ""
+    }
+}
+
 /// Prints the table.
 pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io::Result<()> {
     let sim = setup.provider == "sim";
@@ -162,9 +172,9 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
         if sim {
             "virtual time, driven on one thread".to_string()
         } else if setup.busy_poll {
-            "busy-polling loops".to_string()
+            "busy-polling loops".to_string() + unsafe_note(setup)
         } else {
-            "interrupt mode (loops sleep in epoll)".to_string()
+            "interrupt mode (loops sleep in epoll)".to_string() + unsafe_note(setup)
         },
         setup.layout
     )?;
@@ -294,6 +304,7 @@ pub fn to_json(setup: &Setup, settings: Value, rows: &[Row]) -> Value {
         "settings": settings,
         "provider": setup.provider,
         "busy_poll": setup.busy_poll,
+        "thread_unsafe": setup.thread_unsafe,
         "baseline": if setup.baseline { json!(setup.baseline_name()) } else { Value::Null },
         "runs": setup.runs,
         "layout": setup.layout,

@@ -1,7 +1,9 @@
 //! The TCP backend: endpoints, sends and the loop-thread I/O paths.
 //!
-//! All state sits behind one mutex. Backend operations (any thread in
-//! thread-safe mode) change it and post work to the loop: writes are
+//! All state sits behind one lock (a `LoopLock`: a mutex in thread-safe
+//! mode; in thread-unsafe mode, where only the loop thread may touch it,
+//! no lock at all, just a check of the thread). Backend operations (any
+//! thread in thread-safe mode) change it and post work to the loop: writes are
 //! flushed by one posted task per batch, and handler events are queued and
 //! dispatched by a posted task. The loop thread reads with no lock held
 //! (the connection's reader is taken out of the state while it reads) and
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::Interest;
-use netio_core::mio_loop::{MioLoop, MioTimer, SourceId, SpinId};
+use netio_core::mio_loop::{LoopLock, LoopLockGuard, MioLoop, MioTimer, SourceId, SpinId};
 use netio_core::{
     Backend, BackendConfig, BatchSendError, BufferError, BufferPool, CloseError, CloseReason,
     ConnError, ConnId, ConnTable, ConnectionParams, CopyMessage, CreateError, EndpointAddress,
@@ -117,13 +119,15 @@ pub struct TcpBackend {
 
 impl fmt::Debug for TcpBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let st = lock(&self.inner.state);
-        f.debug_struct("TcpBackend")
-            .field("thread_safety", &self.inner.config.thread_safety)
-            .field("listeners", &st.listeners.len())
-            .field("connections", &st.conns.len())
-            .field("lingering", &st.lingering.len())
-            .finish()
+        let mut d = f.debug_struct("TcpBackend");
+        d.field("thread_safety", &self.inner.config.thread_safety);
+        // In thread-unsafe mode the state is visible on the loop thread only.
+        if let Some(st) = self.inner.state.try_lock() {
+            d.field("listeners", &st.listeners.len())
+                .field("connections", &st.conns.len())
+                .field("lingering", &st.lingering.len());
+        }
+        d.finish_non_exhaustive()
     }
 }
 
@@ -162,12 +166,63 @@ struct State {
     timer_running: bool,
 }
 
+/// The buffer pools of listeners and connections, each counted once
+/// however many connections share it (keyed by pool identity and
+/// direction), kept apart from the state so that `memory_usage` works from
+/// any thread in both modes. Changed on open, establish and close only.
+#[derive(Default)]
+struct PoolTally {
+    pools: HashMap<(usize, bool), (BufferPool, usize)>,
+}
+
+impl PoolTally {
+    fn add(&mut self, pool: Option<&BufferPool>, recv: bool) {
+        if let Some(p) = pool {
+            self.pools
+                .entry((p.id(), recv))
+                .or_insert_with(|| (p.clone(), 0))
+                .1 += 1;
+        }
+    }
+
+    fn remove(&mut self, pool: Option<&BufferPool>, recv: bool) {
+        if let Some(p) = pool {
+            let key = (p.id(), recv);
+            if let Some(e) = self.pools.get_mut(&key) {
+                e.1 -= 1;
+                if e.1 == 0 {
+                    self.pools.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn counts(&self, pool: &BufferPool, recv: bool) -> bool {
+        self.pools.contains_key(&(pool.id(), recv))
+    }
+
+    fn usage(&self) -> MemoryUsage {
+        let mut usage = MemoryUsage::default();
+        for ((_, recv), (p, _)) in &self.pools {
+            if *recv {
+                usage.receive_bytes += p.bytes();
+            } else {
+                usage.send_bytes += p.bytes();
+            }
+        }
+        usage
+    }
+}
+
 struct Inner {
     lp: MioLoop,
     config: BackendConfig,
     tcp: TcpConfig,
-    handler: Mutex<Box<dyn Handler<TcpBackend>>>,
-    state: Mutex<State>,
+    /// Called on the loop thread only, in both modes: no lock.
+    handler: LoopLock<Box<dyn Handler<TcpBackend>>>,
+    state: LoopLock<State>,
+    /// The buffer pools in use, for `memory_usage` from any thread.
+    pools: Mutex<PoolTally>,
     shared_send: Option<BufferPool>,
     shared_recv: Option<BufferPool>,
     weak: Weak<Inner>,
@@ -186,10 +241,7 @@ impl Drop for Inner {
         if let Some(spin) = self.spin {
             self.lp.remove_spin(spin);
         }
-        let st = match self.state.get_mut() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
+        let st = self.state.get_mut();
         for (_, mut l) in st.listeners.drain() {
             let _ = self.lp.deregister(&mut l.sock, l.source);
         }
@@ -297,13 +349,20 @@ impl TcpBackend {
                     }
                 })
             });
+            let handler: LoopLock<Box<dyn Handler<TcpBackend>>> =
+                LoopLock::loop_only(&lp, Box::new(handler));
+            let state = match config.thread_safety {
+                ThreadSafety::Safe => LoopLock::shared(State::default()),
+                ThreadSafety::Unsafe => LoopLock::loop_only(&lp, State::default()),
+            };
             Inner {
                 spin,
                 lp,
                 config,
                 tcp,
-                handler: Mutex::new(Box::new(handler)),
-                state: Mutex::new(State::default()),
+                handler,
+                state,
+                pools: Mutex::new(PoolTally::default()),
                 shared_send,
                 shared_recv,
                 weak: weak.clone(),
@@ -336,7 +395,7 @@ impl TcpBackend {
         if !inner.thread_ok() {
             return Err(ConnError::WrongThread);
         }
-        let mut st = lock(&inner.state);
+        let mut st = inner.state.lock();
         Ok(inner.issued(&mut st, conn)?.stream.as_raw_fd())
     }
 
@@ -347,12 +406,12 @@ impl TcpBackend {
     /// socket, over every connection, closing ones included. Per
     /// connection it is bounded by `send_queue_depth` copy or zero-copy
     /// messages plus its send pool's buffers, however slowly the peer
-    /// reads.
-    pub fn queued_send_bytes(&self) -> usize {
-        let st = lock(&self.inner.state);
+    /// reads. `None` in thread-unsafe mode off the loop thread.
+    pub fn queued_send_bytes(&self) -> Option<usize> {
+        let st = self.inner.state.try_lock()?;
         let open: usize = st.conns.iter().map(|(_, c)| c.queued_bytes()).sum();
         let closing: usize = st.lingering.values().map(Lingering::pending_bytes).sum();
-        open + closing
+        Some(open + closing)
     }
 }
 
@@ -361,6 +420,13 @@ impl Inner {
         TcpBackend {
             inner: Arc::clone(self),
         }
+    }
+
+    /// Takes a connection's pools out of the tally (it is gone).
+    fn untally(&self, c: &Conn) {
+        let mut tally = lock(&self.pools);
+        tally.remove(c.recv_pool.as_ref(), true);
+        tally.remove(c.send_pool.as_ref(), false);
     }
 
     fn thread_ok(&self) -> bool {
@@ -378,7 +444,7 @@ impl Inner {
         let w = self.weak.clone();
         self.lp.post(move || {
             if let Some(i) = w.upgrade() {
-                lock(&i.state).dispatch_posted = false;
+                i.state.lock().dispatch_posted = false;
                 i.dispatch();
             }
         });
@@ -429,7 +495,7 @@ impl Inner {
         // bounded so a handler that queues forever cannot starve the loop.
         for _ in 0..64 {
             {
-                let mut st = lock(&self.state);
+                let mut st = self.state.lock();
                 if st.events.is_empty() {
                     // Keep the larger lists for the next batch.
                     std::mem::swap(&mut st.events, &mut batch);
@@ -437,7 +503,7 @@ impl Inner {
                 }
                 std::mem::swap(&mut st.events, &mut batch);
             }
-            let mut h = lock(&self.handler);
+            let mut h = self.handler.lock();
             batch.drain(|ev, keys| match ev {
                 Ev::Established(c, r, caps) => h.on_connection_established(&backend, c, r, caps),
                 Ev::Refused(c, r, why) => h.on_connection_refused(&backend, c, r, &why),
@@ -451,7 +517,7 @@ impl Inner {
                 Ev::Wake(token) => h.on_wake(&backend, token),
             });
         }
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         self.post_dispatch(&mut st);
     }
 
@@ -463,6 +529,7 @@ impl Inner {
         let Some(c) = st.conns.remove(id) else {
             return;
         };
+        self.untally(&c);
         c.open.store(false, Ordering::Release);
         if c.initiator {
             st.events.push(Ev::Refused(id, c.remote, reason));
@@ -478,6 +545,7 @@ impl Inner {
         let Some(mut c) = st.conns.remove(id) else {
             return;
         };
+        self.untally(&c);
         c.open.store(false, Ordering::Release);
         let ended = c.cancel_sends();
         let mut rest = ended.rest;
@@ -540,7 +608,7 @@ impl Inner {
         // A handle lookup first: the connection's own events need no
         // hashing; only those of a closed one's lingering socket do.
         let (lingering, connecting) = {
-            let st = lock(&self.state);
+            let st = self.state.lock();
             match st.conns.get(id) {
                 Some(c) => (false, c.phase == Phase::Connecting),
                 None => (st.lingering.contains_key(&id), false),
@@ -577,7 +645,7 @@ impl Inner {
     /// The spin callback of a busy-polling loop: reads the connection that
     /// delivered data last, as its readiness event would.
     fn spin(self: &Arc<Self>) {
-        let hot = lock(&self.state).hot;
+        let hot = self.state.lock().hot;
         if let Some(id) = hot {
             self.read_conn(id, true);
             self.dispatch();
@@ -585,7 +653,7 @@ impl Inner {
     }
 
     fn on_lingering(self: &Arc<Self>, id: ConnId) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let Some(l) = st.lingering.get_mut(&id) else {
             return;
         };
@@ -601,7 +669,7 @@ impl Inner {
     }
 
     fn on_writable(self: &Arc<Self>, id: ConnId) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let Some(c) = st.conns.get_mut(id) else {
             return;
         };
@@ -656,7 +724,7 @@ impl Inner {
     /// The posted flush task: writes every connection with new sends.
     fn flush_dirty(self: &Arc<Self>) {
         {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock();
             st.flush_posted = false;
             let dirty = std::mem::take(&mut st.dirty);
             for &id in &dirty {
@@ -696,7 +764,7 @@ impl Inner {
         let mut got_data = false;
         for _ in 0..MAX_READS_PER_EVENT {
             let taken = {
-                let mut st = lock(&self.state);
+                let mut st = self.state.lock();
                 let Some(c) = st.conns.get_mut(id) else {
                     return;
                 };
@@ -763,14 +831,14 @@ impl Inner {
                 // it: it is reported after them, once resumed.
                 Step::Paused if matches!(end, ReadEnd::Continue) => end = ReadEnd::WouldBlock,
                 Step::Paused => {
-                    let mut st = lock(&self.state);
+                    let mut st = self.state.lock();
                     self.put_reader(&mut st, id, reader);
                     return;
                 }
                 Step::Continue => {}
             }
             // Put the reader back, or end the connection.
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock();
             if got_data {
                 st.hot = Some(id);
             }
@@ -832,7 +900,7 @@ impl Inner {
 
     fn drop_reader(&self, mut reader: Reader) {
         if reader.assembling.take().is_some() {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock();
             self.wake_pool_waiters(&mut st);
         }
     }
@@ -856,7 +924,7 @@ impl Inner {
             match reader.dec.decode_handshake() {
                 Ok(None) => return Step::Continue,
                 Err(e) => {
-                    let mut st = lock(&self.state);
+                    let mut st = self.state.lock();
                     self.refuse_conn(&mut st, id, RefuseReason::Handshake(e.to_string()));
                     return Step::Stop;
                 }
@@ -868,7 +936,7 @@ impl Inner {
                         dec.feed(reader.dec.pending());
                         reader.dec = dec;
                     }
-                    let mut st = lock(&self.state);
+                    let mut st = self.state.lock();
                     if !self.establish(&mut st, id, peer) {
                         return Step::Stop;
                     }
@@ -905,7 +973,7 @@ impl Inner {
                         }
                     }
                     None if pool.is_some() => {
-                        let mut st = lock(&self.state);
+                        let mut st = self.state.lock();
                         if let Some(c) = st.conns.get_mut(id) {
                             c.recv_blocked = true;
                             st.pool_waiters.push(id);
@@ -921,14 +989,14 @@ impl Inner {
                 Err(e) => {
                     drop(h);
                     let reason = close_reason_for(&e);
-                    let mut st = lock(&self.state);
+                    let mut st = self.state.lock();
                     self.close_conn(&mut st, id, Some(e.close_code()), reason);
                     return Step::Stop;
                 }
             };
             match frame {
                 Frame::Data(msg) => {
-                    let hd = h.get_or_insert_with(|| lock(&self.handler));
+                    let hd = h.get_or_insert_with(|| self.handler.lock());
                     hd.on_data(backend, id, msg);
                 }
                 Frame::DataPart {
@@ -938,7 +1006,7 @@ impl Inner {
                     reader.assembling_len = total_len;
                     let Some(buf) = reader.assembling.as_mut() else {
                         drop(h);
-                        let mut st = lock(&self.state);
+                        let mut st = self.state.lock();
                         let reason =
                             CloseReason::Protocol("no receive buffer for a message".into());
                         self.close_conn(&mut st, id, Some(CloseCode::ProtocolError), reason);
@@ -946,7 +1014,7 @@ impl Inner {
                     };
                     if buf.write(bytes).is_err() {
                         drop(h);
-                        let mut st = lock(&self.state);
+                        let mut st = self.state.lock();
                         let reason =
                             CloseReason::Protocol("message overflows its receive buffer".into());
                         self.close_conn(&mut st, id, Some(CloseCode::ProtocolError), reason);
@@ -955,10 +1023,10 @@ impl Inner {
                     if complete {
                         reader.partial_deadline = None;
                         if let Some(buf) = reader.assembling.take() {
-                            let hd = h.get_or_insert_with(|| lock(&self.handler));
+                            let hd = h.get_or_insert_with(|| self.handler.lock());
                             hd.on_data(backend, id, buf.as_slice());
                             drop(buf);
-                            let mut st = lock(&self.state);
+                            let mut st = self.state.lock();
                             if !st.pool_waiters.is_empty() {
                                 self.wake_pool_waiters(&mut st);
                             }
@@ -967,7 +1035,7 @@ impl Inner {
                 }
                 Frame::Close { .. } => {
                     drop(h);
-                    let mut st = lock(&self.state);
+                    let mut st = self.state.lock();
                     self.close_conn(&mut st, id, None, CloseReason::PeerClosed);
                     return Step::Stop;
                 }
@@ -987,12 +1055,16 @@ impl Inner {
         let sb = c.params.send_buffered;
         c.send_pool = shared_send
             .or_else(|| (sb.num_buf > 0).then(|| BufferPool::new(sb.buf_size, sb.num_buf)));
+        let mut tally = lock(&self.pools);
+        tally.add(c.send_pool.as_ref(), false);
         if c.recv_pool.is_none() && c.params.recv.num_buf > 0 && !c.params.recv.use_shared_pool {
             c.recv_pool = Some(BufferPool::new(
                 c.params.recv.buf_size,
                 c.params.recv.num_buf,
             ));
+            tally.add(c.recv_pool.as_ref(), true);
         }
+        drop(tally);
         let caps = c.params.capabilities(&self.config, true);
         let remote = c.remote;
         st.events.push(Ev::Established(id, remote, caps));
@@ -1010,7 +1082,7 @@ impl Inner {
     fn on_accept(self: &Arc<Self>, addr: EndpointAddress) {
         let mut more = false;
         {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock();
             let mut budget = MAX_ACCEPTS_PER_EVENT;
             while let Some(l) = st.listeners.get_mut(&addr) {
                 if budget == 0 {
@@ -1121,6 +1193,7 @@ impl Inner {
             Instant::now() + self.tcp.handshake_timeout,
             hs,
         );
+        lock(&self.pools).add(conn.recv_pool.as_ref(), true);
         let inserted = st.conns.insert(conn);
         debug_assert_eq!(inserted, id);
         self.ensure_timer(st);
@@ -1136,7 +1209,7 @@ impl Inner {
     fn on_tick(self: &Arc<Self>) {
         let mut retry = Vec::new();
         {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock();
             let now = Instant::now();
             // The loop thread is not reading now: every reader is in place.
             let stalled: Vec<(ConnId, String)> = st
@@ -1217,11 +1290,11 @@ impl Inner {
     /// The common start of every send: checks the calling thread, locks the
     /// state and checks that `conn` is established (a handle lookup, no
     /// hashing).
-    fn send_target(&self, conn: ConnId) -> Result<MutexGuard<'_, State>, SendError> {
+    fn send_target(&self, conn: ConnId) -> Result<LoopLockGuard<'_, State>, SendError> {
         if !self.thread_ok() {
             return Err(SendError::WrongThread);
         }
-        let st = lock(&self.state);
+        let st = self.state.lock();
         match st.conns.get(conn) {
             Some(c) if c.phase == Phase::Established => Ok(st),
             _ => Err(SendError::UnknownConnection(conn)),
@@ -1255,7 +1328,7 @@ impl Inner {
         if due.is_empty() {
             return;
         }
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         for token in due {
             st.events.push(Ev::Timer(token));
         }
@@ -1495,7 +1568,7 @@ impl Backend for TcpBackend {
                     .into(),
             ));
         }
-        let mut st = lock(&inner.state);
+        let mut st = inner.state.lock();
         if address.port() != 0 && st.listeners.contains_key(&address) {
             return Err(OpenListenError::ListenEndpointAlreadyExists(address));
         }
@@ -1531,6 +1604,7 @@ impl Backend for TcpBackend {
             .map_err(fail)?;
         let recv_pool =
             own_pool.then(|| BufferPool::new(params.recv.buf_size, params.recv.num_buf));
+        lock(&inner.pools).add(recv_pool.as_ref(), true);
         st.listeners.insert(
             bound,
             Listener {
@@ -1566,7 +1640,7 @@ impl Backend for TcpBackend {
                     .into(),
             ));
         }
-        let mut st = lock(&inner.state);
+        let mut st = inner.state.lock();
         let fail = |e: io::Error| {
             if socket::is_connect_resource_error(&e) {
                 OpenActiveError::NoResources {
@@ -1603,7 +1677,7 @@ impl Backend for TcpBackend {
             // Refused at once: reported later like any refusal, with the
             // handle returned now (unless closed meanwhile).
             inner.post_with(move |i| {
-                i.refuse_conn(&mut lock(&i.state), id, reason);
+                i.refuse_conn(&mut i.state.lock(), id, reason);
                 i.dispatch();
             });
         }
@@ -1615,11 +1689,12 @@ impl Backend for TcpBackend {
         if !inner.thread_ok() {
             return Err(CloseError::WrongThread);
         }
-        let mut st = lock(&inner.state);
+        let mut st = inner.state.lock();
         let Some(mut l) = st.listeners.remove(&address) else {
             return Err(CloseError::UnknownListenEndpoint(address));
         };
         let _ = inner.lp.deregister(&mut l.sock, l.source);
+        lock(&inner.pools).remove(l.recv_pool.as_ref(), true);
         drop(l);
         let accepted: Vec<(ConnId, Phase)> = st
             .conns
@@ -1648,7 +1723,7 @@ impl Backend for TcpBackend {
         if !inner.thread_ok() {
             return Err(CloseError::WrongThread);
         }
-        let mut st = lock(&inner.state);
+        let mut st = inner.state.lock();
         let phase = match st.conns.get(conn) {
             Some(c) if c.issued() => c.phase,
             _ => return Err(CloseError::UnknownConnection(conn)),
@@ -1782,7 +1857,7 @@ impl Backend for TcpBackend {
         if !inner.thread_ok() {
             return Err(ConnError::WrongThread);
         }
-        let mut st = lock(&inner.state);
+        let mut st = inner.state.lock();
         let c = inner.issued(&mut st, conn)?;
         c.paused.store(true, Ordering::Release);
         Ok(())
@@ -1793,7 +1868,7 @@ impl Backend for TcpBackend {
         if !inner.thread_ok() {
             return Err(ConnError::WrongThread);
         }
-        let mut st = lock(&inner.state);
+        let mut st = inner.state.lock();
         let c = inner.issued(&mut st, conn)?;
         if c.paused.swap(false, Ordering::AcqRel) {
             // Hand out what the read buffer holds, then read until the
@@ -1812,7 +1887,7 @@ impl Backend for TcpBackend {
         if !inner.thread_ok() {
             return Err(ConnError::WrongThread);
         }
-        let mut st = lock(&inner.state);
+        let mut st = inner.state.lock();
         Ok(inner.issued(&mut st, conn)?.remote)
     }
 
@@ -1821,7 +1896,7 @@ impl Backend for TcpBackend {
         if !inner.thread_ok() {
             return Err(ConnError::WrongThread);
         }
-        let st = lock(&inner.state);
+        let st = inner.state.lock();
         st.conns
             .iter()
             .filter(|(_, c)| c.remote == remote && c.issued())
@@ -1832,28 +1907,17 @@ impl Backend for TcpBackend {
 
     fn memory_usage(&self) -> MemoryUsage {
         let inner = &self.inner;
-        let st = lock(&inner.state);
-        let mut counted: Vec<BufferPool> = Vec::new();
-        let mut usage = MemoryUsage::default();
-        let recv = inner
-            .shared_recv
-            .iter()
-            .chain(st.listeners.values().filter_map(|l| l.recv_pool.as_ref()))
-            .chain(st.conns.iter().filter_map(|(_, c)| c.recv_pool.as_ref()));
-        for p in recv {
-            if !counted.iter().any(|q| q.same_pool(p)) {
-                usage.receive_bytes += p.bytes();
-                counted.push(p.clone());
-            }
-        }
-        let send = inner
-            .shared_send
-            .iter()
-            .chain(st.conns.iter().filter_map(|(_, c)| c.send_pool.as_ref()));
-        for p in send {
-            if !counted.iter().any(|q| q.same_pool(p)) {
-                usage.send_bytes += p.bytes();
-                counted.push(p.clone());
+        let mut usage = lock(&inner.pools).usage();
+        // The shared pools count once, used or not.
+        for (p, recv) in [(&inner.shared_recv, true), (&inner.shared_send, false)] {
+            if let Some(p) = p {
+                if !lock(&inner.pools).counts(p, recv) {
+                    if recv {
+                        usage.receive_bytes += p.bytes();
+                    } else {
+                        usage.send_bytes += p.bytes();
+                    }
+                }
             }
         }
         usage
@@ -1878,9 +1942,17 @@ impl Backend for TcpBackend {
 
     fn wake(&self, token: u64) {
         let inner = &self.inner;
-        let mut st = lock(&inner.state);
-        st.events.push(Ev::Wake(token));
-        inner.post_dispatch(&mut st);
+        match inner.state.try_lock() {
+            Some(mut st) => {
+                st.events.push(Ev::Wake(token));
+                inner.post_dispatch(&mut st);
+            }
+            // Thread-unsafe mode, off the loop thread: the loop queues it.
+            None => inner.post_with(move |i| {
+                i.state.lock().events.push(Ev::Wake(token));
+                i.dispatch();
+            }),
+        }
     }
 }
 
@@ -1895,7 +1967,7 @@ impl TcpBackend {
         if !inner.thread_ok() {
             return Err(BufferError::WrongThread);
         }
-        let st = lock(&inner.state);
+        let st = inner.state.lock();
         match st.conns.get(conn) {
             Some(c) if c.phase == Phase::Established => c
                 .send_pool

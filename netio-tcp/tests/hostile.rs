@@ -618,7 +618,11 @@ fn peer_never_reads() {
         "sends to a peer that never reads stop"
     );
     let frame = MSG + 8;
-    let queued = bench.server.b.queued_send_bytes();
+    let queued = bench
+        .server
+        .b
+        .queued_send_bytes()
+        .expect("a thread-safe backend answers from any thread");
     assert!(
         queued > 0 && queued <= DEPTH * frame,
         "{queued} bytes queued"
@@ -653,7 +657,11 @@ fn peer_never_reads() {
         }
     }
     assert!(exhausted, "the pool runs dry");
-    let queued = bench.server.b.queued_send_bytes();
+    let queued = bench
+        .server
+        .b
+        .queued_send_bytes()
+        .expect("a thread-safe backend answers from any thread");
     assert!(queued <= (DEPTH + POOL) * frame, "{queued} bytes queued");
     // No memory beyond the pools.
     assert_eq!(bench.server.b.memory_usage(), memory);
@@ -674,9 +682,18 @@ fn peer_never_reads() {
     sent.extend(&buffered);
     every_send_ended_once(&bench.server, remote, &sent);
     assert!(
-        wait_until(|| bench.server.b.queued_send_bytes() == 0),
+        wait_until(|| bench
+            .server
+            .b
+            .queued_send_bytes()
+            .expect("a thread-safe backend answers from any thread")
+            == 0),
         "{} bytes still queued",
-        bench.server.b.queued_send_bytes()
+        bench
+            .server
+            .b
+            .queued_send_bytes()
+            .expect("a thread-safe backend answers from any thread")
     );
     assert!(matches!(
         bench.server.b.get_buffer(bench.server.conn(remote)),

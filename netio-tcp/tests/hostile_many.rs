@@ -306,7 +306,7 @@ fn thousand_connections_exchange_messages_then_close() {
             report("done")
         );
         assert_eq!(load(&server_tally.refused) + load(&client_tally.refused), 0);
-        assert_eq!(server.queued_send_bytes(), 0);
+        assert_eq!(server.queued_send_bytes(), Some(0));
         assert!(server_loop.lp.is_running() && client_loop.lp.is_running());
         server.close_listen_endpoint(listen).unwrap();
         drop(clients);

@@ -715,6 +715,51 @@ fn thread_unsafe_mode_refuses_calls_off_the_loop_thread() {
     assert!(wait_until(|| server.data() == vec![b"on loop".to_vec()]));
 }
 
+/// A thread-unsafe backend keeps its state without a lock, reachable on
+/// the loop thread only: what must work from any thread still does
+/// (`memory_usage`, `wake`, `Debug`), and `queued_send_bytes` answers on
+/// the loop thread and `None` elsewhere, never a guess.
+#[test]
+fn thread_unsafe_mode_answers_the_any_thread_calls_without_reaching_into_loop_state() {
+    let rt = Running::start();
+    let cfg = BackendConfig::with_thread_safety(ThreadSafety::Unsafe);
+    let server = Side::new(&rt.lp, cfg.clone());
+    let client = Side::new(&rt.lp, cfg);
+    let sb = server.b.clone();
+    let addr = rt
+        .on_loop(move || sb.open_listen_endpoint(EndpointAddress::localhost(0), params()))
+        .unwrap();
+    let cb = client.b.clone();
+    let conn = rt
+        .on_loop(move || cb.open_active_endpoint(addr, params()))
+        .unwrap();
+    assert!(wait_until(
+        || client.has(|e| matches!(e, Ev::Established(..)))
+    ));
+    // params(): 8 x 4096 receive and 4 x 4096 send buffers per connection,
+    // and the listener's accepted connection has its own.
+    let per_conn = 8 * 4096;
+    assert_eq!(client.b.memory_usage().receive_bytes, per_conn);
+    assert_eq!(client.b.memory_usage().send_bytes, 4 * 4096);
+    assert!(wait_until(
+        || server.b.memory_usage().receive_bytes == per_conn
+    ));
+    assert_eq!(client.b.queued_send_bytes(), None, "off the loop thread");
+    let cb = client.b.clone();
+    assert_eq!(rt.on_loop(move || cb.queued_send_bytes()), Some(0));
+    let shown = format!("{:?}", client.b);
+    assert!(shown.contains("Unsafe"), "{shown}");
+    client.b.wake(7);
+    assert!(wait_until(
+        || *client.shared.wakes.lock().unwrap() == vec![7]
+    ));
+    // Closing gives the connection's pools back: the tally follows.
+    let cb = client.b.clone();
+    rt.on_loop(move || cb.close_active_endpoint(conn)).unwrap();
+    assert_eq!(client.b.memory_usage(), netio_core::MemoryUsage::default());
+    assert!(wait_until(|| server.b.memory_usage().receive_bytes == 0));
+}
+
 #[test]
 fn handlers_reply_and_close_from_inside_callbacks() {
     let rt = Running::start();

@@ -120,6 +120,7 @@
 //!
 //! Under `--cfg loom` only that part is compiled; the mio loop is not.
 
+mod loop_lock;
 mod signal_queue;
 
 #[cfg(not(loom))]
@@ -128,4 +129,5 @@ mod reactor;
 mod timers;
 
 #[cfg(not(loom))]
+pub use loop_lock::{LoopLock, LoopLockGuard};
 pub use reactor::{LoopConfig, MioLoop, MioSignal, MioTimer, SourceId, SpinId, WeakMioLoop};
