@@ -120,6 +120,7 @@
 //!
 //! Under `--cfg loom` only that part is compiled; the mio loop is not.
 
+#[cfg(not(loom))]
 mod loop_lock;
 mod signal_queue;
 
@@ -130,4 +131,5 @@ mod timers;
 
 #[cfg(not(loom))]
 pub use loop_lock::{LoopLock, LoopLockGuard};
+#[cfg(not(loom))]
 pub use reactor::{LoopConfig, MioLoop, MioSignal, MioTimer, SourceId, SpinId, WeakMioLoop};
