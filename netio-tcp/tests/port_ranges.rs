@@ -238,6 +238,14 @@ fn a_local_port_of_the_range_is_used_again_after_its_connection_closed() {
         );
         let peer = *established(&server).last().unwrap();
         assert_eq!(peer.port(), only, "round {round}");
+        // The server can see the connection established before the client
+        // has read the server's handshake; closing before the client's own
+        // `Established` would cancel an opening connection instead.
+        assert!(
+            wait_until(|| client.has(|e| matches!(e, Ev::Established(r, _) if *r == l))),
+            "round {round}: client {:?}",
+            client.events()
+        );
         client.b.close_active_endpoint(client.conn(l)).unwrap();
         assert!(
             wait_until(|| server
