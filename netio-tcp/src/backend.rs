@@ -567,27 +567,57 @@ impl Inner {
         match code {
             Some(code) => {
                 rest.extend_from_slice(CloseFrame::new(code, &text).as_bytes());
-                let mut l = Lingering::new(
-                    Arc::clone(&c.stream),
-                    c.source,
-                    rest,
-                    Instant::now() + self.tcp.close_linger,
-                );
-                let status = l.progress();
-                if matches!(status, LingerStatus::Done) {
-                    deregister(&self.lp, &l.stream, l.source);
-                } else {
-                    if matches!(status, LingerStatus::More) {
-                        self.post_with(move |i| i.on_lingering(id));
-                    }
-                    st.lingering.insert(id, l);
-                    self.ensure_timer(st);
-                }
+                self.linger(st, id, &c, rest);
             }
             None => deregister(&self.lp, &c.stream, c.source),
         }
         if had_assembly {
             self.wake_pool_waiters(st);
+        }
+    }
+
+    /// Ends a connection whose peer's handshake was rejected: the initiator
+    /// reports `reason`, an accepted one disappears without a word. The
+    /// socket is not closed at once: closing it with the peer's input
+    /// unread would send a reset, and a stack that discards received data
+    /// on a reset would lose this side's handshake before the peer reads
+    /// it (the peer needs it to say which version this side speaks). So
+    /// what is left of this side's handshake is written, the sending
+    /// direction shut down, and the peer's input drained until its end of
+    /// stream or [`TcpConfig::close_linger`], as after a close.
+    fn reject_handshake(&self, st: &mut State, id: ConnId, reason: RefuseReason) {
+        let Some(mut c) = st.conns.remove(id) else {
+            return;
+        };
+        self.untally(&c);
+        c.open.store(false, Ordering::Release);
+        if c.initiator {
+            st.events.push(Ev::Refused(id, c.remote, reason));
+        }
+        let rest = c.cancel_sends().rest;
+        self.linger(st, id, &c, rest);
+    }
+
+    /// Writes `pending` (the end of the last frame and a CLOSE frame, or
+    /// the rest of a handshake) on the socket of connection `c`, which has
+    /// left the table, then shuts its sending direction and drains the
+    /// peer until end of stream or the linger deadline.
+    fn linger(&self, st: &mut State, id: ConnId, c: &Conn, pending: Vec<u8>) {
+        let mut l = Lingering::new(
+            Arc::clone(&c.stream),
+            c.source,
+            pending,
+            Instant::now() + self.tcp.close_linger,
+        );
+        let status = l.progress();
+        if matches!(status, LingerStatus::Done) {
+            deregister(&self.lp, &l.stream, l.source);
+        } else {
+            if matches!(status, LingerStatus::More) {
+                self.post_with(move |i| i.on_lingering(id));
+            }
+            st.lingering.insert(id, l);
+            self.ensure_timer(st);
         }
     }
 
@@ -925,7 +955,7 @@ impl Inner {
                 Ok(None) => return Step::Continue,
                 Err(e) => {
                     let mut st = self.state.lock();
-                    self.refuse_conn(&mut st, id, RefuseReason::Handshake(e.to_string()));
+                    self.reject_handshake(&mut st, id, RefuseReason::Handshake(e.to_string()));
                     return Step::Stop;
                 }
                 Ok(Some(peer)) => {

@@ -941,6 +941,29 @@ mod tests {
     }
 
     #[test]
+    fn handshake_flags_are_checked_once_all_length_bytes_are_in() {
+        // A 20-byte handshake with an unknown flag: its first 16 bytes hold
+        // the flags, but the rule applies once the whole handshake is in
+        // (rules 1-3 as their bytes arrive, rules 4-5 after `length`).
+        let mut b = Handshake::new(1).encode().to_vec();
+        b[6..8].copy_from_slice(&20u16.to_le_bytes());
+        b[8] = 0x01;
+        b.extend_from_slice(&[0; 4]);
+        assert_eq!(Handshake::decode(&b[..16]), Ok(None));
+        assert_eq!(Handshake::decode(&b[..19]), Ok(None));
+        assert_eq!(
+            Handshake::decode(&b),
+            Err(WireError::UnknownHandshakeFlags { flags: 1 })
+        );
+        // A bad version is rejected at once, before `length` bytes.
+        b[4] = 2;
+        assert!(matches!(
+            Handshake::decode(&b[..6]),
+            Err(WireError::UnsupportedVersion { peer: 2, .. })
+        ));
+    }
+
+    #[test]
     fn frame_header_rejects_unknown_type_and_reserved_bytes() {
         let mut dec = FrameDecoder::new(0, Some(100));
         dec.feed(&[3, 0, 0, 0, 0, 0, 0, 0]);

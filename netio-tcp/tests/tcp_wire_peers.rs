@@ -133,6 +133,38 @@ fn a_foreign_client_is_turned_away_silently() {
     assert!(server.events().is_empty(), "{:?}", server.events());
 }
 
+/// A peer of another version that sends more than its handshake: the
+/// backend rejects it, but still lets it read the backend's handshake (to
+/// see which version this side speaks) followed by an orderly end of
+/// stream, not a reset that a stack may use to discard the handshake.
+#[test]
+fn a_rejected_peer_reads_the_handshake_then_an_orderly_end_of_stream() {
+    let rt = Running::start();
+    let (server, addr) =
+        listening_side(&rt, TcpConfig::default(), ConnectionParams::receive(64, 1));
+    let mut raw = raw_connect(addr);
+    // Version 2, and more bytes behind it than the backend reads before it
+    // rejects: closing with them unread would be a reset.
+    let mut bytes = vec![0x4e, 0x54, 0x49, 0x4f, 2, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    bytes.extend(std::iter::repeat_n(0xab, 32 * 1024));
+    raw.write_all(&bytes).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let end = loop {
+        match raw.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    assert_eq!(got.len(), 16, "the backend's handshake, whole: {got:?}");
+    assert_eq!(&got[..4], b"NTIO");
+    assert_eq!(&got[4..6], &[1, 0], "it says which version it speaks");
+    end.expect("an orderly end of stream after the handshake, not a reset");
+    assert!(server.events().is_empty(), "{:?}", server.events());
+}
+
 #[test]
 fn a_server_of_another_version_is_refused_with_the_reason() {
     let rt = Running::start();
