@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -142,6 +142,9 @@ struct Listener {
     /// deadline timer tries again, since no new readiness event may come
     /// for the connections waiting in the backlog.
     retry_accept: bool,
+    /// Connections it accepted that are still in the table (the bound of
+    /// `TcpConfig::max_connections_per_listener`).
+    held: usize,
 }
 
 #[derive(Default)]
@@ -163,6 +166,9 @@ struct State {
     hot: Option<ConnId>,
     /// Order of opening and accepting (see `Conn::seq`).
     next_seq: u64,
+    /// Accepted connections still exchanging handshakes (the bound of
+    /// `TcpConfig::max_accepted_handshakes`).
+    accepted_handshaking: usize,
     timer_running: bool,
 }
 
@@ -234,6 +240,8 @@ struct Inner {
     /// On a busy-polling loop: the spin callback reading the hot
     /// connection.
     spin: Option<SpinId>,
+    /// Accepted connections closed at once for an admission limit.
+    refused: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -363,6 +371,7 @@ impl TcpBackend {
                 handler,
                 state,
                 pools: Mutex::new(PoolTally::default()),
+                refused: AtomicU64::new(0),
                 shared_send,
                 shared_recv,
                 weak: weak.clone(),
@@ -372,6 +381,14 @@ impl TcpBackend {
             }
         });
         Ok(Self { inner })
+    }
+
+    /// Accepted connections closed at once because a listener held
+    /// [`TcpConfig::max_connections_per_listener`] connections or the
+    /// backend [`TcpConfig::max_accepted_handshakes`] handshakes, since the
+    /// backend was created. Callable from any thread.
+    pub fn refused_connections(&self) -> u64 {
+        self.inner.refused.load(Ordering::Relaxed)
     }
 
     /// The loop this backend runs on.
@@ -422,11 +439,24 @@ impl Inner {
         }
     }
 
-    /// Takes a connection's pools out of the tally (it is gone).
-    fn untally(&self, c: &Conn) {
+    /// Takes a connection that left the table out of the counts: its
+    /// pools out of the tally, an accepted one out of its listener's
+    /// connections and, if it was still exchanging handshakes, out of
+    /// those.
+    fn forget(&self, st: &mut State, c: &Conn) {
         let mut tally = lock(&self.pools);
         tally.remove(c.recv_pool.as_ref(), true);
         tally.remove(c.send_pool.as_ref(), false);
+        drop(tally);
+        if c.initiator {
+            return;
+        }
+        if c.phase != Phase::Established {
+            st.accepted_handshaking -= 1;
+        }
+        if let Some(l) = c.listener.and_then(|a| st.listeners.get_mut(&a)) {
+            l.held -= 1;
+        }
     }
 
     fn thread_ok(&self) -> bool {
@@ -529,7 +559,7 @@ impl Inner {
         let Some(c) = st.conns.remove(id) else {
             return;
         };
-        self.untally(&c);
+        self.forget(st, &c);
         c.open.store(false, Ordering::Release);
         if c.initiator {
             st.events.push(Ev::Refused(id, c.remote, reason));
@@ -545,7 +575,7 @@ impl Inner {
         let Some(mut c) = st.conns.remove(id) else {
             return;
         };
-        self.untally(&c);
+        self.forget(st, &c);
         c.open.store(false, Ordering::Release);
         let ended = c.cancel_sends();
         let mut rest = ended.rest;
@@ -589,7 +619,7 @@ impl Inner {
         let Some(mut c) = st.conns.remove(id) else {
             return;
         };
-        self.untally(&c);
+        self.forget(st, &c);
         c.open.store(false, Ordering::Release);
         if c.initiator {
             st.events.push(Ev::Refused(id, c.remote, reason));
@@ -1082,6 +1112,7 @@ impl Inner {
         };
         c.phase = Phase::Established;
         c.deadline = None;
+        let accepted = !c.initiator;
         let sb = c.params.send_buffered;
         c.send_pool = shared_send
             .or_else(|| (sb.num_buf > 0).then(|| BufferPool::new(sb.buf_size, sb.num_buf)));
@@ -1097,6 +1128,9 @@ impl Inner {
         drop(tally);
         let caps = c.params.capabilities(&self.config, true);
         let remote = c.remote;
+        if accepted {
+            st.accepted_handshaking -= 1;
+        }
         st.events.push(Ev::Established(id, remote, caps));
         true
     }
@@ -1114,7 +1148,11 @@ impl Inner {
         {
             let mut st = self.state.lock();
             let mut budget = MAX_ACCEPTS_PER_EVENT;
-            while let Some(l) = st.listeners.get_mut(&addr) {
+            loop {
+                let handshaking = st.accepted_handshaking;
+                let Some(l) = st.listeners.get_mut(&addr) else {
+                    break;
+                };
                 if budget == 0 {
                     more = true;
                     break;
@@ -1134,6 +1172,15 @@ impl Inner {
                     }
                 };
                 l.retry_accept = false;
+                if l.held >= self.tcp.max_connections_per_listener
+                    || handshaking >= self.tcp.max_accepted_handshakes
+                {
+                    // Over a limit: closed before anything is read or
+                    // allocated; the connections held are untouched.
+                    drop(stream);
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 let params = l.params.clone();
                 let pool = l.recv_pool.clone();
                 let _ = socket::tune_stream(&stream, &self.tcp);
@@ -1226,6 +1273,10 @@ impl Inner {
         lock(&self.pools).add(conn.recv_pool.as_ref(), true);
         let inserted = st.conns.insert(conn);
         debug_assert_eq!(inserted, id);
+        if let Some(l) = listener.and_then(|a| st.listeners.get_mut(&a)) {
+            l.held += 1;
+            st.accepted_handshaking += 1;
+        }
         self.ensure_timer(st);
         if phase == Phase::Handshaking {
             self.schedule_flush(st, id);
@@ -1643,6 +1694,7 @@ impl Backend for TcpBackend {
                 params,
                 recv_pool,
                 retry_accept: false,
+                held: 0,
             },
         );
         Ok(bound)

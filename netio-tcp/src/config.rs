@@ -127,6 +127,20 @@ pub struct TcpConfig {
     /// system's retransmission limit (about 15 minutes) otherwise.
     /// Millisecond resolution, at most `u32::MAX` ms.
     pub user_timeout: Option<Duration>,
+    /// Connections one listener holds at once (exchanging handshakes or
+    /// established). A connection accepted beyond it is closed at once,
+    /// before anything is read from it or allocated for it, and counted
+    /// in [`TcpBackend::refused_connections`](crate::TcpBackend::refused_connections);
+    /// its initiator sees the connection end during the handshake. The
+    /// connections the listener holds are untouched. Default 4096.
+    pub max_connections_per_listener: usize,
+    /// Accepted connections still exchanging handshakes, over every
+    /// listener of the backend: what a flood of connections that never
+    /// complete a handshake can hold (each gives up after
+    /// [`handshake_timeout`](Self::handshake_timeout)). Beyond it, newly
+    /// accepted connections are closed at once and counted as above.
+    /// Default 1024.
+    pub max_accepted_handshakes: usize,
 }
 
 /// TCP keepalive settings (see [`TcpConfig::keepalive`]). The kernel takes
@@ -204,6 +218,8 @@ impl Default for TcpConfig {
             connect_ports: None,
             keepalive: None,
             user_timeout: None,
+            max_connections_per_listener: 4096,
+            max_accepted_handshakes: 1024,
         }
     }
 }

@@ -7,6 +7,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use common::raw::ensure_fd_limit;
 use common::{raw, wait_until, Running};
 use netio_core::{
     Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
@@ -158,30 +159,6 @@ impl Handler<TcpBackend> for Client {
     fn on_send_completed(&mut self, _: &TcpBackend, _: ConnId, _: u64) {
         self.tally.completed.fetch_add(1, Ordering::SeqCst);
     }
-}
-
-/// Raises the soft limit of open files to the hard limit if it is below
-/// `needed`; `false` if even the hard limit is below it.
-fn ensure_fd_limit(needed: u64) -> bool {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit only writes the struct it is given, which lives
-    // on this stack frame.
-    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    assert_eq!(got, 0, "getrlimit: {}", std::io::Error::last_os_error());
-    if lim.rlim_cur >= needed {
-        return true;
-    }
-    if lim.rlim_max < needed {
-        return false;
-    }
-    lim.rlim_cur = lim.rlim_max;
-    // SAFETY: setrlimit only reads the struct it is given.
-    let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
-    assert_eq!(set, 0, "setrlimit: {}", std::io::Error::last_os_error());
-    true
 }
 
 fn load(a: &AtomicUsize) -> usize {

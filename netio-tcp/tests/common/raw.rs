@@ -88,3 +88,27 @@ pub fn open_fds() -> usize {
         .expect("/proc/self/fd")
         .count()
 }
+
+/// Raises the soft limit of open files to the hard limit if it is below
+/// `needed`; `false` if even the hard limit is below it.
+pub fn ensure_fd_limit(needed: u64) -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given, which lives
+    // on this stack frame.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    assert_eq!(got, 0, "getrlimit: {}", std::io::Error::last_os_error());
+    if lim.rlim_cur >= needed {
+        return true;
+    }
+    if lim.rlim_max < needed {
+        return false;
+    }
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: setrlimit only reads the struct it is given.
+    let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    assert_eq!(set, 0, "setrlimit: {}", std::io::Error::last_os_error());
+    true
+}

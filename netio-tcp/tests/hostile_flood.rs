@@ -1,0 +1,199 @@
+//! Connection floods against one listener: the admission limits of
+//! `TcpConfig` bound what a flood holds, the connections already held are
+//! untouched, every refusal is counted, and a well-behaved client is served
+//! once the flood is gone. A test binary of its own: it holds thousands of
+//! descriptors.
+
+mod common;
+
+use std::net::TcpStream as StdStream;
+use std::time::{Duration, Instant};
+
+use common::raw::ensure_fd_limit;
+use common::{wait_until, Ev, Running, Side};
+use netio_core::{Backend, BackendConfig, ConnectionParams, EndpointAddress, MemoryUsage};
+use netio_tcp::TcpConfig;
+
+/// Connection attempts per flood.
+const FLOOD: usize = 5000;
+
+/// Resident memory of this process, in KiB (`VmRSS`).
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
+
+fn enough_fds() -> bool {
+    // The flood's client ends, the server's held ends, and margin.
+    let needed = (FLOOD + 1024) as u64;
+    if ensure_fd_limit(needed) {
+        return true;
+    }
+    eprintln!(
+        "SKIPPED: the hard limit of open files is below the {needed} this test needs \
+         (raise it with `ulimit -Hn`)"
+    );
+    false
+}
+
+/// Opens `n` plain connections to `addr`, each sending `first` (nothing if
+/// empty), and keeps them open.
+fn flood(addr: EndpointAddress, n: usize, first: &[u8]) -> Vec<StdStream> {
+    use std::io::Write;
+    let end = Instant::now() + Duration::from_secs(120);
+    let mut socks = Vec::with_capacity(n);
+    while socks.len() < n {
+        assert!(
+            Instant::now() < end,
+            "flood: {} of {n} connected",
+            socks.len()
+        );
+        match StdStream::connect_timeout(&addr.socket_addr(), Duration::from_secs(5)) {
+            Ok(mut s) => {
+                if !first.is_empty() {
+                    // A refused connection may be reset before this.
+                    let _ = s.write_all(first);
+                }
+                socks.push(s);
+            }
+            // The accept queue was full for a moment: try again.
+            Err(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    socks
+}
+
+/// A client that completes its handshake and exchanges a message.
+fn served(rt: &Running, server: &Side, addr: EndpointAddress) {
+    let client = Side::new(&rt.lp, BackendConfig::default());
+    let params = ConnectionParams::receive(4096, 4);
+    let conn = client.b.open_active_endpoint(addr, params).unwrap();
+    assert!(
+        wait_until(|| client.has(|e| matches!(e, Ev::Established(r, _) if *r == addr))),
+        "the well-behaved client is served: {:?}",
+        client.events()
+    );
+    client
+        .b
+        .send_data_copy(conn, &[b"after the flood"], &[], 1)
+        .unwrap();
+    assert!(wait_until(|| server
+        .data()
+        .iter()
+        .any(|d| d == b"after the flood")));
+}
+
+#[test]
+fn a_flood_of_silent_connections_holds_at_most_the_handshake_limit() {
+    if !enough_fds() {
+        return;
+    }
+    const HANDSHAKES: usize = 64;
+    let rt = Running::start();
+    let tcp = TcpConfig {
+        max_accepted_handshakes: HANDSHAKES,
+        // Long enough that no silent connection is given up mid-flood.
+        handshake_timeout: Duration::from_secs(300),
+        ..TcpConfig::default()
+    };
+    let server = Side::with(
+        &rt.lp,
+        BackendConfig::default(),
+        tcp,
+        common::Recorder::default(),
+    );
+    let addr = server
+        .b
+        .open_listen_endpoint(
+            EndpointAddress::localhost(0),
+            ConnectionParams::receive(64 << 10, 16),
+        )
+        .unwrap();
+    let rss_before = rss_kib();
+    let socks = flood(addr, FLOOD, &[]);
+    let refused = (FLOOD - HANDSHAKES) as u64;
+    assert!(
+        wait_until(|| server.b.refused_connections() == refused),
+        "refused {} of {FLOOD}, expected {refused}",
+        server.b.refused_connections()
+    );
+    let grown = rss_kib().saturating_sub(rss_before);
+    eprintln!(
+        "silent flood: {FLOOD} attempts, {} refused, RSS grew {grown} KiB",
+        server.b.refused_connections()
+    );
+    // Nothing is allocated for a connection before its handshake: the
+    // 16 x 64 KiB receive pool would come with establishment.
+    assert_eq!(server.b.memory_usage(), MemoryUsage::default());
+    assert!(grown < 16 * 1024, "RSS grew {grown} KiB");
+    assert!(server.events().is_empty(), "{:?}", server.events());
+    drop(socks);
+    // The held connections end with their peers; then a client is served.
+    served(&rt, &server, addr);
+}
+
+#[test]
+fn a_flood_of_handshaking_connections_holds_at_most_the_listener_limit() {
+    if !enough_fds() {
+        return;
+    }
+    const HELD: usize = 100;
+    let rt = Running::start();
+    let tcp = TcpConfig {
+        max_connections_per_listener: HELD,
+        ..TcpConfig::default()
+    };
+    let server = Side::with(
+        &rt.lp,
+        BackendConfig::default(),
+        tcp,
+        common::Recorder::default(),
+    );
+    let params = ConnectionParams::receive(16 << 10, 4);
+    let per_conn = 16 * 1024 * 4;
+    let addr = server
+        .b
+        .open_listen_endpoint(EndpointAddress::localhost(0), params)
+        .unwrap();
+    let rss_before = rss_kib();
+    let hs = netio_tcp::wire::Handshake::new(64 << 10).encode();
+    let socks = flood(addr, FLOOD, &hs);
+    let refused = (FLOOD - HELD) as u64;
+    assert!(
+        wait_until(|| server.b.refused_connections() == refused),
+        "refused {} of {FLOOD}, expected {refused}",
+        server.b.refused_connections()
+    );
+    let established = || {
+        server
+            .events()
+            .iter()
+            .filter(|e| matches!(e, Ev::Established(..)))
+            .count()
+    };
+    assert!(wait_until(|| established() == HELD), "{}", established());
+    let grown = rss_kib().saturating_sub(rss_before);
+    eprintln!(
+        "handshaking flood: {FLOOD} attempts, {HELD} held, {} refused, RSS grew {grown} KiB, \
+         receive memory {} B",
+        server.b.refused_connections(),
+        server.b.memory_usage().receive_bytes
+    );
+    assert_eq!(server.b.memory_usage().receive_bytes, HELD * per_conn);
+    // 100 connections of 64 KiB pools and 64 KiB read buffers, with room.
+    assert!(grown < 64 * 1024, "RSS grew {grown} KiB");
+    // Closing the flood ends every held connection; the limit frees up.
+    drop(socks);
+    assert!(wait_until(|| server
+        .events()
+        .iter()
+        .filter(|e| matches!(e, Ev::Closed(..)))
+        .count()
+        == HELD));
+    assert_eq!(server.b.memory_usage(), MemoryUsage::default());
+    served(&rt, &server, addr);
+}
