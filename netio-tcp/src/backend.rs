@@ -36,6 +36,7 @@ use crate::conn::{
     Conn, Ev, Events, Flushed, LingerStatus, Lingering, Out, Payload, Phase, Reader, Release,
 };
 use crate::socket;
+use crate::stats::{BackendStats, ConnStats};
 use crate::wire::{
     CloseCode, CloseFrame, DataPrefix, Frame, FrameDecoder, FrameHeader, FrameType, Handshake,
     WireError, FRAME_HEADER_LEN, MAX_MESSAGE_LEN,
@@ -169,6 +170,8 @@ struct State {
     /// Accepted connections still exchanging handshakes (the bound of
     /// `TcpConfig::max_accepted_handshakes`).
     accepted_handshaking: usize,
+    /// Lifecycle counters, and the traffic of connections gone.
+    counts: BackendStats,
     timer_running: bool,
 }
 
@@ -391,6 +394,30 @@ impl TcpBackend {
         self.inner.refused.load(Ordering::Relaxed)
     }
 
+    /// The counters of connection `conn` (opening, open or accepted).
+    pub fn connection_stats(&self, conn: ConnId) -> Result<ConnStats, ConnError> {
+        let inner = &self.inner;
+        if !inner.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let mut st = inner.state.lock();
+        Ok(inner.issued(&mut st, conn)?.stats())
+    }
+
+    /// The backend's counters: connections by outcome, and the traffic of
+    /// every connection, closed ones included. `None` in thread-unsafe mode
+    /// off the loop thread.
+    pub fn stats(&self) -> Option<BackendStats> {
+        let inner = &self.inner;
+        let st = inner.state.try_lock()?;
+        let mut s = st.counts;
+        s.admission_refusals = inner.refused.load(Ordering::Relaxed);
+        for (_, c) in st.conns.iter() {
+            s.traffic.absorb(&c.stats());
+        }
+        Some(s)
+    }
+
     /// The loop this backend runs on.
     pub fn event_loop(&self) -> &MioLoop {
         &self.inner.lp
@@ -448,6 +475,7 @@ impl Inner {
         tally.remove(c.recv_pool.as_ref(), true);
         tally.remove(c.send_pool.as_ref(), false);
         drop(tally);
+        st.counts.traffic.absorb(&c.stats());
         if c.initiator {
             return;
         }
@@ -562,6 +590,7 @@ impl Inner {
         self.forget(st, &c);
         c.open.store(false, Ordering::Release);
         if c.initiator {
+            st.counts.connections_refused += 1;
             st.events.push(Ev::Refused(id, c.remote, reason));
         }
         deregister(&self.lp, &c.stream, c.source);
@@ -584,6 +613,16 @@ impl Inner {
             .as_mut()
             .is_some_and(|r| r.assembling.take().is_some());
         let text = reason.to_string();
+        let n = &mut st.counts;
+        match &reason {
+            CloseReason::Local => n.closed_local += 1,
+            CloseReason::PeerClosed => n.closed_by_peer += 1,
+            CloseReason::TimedOut => n.closed_timed_out += 1,
+            CloseReason::Protocol(_) | CloseReason::MessageTooLarge { .. } => {
+                n.closed_protocol += 1
+            }
+            _ => n.closed_reset += 1,
+        }
         if let Some(key) = ended.completed {
             st.events.completed(id, key, Release::Nothing);
         }
@@ -622,6 +661,7 @@ impl Inner {
         self.forget(st, &c);
         c.open.store(false, Ordering::Release);
         if c.initiator {
+            st.counts.connections_refused += 1;
             st.events.push(Ev::Refused(id, c.remote, reason));
         }
         let rest = c.cancel_sends().rest;
@@ -1056,6 +1096,7 @@ impl Inner {
             };
             match frame {
                 Frame::Data(msg) => {
+                    reader.received.add(1, msg.len() as u64);
                     let hd = h.get_or_insert_with(|| self.handler.lock());
                     hd.on_data(backend, id, msg);
                 }
@@ -1084,6 +1125,7 @@ impl Inner {
                         reader.partial_deadline = None;
                         if let Some(buf) = reader.assembling.take() {
                             let hd = h.get_or_insert_with(|| self.handler.lock());
+                            reader.received.add(1, buf.len() as u64);
                             hd.on_data(backend, id, buf.as_slice());
                             drop(buf);
                             let mut st = self.state.lock();
@@ -1131,6 +1173,7 @@ impl Inner {
         if accepted {
             st.accepted_handshaking -= 1;
         }
+        st.counts.connections_established += 1;
         st.events.push(Ev::Established(id, remote, caps));
         true
     }
@@ -1276,6 +1319,7 @@ impl Inner {
         if let Some(l) = listener.and_then(|a| st.listeners.get_mut(&a)) {
             l.held += 1;
             st.accepted_handshaking += 1;
+            st.counts.connections_accepted += 1;
         }
         self.ensure_timer(st);
         if phase == Phase::Handshaking {
@@ -1434,6 +1478,7 @@ impl Inner {
         }
         if buffer.len() <= COALESCE_MAX {
             let frame = data_frame_header(&[], buffer.len())?;
+            c.count_send(buffer.len());
             c.push_buffered_copy(&frame, buffer, key);
             self.schedule_flush(st, conn);
         } else {
@@ -1465,6 +1510,7 @@ impl Inner {
             .ok_or(SendError::UnknownConnection(conn))?;
         self.check_queue_depth(c)?;
         c.slots_taken += 1;
+        c.count_send(header.len() + payload_len);
         let frame_len = FRAME_HEADER_LEN + header.len() + payload_len;
         let written = if c.queue.is_empty() && frame_len >= WRITE_THROUGH_MIN {
             c.write_through(&frame, header, data)
@@ -1486,8 +1532,9 @@ impl Inner {
 
     /// `NoResources` when `send_queue_depth` copy and zero-copy sends of a
     /// connection are in flight.
-    fn check_queue_depth(&self, c: &Conn) -> Result<(), SendError> {
+    fn check_queue_depth(&self, c: &mut Conn) -> Result<(), SendError> {
         if c.in_flight() >= self.config.send_queue_depth {
+            c.stats.no_resources += 1;
             return Err(SendError::NoResources);
         }
         Ok(())
@@ -1502,6 +1549,7 @@ impl Inner {
             {
                 c.slots_taken += 1;
             }
+            c.count_send(out.len() - FRAME_HEADER_LEN);
             c.queue.push_back(out);
         }
         self.schedule_flush(st, id);
@@ -1755,6 +1803,7 @@ impl Backend for TcpBackend {
                 pool,
             )
             .map_err(fail)?;
+        st.counts.connections_opened += 1;
         if let Some(reason) = failed {
             // Refused at once: reported later like any refusal, with the
             // handle returned now (unless closed meanwhile).
@@ -1874,16 +1923,17 @@ impl Backend for TcpBackend {
         header_check(header)?;
         let c = st
             .conns
-            .get(conn)
+            .get_mut(conn)
             .ok_or(SendError::UnknownConnection(conn))?;
-        let region = c
-            .params
-            .send_zero_copy
-            .as_ref()
-            .ok_or(SendError::NotSupported(
+        if c.params.send_zero_copy.is_none() {
+            return Err(SendError::NotSupported(
                 "zero-copy sending needs a registered region (ConnectionParams::with_zero_copy)",
-            ))?;
+            ));
+        }
         inner.check_queue_depth(c)?;
+        let Some(region) = c.params.send_zero_copy.as_ref() else {
+            return Err(SendError::UnknownConnection(conn));
+        };
         let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
         let prefix = prefix_for(header, payload_len)?;
         let lent = region.lend(data).map_err(|_| SendError::OutsideRegion)?;

@@ -15,6 +15,7 @@ use netio_core::{
 };
 
 use crate::ring::{ByteRing, CopyQueue};
+use crate::stats::{ConnStats, RecvCounters};
 use crate::wire::{DataPrefix, FrameDecoder, FRAME_HEADER_LEN, HANDSHAKE_LEN};
 
 /// Slices handed to one `writev`: many messages per system call.
@@ -214,7 +215,7 @@ impl Out {
         }
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             Out::Handshake(h) => h.len(),
             Out::Copied(len) | Out::Data { len, .. } => *len,
@@ -363,6 +364,8 @@ pub(crate) struct Reader {
     /// complete (`TcpConfig::partial_message_timeout`); `None` when no such
     /// message is under way.
     pub(crate) partial_deadline: Option<Instant>,
+    /// Messages handed out, counted for [`Conn::stats`].
+    pub(crate) received: Arc<RecvCounters>,
 }
 
 impl Reader {
@@ -433,6 +436,10 @@ pub(crate) struct Conn {
     pub(crate) deadline: Option<Instant>,
     /// The copied frames of `queue`: their unwritten bytes and keys.
     copies: CopyQueue,
+    /// Send-side counters (under the backend's lock).
+    pub(crate) stats: ConnStats,
+    /// Receive-side counters, kept by the reader.
+    pub(crate) received: Arc<RecvCounters>,
 }
 
 impl Conn {
@@ -455,6 +462,7 @@ impl Conn {
         let mut queue = VecDeque::new();
         queue.push_back(Out::Handshake(handshake));
         let shared_pool = params.recv.use_shared_pool;
+        let received = Arc::new(RecvCounters::default());
         Self {
             id,
             seq,
@@ -473,6 +481,7 @@ impl Conn {
                 assembling_len: 0,
                 shared_pool,
                 partial_deadline: None,
+                received: Arc::clone(&received),
             }),
             recv_limit,
             recv_pool,
@@ -485,6 +494,8 @@ impl Conn {
             dirty: false,
             deadline: Some(deadline),
             copies: CopyQueue::default(),
+            stats: ConnStats::default(),
+            received,
         }
     }
 
@@ -494,6 +505,27 @@ impl Conn {
     /// issued to the application yet.
     pub(crate) fn issued(&self) -> bool {
         self.initiator || self.phase == Phase::Established
+    }
+
+    /// The counters of this connection now.
+    pub(crate) fn stats(&self) -> ConnStats {
+        let (messages, bytes) = self.received.get();
+        ConnStats {
+            messages_received: messages,
+            bytes_received: bytes,
+            ..self.stats
+        }
+    }
+
+    /// Counts a send of `bytes` accepted.
+    #[inline]
+    pub(crate) fn count_send(&mut self, bytes: usize) {
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += bytes as u64;
+        let n = self.in_flight() as u64;
+        if n > self.stats.max_in_flight {
+            self.stats.max_in_flight = n;
+        }
     }
 
     /// Bytes queued and not yet written.

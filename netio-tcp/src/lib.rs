@@ -153,11 +153,13 @@ mod config;
 mod conn;
 mod ring;
 mod socket;
+mod stats;
 pub mod wire;
 
 pub use addrs::{local_addresses, LocalAddress};
 pub use backend::TcpBackend;
 pub use config::{Keepalive, PortRange, PortRangeError, TcpConfig};
+pub use stats::{BackendStats, ConnStats};
 
 use netio_core::mio_loop::MioLoop;
 use netio_core::{BackendConfig, CreateError, Handler, Provider};

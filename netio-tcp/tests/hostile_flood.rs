@@ -184,6 +184,9 @@ fn a_flood_of_handshaking_connections_holds_at_most_the_listener_limit() {
         server.b.memory_usage().receive_bytes
     );
     assert_eq!(server.b.memory_usage().receive_bytes, HELD * per_conn);
+    let stats = server.b.stats().expect("a thread-safe backend");
+    assert_eq!(stats.admission_refusals, refused);
+    assert_eq!(stats.connections_accepted, HELD as u64);
     // 100 connections of 64 KiB pools and 64 KiB read buffers, with room.
     assert!(grown < 64 * 1024, "RSS grew {grown} KiB");
     // Closing the flood ends every held connection; the limit frees up.

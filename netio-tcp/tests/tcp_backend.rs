@@ -760,6 +760,88 @@ fn thread_unsafe_mode_answers_the_any_thread_calls_without_reaching_into_loop_st
     assert!(wait_until(|| server.b.memory_usage().receive_bytes == 0));
 }
 
+/// The counters: messages and bytes each way per connection, `NoResources`
+/// answers and the high-water mark of sends in flight, and the backend's
+/// connections by outcome with the traffic of closed ones kept.
+#[test]
+fn stats_count_traffic_push_backs_and_connection_outcomes() {
+    let rt = Running::start();
+    let server = Side::new(&rt.lp, BackendConfig::default());
+    let client = Side::new(
+        &rt.lp,
+        BackendConfig {
+            send_queue_depth: 2,
+            ..BackendConfig::default()
+        },
+    );
+    let (addr, peer) = connect(
+        &server,
+        &client,
+        EndpointAddress::localhost(0),
+        params(),
+        params(),
+    );
+    let conn = client.conn(addr);
+    let s_conn = server.conn(peer);
+    // On the loop thread, so that nothing completes between the sends:
+    // two copy sends (10 bytes, and 4 + 20), a third answered NoResources.
+    let cb = client.b.clone();
+    let third = rt.on_loop(move || {
+        cb.send_data_copy(conn, &[&[1; 10]], &[], 1).unwrap();
+        cb.send_data_copy(conn, &[&[2; 20]], b"head", 2).unwrap();
+        cb.send_data_copy(conn, &[&[3; 5]], &[], 3)
+    });
+    assert!(matches!(third, Err(SendError::NoResources)), "{third:?}");
+    assert!(wait_until(|| client.has(|e| *e == Ev::Completed(addr, 2))));
+    let mut buf = client.b.get_buffer(conn).unwrap().unwrap();
+    buf.write(&[4; 7]).unwrap();
+    client.b.send_buffer(conn, buf, 4).unwrap();
+    assert!(wait_until(|| server.data().len() == 3));
+
+    let c = client.b.connection_stats(conn).unwrap();
+    assert_eq!((c.messages_sent, c.bytes_sent), (3, 10 + 24 + 7));
+    assert_eq!((c.no_resources, c.max_in_flight), (1, 2));
+    assert_eq!((c.messages_received, c.bytes_received), (0, 0));
+    let s = server.b.connection_stats(s_conn).unwrap();
+    assert_eq!((s.messages_received, s.bytes_received), (3, 41));
+    assert_eq!(s.messages_sent, 0);
+
+    client.b.close_active_endpoint(conn).unwrap();
+    assert!(wait_until(|| server.has(|e| matches!(e, Ev::Closed(..)))));
+    assert!(client.b.connection_stats(conn).is_err(), "stale handle");
+    let cs = client.b.stats().unwrap();
+    assert_eq!(
+        (
+            cs.connections_opened,
+            cs.connections_established,
+            cs.closed_local
+        ),
+        (1, 1, 1)
+    );
+    assert_eq!(cs.traffic, c, "a closed connection's counts are kept");
+    let ss = server.b.stats().unwrap();
+    assert_eq!(
+        (
+            ss.connections_accepted,
+            ss.connections_established,
+            ss.closed_by_peer
+        ),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        (ss.traffic.messages_received, ss.traffic.bytes_received),
+        (3, 41)
+    );
+    assert_eq!(
+        (
+            ss.connections_refused,
+            ss.admission_refusals,
+            ss.closed_reset
+        ),
+        (0, 0, 0)
+    );
+}
+
 #[test]
 fn handlers_reply_and_close_from_inside_callbacks() {
     let rt = Running::start();
