@@ -591,6 +591,7 @@ impl Inner {
         c.open.store(false, Ordering::Release);
         if c.initiator {
             st.counts.connections_refused += 1;
+            tracing::debug!(conn = %id, remote = %c.remote, %reason, "connection refused");
             st.events.push(Ev::Refused(id, c.remote, reason));
         }
         deregister(&self.lp, &c.stream, c.source);
@@ -613,6 +614,15 @@ impl Inner {
             .as_mut()
             .is_some_and(|r| r.assembling.take().is_some());
         let text = reason.to_string();
+        match &reason {
+            CloseReason::Protocol(_) | CloseReason::MessageTooLarge { .. } => {
+                tracing::warn!(conn = %id, remote = %c.remote, %reason, "connection closed")
+            }
+            CloseReason::Local | CloseReason::PeerClosed => {
+                tracing::debug!(conn = %id, remote = %c.remote, %reason, "connection closed")
+            }
+            _ => tracing::info!(conn = %id, remote = %c.remote, %reason, "connection closed"),
+        }
         let n = &mut st.counts;
         match &reason {
             CloseReason::Local => n.closed_local += 1,
@@ -658,10 +668,12 @@ impl Inner {
         let Some(mut c) = st.conns.remove(id) else {
             return;
         };
+        tracing::info!(conn = %id, remote = %c.remote, %reason, "handshake rejected");
         self.forget(st, &c);
         c.open.store(false, Ordering::Release);
         if c.initiator {
             st.counts.connections_refused += 1;
+            tracing::debug!(conn = %id, remote = %c.remote, %reason, "connection refused");
             st.events.push(Ev::Refused(id, c.remote, reason));
         }
         let rest = c.cancel_sends().rest;
@@ -1174,6 +1186,7 @@ impl Inner {
             st.accepted_handshaking -= 1;
         }
         st.counts.connections_established += 1;
+        tracing::debug!(conn = %id, %remote, accepted, "connection established");
         st.events.push(Ev::Established(id, remote, caps));
         true
     }
@@ -1221,7 +1234,18 @@ impl Inner {
                     // Over a limit: closed before anything is read or
                     // allocated; the connections held are untouched.
                     drop(stream);
-                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+                    tracing::debug!(listener = %addr, %peer, "connection refused by an admission limit");
+                    if n.is_power_of_two() {
+                        tracing::warn!(
+                            listener = %addr,
+                            refused = n,
+                            held = l.held,
+                            handshaking,
+                            "connections refused by admission limits \
+                             (TcpConfig::max_connections_per_listener, max_accepted_handshakes)"
+                        );
+                    }
                     continue;
                 }
                 let params = l.params.clone();
