@@ -21,7 +21,42 @@
 
 use std::time::Duration;
 
+use clap::Parser;
 use netio_core::EndpointAddress;
+
+/// The command line as clap reads it; [`Options::parse`] applies the
+/// program's defaults and rules.
+#[derive(Debug, Parser)]
+#[command(disable_help_flag = true)]
+struct Args {
+    /// Server only, listening on ADDR (default 127.0.0.1:0).
+    #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:0", value_name = "ADDR")]
+    listen: Option<EndpointAddress>,
+    /// Client only, connecting to ADDR.
+    #[arg(long, value_name = "ADDR")]
+    connect: Option<EndpointAddress>,
+    /// Messages the client sends.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Message size in bytes (pingpong).
+    #[arg(long)]
+    size: Option<usize>,
+    /// The server exits after N clients have disconnected (0: never).
+    #[arg(long, default_value_t = 1)]
+    clients: u64,
+    /// Give up after SECS seconds (0: no limit).
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
+    timeout: Option<f64>,
+    /// The netio provider: tcp, or libfabric.
+    #[arg(long, default_value = "tcp")]
+    provider: String,
+    /// The libfabric provider for --provider libfabric.
+    #[arg(long)]
+    fabric: Option<String>,
+    /// Prints the usage.
+    #[arg(short, long)]
+    help: bool,
+}
 
 /// Which side(s) this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,68 +123,85 @@ impl Options {
         default_count: u64,
         default_size: Option<usize>,
     ) -> Result<Self, String> {
-        let mut listen = None;
-        let mut connect = None;
-        let mut count = default_count;
-        let mut size = default_size.unwrap_or(0);
-        let mut clients = 1;
-        let mut timeout = None;
-        let mut help = false;
-        let mut provider = String::from("tcp");
-        let mut fabric = None;
-        let mut args = args.into_iter().peekable();
-        fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String>
-        where
-            T::Err: std::fmt::Display,
-        {
-            let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
-            v.parse().map_err(|e| format!("{flag} {v}: {e}"))
+        let args = std::iter::once(String::from("program")).chain(args);
+        let a = Args::try_parse_from(args).map_err(|e| e.to_string().trim_end().to_string())?;
+        if a.size.is_some() && default_size.is_none() {
+            return Err("--size is not an option of this program".into());
         }
-        while let Some(a) = args.next() {
-            match a.as_str() {
-                "--listen" => {
-                    let addr = match args.next_if(|v| !v.starts_with("--")) {
-                        Some(v) => value("--listen", Some(v))?,
-                        None => DEFAULT_LISTEN,
-                    };
-                    listen = Some(addr);
-                }
-                "--connect" => connect = Some(value("--connect", args.next())?),
-                "--count" => count = value("--count", args.next())?,
-                "--size" if default_size.is_some() => size = value("--size", args.next())?,
-                "--clients" => clients = value("--clients", args.next())?,
-                "--timeout" => {
-                    let secs: f64 = value("--timeout", args.next())?;
-                    if !secs.is_finite() || secs < 0.0 {
-                        return Err(format!("--timeout {secs}: not a number of seconds"));
-                    }
-                    timeout = Some((secs > 0.0).then(|| Duration::from_secs_f64(secs)));
-                }
-                "--provider" => provider = value("--provider", args.next())?,
-                "--fabric" => fabric = Some(value("--fabric", args.next())?),
-                "-h" | "--help" => help = true,
-                other => return Err(format!("unknown argument `{other}` (try --help)")),
-            }
-        }
-        let role = match (listen, connect) {
+        let role = match (a.listen, a.connect) {
             (Some(_), Some(_)) => return Err("--listen and --connect exclude each other".into()),
-            (Some(a), None) => Role::Listen(a),
-            (None, Some(a)) => Role::Connect(a),
+            (Some(addr), None) => Role::Listen(addr),
+            (None, Some(addr)) => Role::Connect(addr),
             (None, None) => Role::Both,
         };
-        let timeout = timeout.unwrap_or(match role {
-            Role::Listen(_) => None,
-            _ => Some(DEFAULT_TIMEOUT),
-        });
+        let timeout = match a.timeout {
+            Some(secs) if !secs.is_finite() || secs < 0.0 => {
+                return Err(format!("--timeout {secs}: not a number of seconds"))
+            }
+            Some(secs) => (secs > 0.0).then(|| Duration::from_secs_f64(secs)),
+            None => match role {
+                Role::Listen(_) => None,
+                _ => Some(DEFAULT_TIMEOUT),
+            },
+        };
         Ok(Self {
             role,
-            count,
-            size,
-            clients,
+            count: a.count.unwrap_or(default_count),
+            size: a.size.or(default_size).unwrap_or(0),
+            clients: a.clients,
             timeout,
-            help,
-            provider,
-            fabric,
+            help: a.help,
+            provider: a.provider,
+            fabric: a.fabric,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options, String> {
+        Options::parse(args.iter().map(|s| s.to_string()), 10, Some(64))
+    }
+
+    #[test]
+    fn listen_takes_an_optional_address_and_the_defaults_follow_the_role() {
+        let o = parse(&["--listen", "--count", "3"]).unwrap();
+        assert_eq!(o.role, Role::Listen(DEFAULT_LISTEN));
+        assert_eq!((o.count, o.size, o.clients, o.timeout), (3, 64, 1, None));
+        let o = parse(&["--listen", "127.0.0.1:9000"]).unwrap();
+        assert_eq!(o.role, Role::Listen("127.0.0.1:9000".parse().unwrap()));
+        let o = parse(&[]).unwrap();
+        assert_eq!((o.role, o.timeout), (Role::Both, Some(DEFAULT_TIMEOUT)));
+        assert_eq!((o.provider.as_str(), o.fabric), ("tcp", None));
+        let o = parse(&[
+            "--connect",
+            "127.0.0.1:1",
+            "--timeout",
+            "0",
+            "--fabric",
+            "sockets",
+        ])
+        .unwrap();
+        assert_eq!(o.timeout, None);
+        assert_eq!(o.fabric.as_deref(), Some("sockets"));
+        assert!(parse(&["--help"]).unwrap().help);
+    }
+
+    #[test]
+    fn bad_command_lines_are_refused_with_the_reason() {
+        let e = parse(&["--listen", "--connect", "127.0.0.1:1"]).unwrap_err();
+        assert!(e.contains("exclude each other"), "{e}");
+        let e = parse(&["--timeout", "-1"]).unwrap_err();
+        assert!(e.contains("--timeout"), "{e}");
+        let e = parse(&["--bogus"]).unwrap_err();
+        assert!(e.contains("--bogus"), "{e}");
+        let e = parse(&["--count", "many"]).unwrap_err();
+        assert!(e.contains("many"), "{e}");
+        let e = parse(&["--connect", "nowhere"]).unwrap_err();
+        assert!(e.contains("nowhere"), "{e}");
+        let e = Options::parse(["--size", "1"].map(String::from), 10, None).unwrap_err();
+        assert!(e.contains("--size"), "{e}");
     }
 }
