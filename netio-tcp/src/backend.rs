@@ -922,6 +922,13 @@ impl Inner {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadEnd::Continue,
                 Err(e) => ReadEnd::Error(e),
             };
+            // An error read earlier, while messages before it were held,
+            // is what ended the stream.
+            if matches!(end, ReadEnd::Eof) {
+                if let Some(e) = reader.held_error.take() {
+                    end = ReadEnd::Error(e);
+                }
+            }
             let mut phase = phase;
             let step = self.process(
                 &backend,
@@ -938,11 +945,19 @@ impl Inner {
                     self.drop_reader(reader);
                     return;
                 }
-                Step::Blocked => end = ReadEnd::WouldBlock,
                 // An end of stream or an error waits with the bytes before
-                // it: it is reported after them, once resumed.
+                // it: it is reported after them. The end of stream is read
+                // again; an error is not, so the reader keeps it.
+                Step::Blocked => {
+                    if let ReadEnd::Error(e) = std::mem::replace(&mut end, ReadEnd::WouldBlock) {
+                        reader.held_error = Some(e);
+                    }
+                }
                 Step::Paused if matches!(end, ReadEnd::Continue) => end = ReadEnd::WouldBlock,
                 Step::Paused => {
+                    if let ReadEnd::Error(e) = end {
+                        reader.held_error = Some(e);
+                    }
                     let mut st = self.state.lock();
                     self.put_reader(&mut st, id, reader);
                     return;

@@ -366,6 +366,11 @@ pub(crate) struct Reader {
     pub(crate) partial_deadline: Option<Instant>,
     /// Messages handed out, counted for [`Conn::stats`].
     pub(crate) received: Arc<RecvCounters>,
+    /// A socket error read while messages read before it were still held
+    /// (the connection paused, or waiting for a pool buffer): it ends the
+    /// connection once they are handed out. The socket reports an error
+    /// once; the reads after it see only the end of stream.
+    pub(crate) held_error: Option<io::Error>,
 }
 
 impl Reader {
@@ -482,6 +487,7 @@ impl Conn {
                 shared_pool,
                 partial_deadline: None,
                 received: Arc::clone(&received),
+                held_error: None,
             }),
             recv_limit,
             recv_pool,

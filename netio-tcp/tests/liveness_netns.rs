@@ -90,7 +90,20 @@ fn a_peer_that_stops_answering_over_ipv6_closes_both_sides_with_timed_out() {
     in_a_namespace("[::1]:0".parse().unwrap());
 }
 
+/// A connection paused with messages held, whose peer then stops
+/// answering: the kernel's error comes while the messages are still held,
+/// and after they are handed out the connection closes with
+/// `CloseReason::TimedOut`, not as a reset.
+#[test]
+fn a_paused_connection_whose_peer_stops_answering_closes_with_timed_out_after_its_messages() {
+    in_a_namespace_run(EndpointAddress::localhost(0), run_paused_in_namespace);
+}
+
 fn in_a_namespace(listen_at: EndpointAddress) {
+    in_a_namespace_run(listen_at, run_in_namespace);
+}
+
+fn in_a_namespace_run(listen_at: EndpointAddress, run: fn(&Netns, EndpointAddress)) {
     let ns = match Netns::create() {
         Ok(ns) => ns,
         Err(e) => {
@@ -108,7 +121,7 @@ fn in_a_namespace(listen_at: EndpointAddress) {
     let result = thread::spawn(move || {
         let ns = Netns(name);
         ns.enter();
-        run_in_namespace(&ns, listen_at);
+        run(&ns, listen_at);
         std::mem::forget(ns); // deleted by the outer handle
     })
     .join();
@@ -167,4 +180,64 @@ fn run_in_namespace(ns: &Netns, listen_at: EndpointAddress) {
     let ended = client.count(|e| *e == Ev::Completed(addr, 2))
         + client.count(|e| matches!(e, Ev::Closed(_, _, keys) if keys.contains(&2)));
     assert_eq!(ended, 1);
+}
+
+fn run_paused_in_namespace(ns: &Netns, listen_at: EndpointAddress) {
+    let rt = Running::start();
+    let config = BackendConfig {
+        peer_timeout: Some(Duration::from_secs(1)),
+        ..BackendConfig::default()
+    };
+    // The server pauses after every message it gets.
+    let pausing = Recorder {
+        on_data: Some(Box::new(|b, c, _| {
+            b.pause_receive(c).unwrap();
+        })),
+        ..Recorder::default()
+    };
+    let server = Side::with(&rt.lp, config.clone(), TcpConfig::default(), pausing);
+    let client = Side::with(&rt.lp, config, TcpConfig::default(), Recorder::default());
+    let params = ConnectionParams::receive(1024, 4);
+    let (addr, peer) = common::connect(&server, &client, listen_at, params.clone(), params);
+    let conn = client.conn(addr);
+    let s_conn = server.conn(peer);
+    // Five messages in one write: the server reads them together, hands
+    // out the first and holds four.
+    let cb = client.b.clone();
+    rt.on_loop(move || {
+        for k in 0..5u64 {
+            cb.send_data_copy(conn, &[&[k as u8; 8]], &[], k).unwrap();
+        }
+    });
+    assert!(wait_until(|| server.data().len() == 1));
+    ns.exec(&["ip", "link", "set", "lo", "down"]).unwrap();
+    client.b.send_data_copy(conn, &[b"lost"], &[], 9).unwrap();
+    let timed_out = |side: &Side, remote: EndpointAddress| {
+        side.has(|e| matches!(e, Ev::Closed(r, CloseReason::TimedOut, _) if *r == remote))
+    };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) && !timed_out(&client, addr) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(timed_out(&client, addr), "client: {:?}", client.events());
+    // The server's idle connection gives up by keepalive meanwhile; its
+    // error waits in the socket, behind the held messages. Resume once:
+    // the read meets the error, one held message is handed out, and the
+    // handler pauses again, with three still held.
+    thread::sleep(Duration::from_secs(2));
+    server.b.resume_receive(s_conn).unwrap();
+    assert!(wait_until(|| server.data().len() == 2));
+    // Hand out the rest, one resume each.
+    let closed = |side: &Side| side.has(|e| matches!(e, Ev::Closed(..)));
+    let end = Instant::now() + Duration::from_secs(10);
+    while !closed(&server) && Instant::now() < end {
+        let _ = server.b.resume_receive(s_conn);
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(server.data().len(), 5, "every held message is handed out");
+    assert!(
+        timed_out(&server, peer),
+        "the held error is the reason: {:?}",
+        server.events()
+    );
 }
