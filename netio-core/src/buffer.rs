@@ -22,12 +22,15 @@
 use std::fmt;
 use std::io::IoSlice;
 
-use crate::sync::{lock, Arc, Mutex};
+use crate::free_list::FreeList;
+use crate::sync::{Arc, AtomicUsize, Ordering};
 
 /// A pool of `num_buf` buffers of `buf_size` bytes each.
 ///
 /// Cloning a pool gives another handle to the same buffers. All methods may
-/// be called from any thread.
+/// be called from any thread, and none takes a lock: the free buffers form
+/// a lock-free stack, so taking one (or a batch) and giving it back are
+/// atomic swaps.
 #[derive(Clone)]
 pub struct BufferPool {
     inner: Arc<PoolInner>,
@@ -36,15 +39,19 @@ pub struct BufferPool {
 struct PoolInner {
     buf_size: usize,
     num_buf: usize,
-    state: Mutex<PoolState>,
+    /// The buffers' memory, by index, free or handed out: taken and given
+    /// back without a lock.
+    free: FreeList<Box<[u8]>>,
+    /// Smallest number of free buffers seen since the last
+    /// `take_low_water`.
+    low_water: AtomicUsize,
 }
 
-struct PoolState {
-    /// Free buffers with their index. Its capacity is `num_buf`, so pushing
-    /// never reallocates.
-    free: Vec<(u32, Box<[u8]>)>,
-    /// Smallest number of free buffers seen since the last `take_low_water`.
-    low_water: usize,
+impl PoolInner {
+    /// Notes that `left` buffers are free after a take.
+    fn note_low(&self, left: usize) {
+        self.low_water.fetch_min(left, Ordering::Relaxed);
+    }
 }
 
 impl BufferPool {
@@ -57,19 +64,18 @@ impl BufferPool {
             num_buf <= u32::MAX as usize,
             "at most 2^32-1 buffers per pool"
         );
-        let mut free = Vec::with_capacity(num_buf);
-        // Hand out low indices first: push in reverse, pop from the back.
-        for i in (0..num_buf).rev() {
-            free.push((i as u32, vec![0u8; buf_size].into_boxed_slice()));
-        }
+        // Handed out lowest index first.
+        let free = FreeList::new(
+            (0..num_buf)
+                .map(|_| vec![0u8; buf_size].into_boxed_slice())
+                .collect(),
+        );
         Self {
             inner: Arc::new(PoolInner {
                 buf_size,
                 num_buf,
-                state: Mutex::new(PoolState {
-                    free,
-                    low_water: num_buf,
-                }),
+                free,
+                low_water: AtomicUsize::new(num_buf),
             }),
         }
     }
@@ -77,13 +83,8 @@ impl BufferPool {
     /// Takes a free buffer (empty, capacity `buf_size`), or `None` if all are
     /// handed out.
     pub fn get(&self) -> Option<NetworkBuffer> {
-        let mut st = lock(&self.inner.state);
-        let (index, data) = st.free.pop()?;
-        let n = st.free.len();
-        if n < st.low_water {
-            st.low_water = n;
-        }
-        drop(st);
+        let (index, data) = self.inner.free.take()?;
+        self.inner.note_low(self.inner.free.free());
         Some(NetworkBuffer {
             index,
             len: 0,
@@ -92,27 +93,19 @@ impl BufferPool {
         })
     }
 
-    /// Takes up to `max` free buffers under one lock and appends them to
-    /// `out`; returns how many it took.
+    /// Takes up to `max` free buffers with one atomic swap and appends
+    /// them to `out`; returns how many it took.
     pub fn get_many(&self, max: usize, out: &mut Vec<NetworkBuffer>) -> usize {
-        let mut st = lock(&self.inner.state);
-        let n = max.min(st.free.len());
-        out.reserve(n);
-        for _ in 0..n {
-            let Some((index, data)) = st.free.pop() else {
-                break;
-            };
+        out.reserve(max.min(self.inner.free.free()));
+        let n = self.inner.free.take_many(max, |index, data| {
             out.push(NetworkBuffer {
                 index,
                 len: 0,
                 data: Some(data),
                 pool: Arc::clone(&self.inner),
-            });
-        }
-        let left = st.free.len();
-        if left < st.low_water {
-            st.low_water = left;
-        }
+            })
+        });
+        self.inner.note_low(self.inner.free.free());
         n
     }
 
@@ -124,16 +117,17 @@ impl BufferPool {
 
     /// Number of free buffers now.
     pub fn available(&self) -> usize {
-        lock(&self.inner.state).free.len()
+        self.inner.free.free()
     }
 
     /// The smallest number of free buffers since the previous call (or since
     /// creation), then starts a new period from the current number.
     pub fn take_low_water(&self) -> usize {
-        let mut st = lock(&self.inner.state);
-        let lw = st.low_water;
-        st.low_water = st.free.len();
-        lw
+        let lw = self
+            .inner
+            .low_water
+            .swap(self.inner.free.free(), Ordering::Relaxed);
+        lw.min(self.inner.num_buf)
     }
 
     /// Size of each buffer.
@@ -313,26 +307,28 @@ impl fmt::Debug for NetworkBuffer {
 }
 
 impl NetworkBuffer {
-    /// Gives every buffer of `buffers` back to its pool, taking each pool's
-    /// lock once per run of buffers of that pool instead of once per
-    /// buffer (what dropping them one by one would do); leaves `buffers`
-    /// empty. For a provider that releases the buffers of many completed
-    /// sends at once.
+    /// Gives every buffer of `buffers` back to its pool, with one atomic
+    /// swap per run of buffers of one pool instead of one per buffer (what
+    /// dropping them one by one would do); leaves `buffers` empty, with
+    /// its capacity. For a provider that releases the buffers of many
+    /// completed sends at once.
     pub fn release_all(buffers: &mut Vec<NetworkBuffer>) {
         let mut i = 0;
         while i < buffers.len() {
+            // One swap per run of buffers of one pool.
             let pool = Arc::clone(&buffers[i].pool);
-            let mut st = lock(&pool.state);
+            let start = i;
             while i < buffers.len() && Arc::ptr_eq(&buffers[i].pool, &pool) {
-                let b = &mut buffers[i];
-                if let Some(data) = b.data.take() {
-                    st.free.push((b.index, data));
-                }
                 i += 1;
             }
+            pool.free.give_back_many(
+                buffers[start..i]
+                    .iter_mut()
+                    .filter_map(|b| b.data.take().map(|d| (b.index, d))),
+            );
         }
-        // Their data is back in the pools: dropping them now only lets go
-        // of the pool handles.
+        // Their memory is back in the pools: dropping them only lets go of
+        // the pool handles.
         buffers.clear();
     }
 }
@@ -340,7 +336,7 @@ impl NetworkBuffer {
 impl Drop for NetworkBuffer {
     fn drop(&mut self) {
         if let Some(data) = self.data.take() {
-            lock(&self.pool.state).free.push((self.index, data));
+            self.pool.free.give_back(self.index, data);
         }
     }
 }

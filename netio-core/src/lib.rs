@@ -62,6 +62,7 @@ mod buffer;
 mod conn;
 mod error;
 mod event_loop;
+mod free_list;
 mod handler;
 pub mod ledger;
 pub mod mio_loop;
