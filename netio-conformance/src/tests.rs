@@ -967,22 +967,28 @@ pub fn copy_send_is_supported_or_reports_not_supported<H: Harness>(mode: ThreadS
     }
 }
 
-/// At most `send_queue_depth` copy sends are in flight per connection; one
-/// more answers `NoResources`, and retrying after completions works.
-pub fn send_queue_depth_bounds_sends_with_no_resources<H: Harness>(mode: ThreadSafety) {
-    let mut c = Ctx::<H>::new(mode);
+/// A server and a client whose backend allows `depth` copy sends in flight
+/// per connection, connected for copy sends to the server.
+fn copy_pair_with_depth<H: Harness>(c: &mut Ctx<H>, depth: usize) -> crate::ctx::Pair<H> {
     let s = c.node();
     let cfg = BackendConfig {
-        send_queue_depth: 4,
+        send_queue_depth: depth,
         ..c.config()
     };
     let cl = c.node_with(cfg, None);
-    let p = c.pair_of(
+    c.pair_of(
         s,
         cl,
         ConnectionParams::receive(64, 16),
         ConnectionParams::default(),
-    );
+    )
+}
+
+/// At most `send_queue_depth` copy sends are in flight per connection; one
+/// more answers `NoResources`, and retrying after completions works.
+pub fn send_queue_depth_bounds_sends_with_no_resources<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let p = copy_pair_with_depth(&mut c, 4);
     let to_server = p.to_server;
     // On the loop thread, so that no send completes between the five calls.
     let results = c.on_loop(&p.client, move |b| {
@@ -1073,18 +1079,7 @@ pub fn a_copy_batch_stops_at_the_first_refused_message_and_says_how_many_were_se
     mode: ThreadSafety,
 ) {
     let mut c = Ctx::<H>::new(mode);
-    let s = c.node();
-    let cfg = BackendConfig {
-        send_queue_depth: 4,
-        ..c.config()
-    };
-    let cl = c.node_with(cfg, None);
-    let p = c.pair_of(
-        s,
-        cl,
-        ConnectionParams::receive(64, 16),
-        ConnectionParams::default(),
-    );
+    let p = copy_pair_with_depth(&mut c, 4);
     let to_server = p.to_server;
     let long = [0u8; MAX_HEADER_LEN + 1];
     let bad_header = c.on_loop(&p.client, move |b| {

@@ -201,16 +201,7 @@ pub trait Backend: Send + Sync {
         conn: ConnId,
         buffers: &mut Vec<(NetworkBuffer, u64)>,
     ) -> Result<(), BatchSendError> {
-        let mut rest = std::mem::take(buffers).into_iter();
-        let mut sent = 0;
-        while let Some((buffer, key)) = rest.next() {
-            if let Err(error) = self.send_buffer(conn, buffer, key) {
-                buffers.extend(rest);
-                return Err(BatchSendError { sent, error });
-            }
-            sent += 1;
-        }
-        Ok(())
+        send_buffers_in_order(buffers, |buffer, key| self.send_buffer(conn, buffer, key))
     }
 
     /// Takes up to `max` free send buffers of `conn` (or of the shared send
@@ -280,6 +271,28 @@ pub trait Backend: Send + Sync {
     /// never from inside this call. Callable from any thread: this is how
     /// other threads hand work to the handler.
     fn wake(&self, token: u64);
+}
+
+/// Sends the buffers of `buffers` in order with `send`, with the semantics
+/// of [`Backend::send_buffer_batch`]: sent buffers leave the vector; at the
+/// first refusal the error says how many went before it, the refused
+/// buffer is `send`'s (it returns to its pool when dropped) and the rest
+/// stay in the vector. For providers that override `send_buffer_batch`
+/// with their own per-buffer send under one lock.
+pub fn send_buffers_in_order(
+    buffers: &mut Vec<(NetworkBuffer, u64)>,
+    mut send: impl FnMut(NetworkBuffer, u64) -> Result<(), SendError>,
+) -> Result<(), BatchSendError> {
+    let mut rest = std::mem::take(buffers).into_iter();
+    let mut sent = 0;
+    while let Some((buffer, key)) = rest.next() {
+        if let Err(error) = send(buffer, key) {
+            buffers.extend(rest);
+            return Err(BatchSendError { sent, error });
+        }
+        sent += 1;
+    }
+    Ok(())
 }
 
 macro_rules! forward_backend {

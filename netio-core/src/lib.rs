@@ -72,7 +72,7 @@ mod sync;
 mod timer_queue;
 
 pub use addr::{AddressError, EndpointAddress};
-pub use backend::{Backend, CopyMessage, MemoryUsage, Provider};
+pub use backend::{send_buffers_in_order, Backend, CopyMessage, MemoryUsage, Provider};
 pub use buffer::{BufferFull, BufferPool, NetworkBuffer, WireInt};
 pub use conn::{ConnId, ConnTable};
 pub use error::{

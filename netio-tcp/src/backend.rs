@@ -24,11 +24,11 @@ use mio::unix::SourceFd;
 use mio::Interest;
 use netio_core::mio_loop::{LoopLock, LoopLockGuard, MioLoop, MioTimer, SourceId, SpinId};
 use netio_core::{
-    Backend, BackendConfig, BatchSendError, BufferError, BufferPool, CloseError, CloseReason,
-    ConnError, ConnId, ConnTable, ConnectionParams, CopyMessage, CreateError, EndpointAddress,
-    EventLoop, Features, Handler, MemoryUsage, NetworkBuffer, NetworkMode, OpenActiveError,
-    OpenListenError, RefuseReason, RegionSlice, SendError, ThreadSafety, Timer, TimerQueue,
-    MAX_HEADER_LEN,
+    send_buffers_in_order, Backend, BackendConfig, BatchSendError, BufferError, BufferPool,
+    CloseError, CloseReason, ConnError, ConnId, ConnTable, ConnectionParams, CopyMessage,
+    CreateError, EndpointAddress, EventLoop, Features, Handler, MemoryUsage, NetworkBuffer,
+    NetworkMode, OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError,
+    ThreadSafety, Timer, TimerQueue, MAX_HEADER_LEN,
 };
 
 use crate::config::TcpConfig;
@@ -584,9 +584,15 @@ impl Inner {
     /// Ends a connection that is not established: the initiator reports
     /// `reason`, an accepted one disappears without a word.
     fn refuse_conn(&self, st: &mut State, id: ConnId, reason: RefuseReason) {
-        let Some(c) = st.conns.remove(id) else {
-            return;
-        };
+        if let Some(c) = self.remove_refused(st, id, reason) {
+            deregister(&self.lp, &c.stream, c.source);
+        }
+    }
+
+    /// Takes connection `id`, not established, out of the table; its
+    /// initiator reports `reason`. Returns it, for its socket.
+    fn remove_refused(&self, st: &mut State, id: ConnId, reason: RefuseReason) -> Option<Conn> {
+        let c = st.conns.remove(id)?;
         self.forget(st, &c);
         c.open.store(false, Ordering::Release);
         if c.initiator {
@@ -594,7 +600,7 @@ impl Inner {
             tracing::debug!(conn = %id, remote = %c.remote, %reason, "connection refused");
             st.events.push(Ev::Refused(id, c.remote, reason));
         }
-        deregister(&self.lp, &c.stream, c.source);
+        Some(c)
     }
 
     /// Ends an established connection, reporting `reason` with the keys of
@@ -665,17 +671,10 @@ impl Inner {
     /// direction shut down, and the peer's input drained until its end of
     /// stream or [`TcpConfig::close_linger`], as after a close.
     fn reject_handshake(&self, st: &mut State, id: ConnId, reason: RefuseReason) {
-        let Some(mut c) = st.conns.remove(id) else {
+        tracing::info!(conn = %id, %reason, "handshake rejected");
+        let Some(mut c) = self.remove_refused(st, id, reason) else {
             return;
         };
-        tracing::info!(conn = %id, remote = %c.remote, %reason, "handshake rejected");
-        self.forget(st, &c);
-        c.open.store(false, Ordering::Release);
-        if c.initiator {
-            st.counts.connections_refused += 1;
-            tracing::debug!(conn = %id, remote = %c.remote, %reason, "connection refused");
-            st.events.push(Ev::Refused(id, c.remote, reason));
-        }
         let rest = c.cancel_sends().rest;
         self.linger(st, id, &c, rest);
     }
@@ -1928,17 +1927,9 @@ impl Backend for TcpBackend {
         let mut st = inner
             .send_target(conn)
             .map_err(|error| BatchSendError { sent: 0, error })?;
-        let mut rest = std::mem::take(buffers).into_iter();
-        let mut sent = 0;
-        while let Some((buffer, key)) = rest.next() {
-            if let Err(error) = inner.buffer_send(&mut st, conn, buffer, key) {
-                drop(st);
-                buffers.extend(rest);
-                return Err(BatchSendError { sent, error });
-            }
-            sent += 1;
-        }
-        Ok(())
+        send_buffers_in_order(buffers, |buffer, key| {
+            inner.buffer_send(&mut st, conn, buffer, key)
+        })
     }
 
     fn get_buffers(

@@ -67,6 +67,31 @@ fn flood(addr: EndpointAddress, n: usize, first: &[u8]) -> Vec<StdStream> {
     socks
 }
 
+/// A backend on `rt` with TCP settings `tcp`, listening on 127.0.0.1 with
+/// `params`.
+fn listening(rt: &Running, tcp: TcpConfig, params: ConnectionParams) -> (Side, EndpointAddress) {
+    let server = Side::with(
+        &rt.lp,
+        BackendConfig::default(),
+        tcp,
+        common::Recorder::default(),
+    );
+    let addr = server
+        .b
+        .open_listen_endpoint(EndpointAddress::localhost(0), params)
+        .unwrap();
+    (server, addr)
+}
+
+/// Waits until `server` has refused `refused` connections.
+fn wait_refused(server: &Side, refused: u64) {
+    assert!(
+        wait_until(|| server.b.refused_connections() == refused),
+        "refused {} of {FLOOD}, expected {refused}",
+        server.b.refused_connections()
+    );
+}
+
 /// A client that completes its handshake and exchanges a message.
 fn served(rt: &Running, server: &Side, addr: EndpointAddress) {
     let client = Side::new(&rt.lp, BackendConfig::default());
@@ -100,27 +125,11 @@ fn a_flood_of_silent_connections_holds_at_most_the_handshake_limit() {
         handshake_timeout: Duration::from_secs(300),
         ..TcpConfig::default()
     };
-    let server = Side::with(
-        &rt.lp,
-        BackendConfig::default(),
-        tcp,
-        common::Recorder::default(),
-    );
-    let addr = server
-        .b
-        .open_listen_endpoint(
-            EndpointAddress::localhost(0),
-            ConnectionParams::receive(64 << 10, 16),
-        )
-        .unwrap();
+    let (server, addr) = listening(&rt, tcp, ConnectionParams::receive(64 << 10, 16));
     let rss_before = rss_kib();
     let socks = flood(addr, FLOOD, &[]);
     let refused = (FLOOD - HANDSHAKES) as u64;
-    assert!(
-        wait_until(|| server.b.refused_connections() == refused),
-        "refused {} of {FLOOD}, expected {refused}",
-        server.b.refused_connections()
-    );
+    wait_refused(&server, refused);
     let grown = rss_kib().saturating_sub(rss_before);
     eprintln!(
         "silent flood: {FLOOD} attempts, {} refused, RSS grew {grown} KiB",
@@ -147,27 +156,13 @@ fn a_flood_of_handshaking_connections_holds_at_most_the_listener_limit() {
         max_connections_per_listener: HELD,
         ..TcpConfig::default()
     };
-    let server = Side::with(
-        &rt.lp,
-        BackendConfig::default(),
-        tcp,
-        common::Recorder::default(),
-    );
-    let params = ConnectionParams::receive(16 << 10, 4);
     let per_conn = 16 * 1024 * 4;
-    let addr = server
-        .b
-        .open_listen_endpoint(EndpointAddress::localhost(0), params)
-        .unwrap();
+    let (server, addr) = listening(&rt, tcp, ConnectionParams::receive(16 << 10, 4));
     let rss_before = rss_kib();
     let hs = netio_tcp::wire::Handshake::new(64 << 10).encode();
     let socks = flood(addr, FLOOD, &hs);
     let refused = (FLOOD - HELD) as u64;
-    assert!(
-        wait_until(|| server.b.refused_connections() == refused),
-        "refused {} of {FLOOD}, expected {refused}",
-        server.b.refused_connections()
-    );
+    wait_refused(&server, refused);
     let established = || {
         server
             .events()

@@ -698,9 +698,25 @@ fn thread_unsafe_mode_refuses_calls_off_the_loop_thread() {
         client.b.get_buffer(client.conn(any)),
         Err(BufferError::WrongThread)
     ));
+    let (_, conn) = connect_on_loop(&rt, &server, &client, any);
+    let cb = client.b.clone();
+    rt.on_loop(move || cb.send_data_copy(conn, &[b"on loop"], &[], 1))
+        .unwrap();
+    assert!(wait_until(|| server.data() == vec![b"on loop".to_vec()]));
+}
+
+/// Listens on `at` with `server` and connects `client` to it, calling both
+/// on the loop thread (as thread-unsafe mode requires); waits for the
+/// client's `Established`. Returns the listener's address and the handle.
+fn connect_on_loop(
+    rt: &Running,
+    server: &Side,
+    client: &Side,
+    at: EndpointAddress,
+) -> (EndpointAddress, ConnId) {
     let sb = server.b.clone();
     let addr = rt
-        .on_loop(move || sb.open_listen_endpoint(any, params()))
+        .on_loop(move || sb.open_listen_endpoint(at, params()))
         .unwrap();
     let cb = client.b.clone();
     let conn = rt
@@ -709,10 +725,7 @@ fn thread_unsafe_mode_refuses_calls_off_the_loop_thread() {
     assert!(wait_until(
         || client.has(|e| matches!(e, Ev::Established(..)))
     ));
-    let cb = client.b.clone();
-    rt.on_loop(move || cb.send_data_copy(conn, &[b"on loop"], &[], 1))
-        .unwrap();
-    assert!(wait_until(|| server.data() == vec![b"on loop".to_vec()]));
+    (addr, conn)
 }
 
 /// A thread-unsafe backend keeps its state without a lock, reachable on
@@ -725,17 +738,7 @@ fn thread_unsafe_mode_answers_the_any_thread_calls_without_reaching_into_loop_st
     let cfg = BackendConfig::with_thread_safety(ThreadSafety::Unsafe);
     let server = Side::new(&rt.lp, cfg.clone());
     let client = Side::new(&rt.lp, cfg);
-    let sb = server.b.clone();
-    let addr = rt
-        .on_loop(move || sb.open_listen_endpoint(EndpointAddress::localhost(0), params()))
-        .unwrap();
-    let cb = client.b.clone();
-    let conn = rt
-        .on_loop(move || cb.open_active_endpoint(addr, params()))
-        .unwrap();
-    assert!(wait_until(
-        || client.has(|e| matches!(e, Ev::Established(..)))
-    ));
+    let (_, conn) = connect_on_loop(&rt, &server, &client, EndpointAddress::localhost(0));
     // params(): 8 x 4096 receive and 4 x 4096 send buffers per connection,
     // and the listener's accepted connection has its own.
     let per_conn = 8 * 4096;
