@@ -28,8 +28,10 @@ const SENTINEL_RECV: usize = 64;
 /// How many times a queue is read again when `fi_trywait` says events are
 /// pending, before the rest is left to a posted callback.
 const TRYWAIT_ROUNDS: usize = 16;
-/// How long a close waits for completions of sends already handed to the
-/// provider (so that a send whose bytes left is not reported cancelled).
+/// How long a close forced by the connection's end (peer close, reset,
+/// error) waits for completions of sends already handed to the provider
+/// (so that a send whose bytes left is not reported cancelled). Local
+/// closes linger instead, without blocking (`LibfabricConfig::close_linger`).
 const CLOSE_SETTLE: Duration = Duration::from_millis(2);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -104,6 +106,19 @@ struct Conn {
     order: u64,
 }
 
+/// A locally closed connection whose sends are still with the provider:
+/// its handle is gone, its completion queue is still read until every send
+/// ended or the deadline passed, then the close is reported.
+struct Lingering {
+    id: ConnId,
+    link: Link,
+    remote: EndpointAddress,
+    reason: CloseReason,
+    deadline: Duration,
+    source: Option<SourceId>,
+    cq_fd: RawFd,
+}
+
 struct Listener {
     pep: ffi::PassiveEp,
     /// Accepted endpoints open on the listener's domain (a connection
@@ -131,6 +146,8 @@ struct State {
     dispatch_posted: bool,
     domains: HashMap<(String, String), Arc<Domain>>,
     next_order: u64,
+    lingering: HashMap<u64, Lingering>,
+    next_linger: u64,
 }
 
 struct FabricSettings {
@@ -148,6 +165,7 @@ struct Inner {
     weak: Weak<Inner>,
     timers: Mutex<TimerQueue>,
     user_timer: MioTimer,
+    linger_timer: MioTimer,
 }
 
 impl Drop for Inner {
@@ -165,6 +183,12 @@ impl Drop for Inner {
         for (_, mut c) in st.conns.drain() {
             deregister_conn(&self.lp, &mut c);
             c.link.shutdown();
+        }
+        for (_, mut l) in st.lingering.drain() {
+            if let Some(src) = l.source.take() {
+                let _ = self.lp.deregister(&mut SourceFd(&l.cq_fd), src);
+            }
+            l.link.shutdown();
         }
     }
 }
@@ -237,6 +261,12 @@ impl LibfabricBackend {
                     i.on_user_timer();
                 }
             });
+            let w = weak.clone();
+            let linger_timer = lp.timer(move || {
+                if let Some(i) = w.upgrade() {
+                    i.on_linger_timer();
+                }
+            });
             Inner {
                 lp,
                 config,
@@ -250,6 +280,7 @@ impl LibfabricBackend {
                 weak: weak.clone(),
                 timers: Mutex::new(TimerQueue::new()),
                 user_timer,
+                linger_timer,
             }
         });
         Ok(Self { inner })
@@ -433,21 +464,160 @@ impl Inner {
             self.post_dispatch(st);
             return;
         }
+        if orderly {
+            // A local close: sends the provider has not finished yet may
+            // still be on their way (written inside the send call, or by a
+            // progress thread right now); wait for them on the loop.
+            let mut dropped = Vec::new();
+            let polled = c.link.poll(&mut dropped);
+            if polled.is_ok() && !c.link.sends_done() {
+                self.linger(st, id, c.link, c.remote, reason);
+                return;
+            }
+            self.finish_close(st, id, c.link, c.remote, reason, true);
+            return;
+        }
         // Sends the provider finished (possibly inside the send call, or on
         // its progress thread a moment ago) are reported completed, not
         // cancelled: their bytes left. Bounded: a peer that reads nothing
         // leaves the rest cancelled.
         c.link.settle_sends(CLOSE_SETTLE);
+        self.finish_close(st, id, c.link, c.remote, reason, false);
+    }
+
+    /// Closes `link` and reports its end: the sends completed but not yet
+    /// reported, then the close with the keys of the rest.
+    fn finish_close(
+        &self,
+        st: &mut State,
+        id: ConnId,
+        mut link: Link,
+        remote: EndpointAddress,
+        reason: CloseReason,
+        orderly: bool,
+    ) {
         if orderly {
-            c.link.shutdown();
+            link.shutdown();
         }
-        let (completed, cancelled) = c.link.close();
+        let (completed, cancelled) = link.close();
         if !completed.is_empty() {
             st.events.push_back(Ev::Completed(id, completed));
         }
         st.events
-            .push_back(Ev::Closed(id, c.remote, reason, cancelled));
+            .push_back(Ev::Closed(id, remote, reason, cancelled));
         self.post_dispatch(st);
+    }
+
+    /// Keeps reading the completion queue of a locally closed connection
+    /// until its sends ended or `close_linger` passed (then
+    /// [`finish_close`](Self::finish_close)).
+    fn linger(
+        &self,
+        st: &mut State,
+        id: ConnId,
+        link: Link,
+        remote: EndpointAddress,
+        reason: CloseReason,
+    ) {
+        let serial = st.next_linger;
+        st.next_linger += 1;
+        let (cq_fd, _) = link.fds();
+        let w = self.weak.clone();
+        let source = match self
+            .lp
+            .register(&mut SourceFd(&cq_fd), Interest::READABLE, move |_| {
+                if let Some(i) = w.upgrade() {
+                    i.on_linger(serial);
+                }
+            }) {
+            Ok(src) => src,
+            Err(_) => {
+                // Without a wakeup the queue cannot be watched: end now.
+                self.finish_close(st, id, link, remote, reason, true);
+                return;
+            }
+        };
+        let deadline = self.lp.now().saturating_add(self.fabric.lf.close_linger);
+        let first = st.lingering.values().map(|l| l.deadline).min();
+        st.lingering.insert(
+            serial,
+            Lingering {
+                id,
+                link,
+                remote,
+                reason,
+                deadline,
+                source: Some(source),
+                cq_fd,
+            },
+        );
+        if first.is_none_or(|d| deadline < d) {
+            self.linger_timer
+                .start(self.fabric.lf.close_linger.max(Duration::from_micros(1)));
+        }
+        // Completions that arrived before the registration wake nobody.
+        self.post_with(move |i| i.on_linger(serial));
+    }
+
+    fn end_linger(&self, st: &mut State, serial: u64) {
+        let Some(mut l) = st.lingering.remove(&serial) else {
+            return;
+        };
+        if let Some(src) = l.source.take() {
+            let _ = self.lp.deregister(&mut SourceFd(&l.cq_fd), src);
+        }
+        self.finish_close(st, l.id, l.link, l.remote, l.reason, true);
+    }
+
+    fn on_linger(&self, serial: u64) {
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
+        let mut dropped = Vec::new();
+        for _ in 0..TRYWAIT_ROUNDS {
+            let Some(l) = st.lingering.get_mut(&serial) else {
+                return;
+            };
+            dropped.clear();
+            let polled = l.link.poll(&mut dropped);
+            let done = l.link.drain_completed();
+            let id = l.id;
+            if polled.is_err() || l.link.sends_done() {
+                if !done.is_empty() {
+                    st.events.push_back(Ev::Completed(id, done));
+                }
+                self.end_linger(st, serial);
+                return;
+            }
+            if !done.is_empty() {
+                st.events.push_back(Ev::Completed(id, done));
+                self.post_dispatch(st);
+            }
+            let Some(l) = st.lingering.get(&serial) else {
+                return;
+            };
+            if l.link.trywait_cq() {
+                return;
+            }
+        }
+        self.post_with(move |i| i.on_linger(serial));
+    }
+
+    fn on_linger_timer(&self) {
+        let mut st = lock(&self.state);
+        let now = self.lp.now();
+        let due: Vec<u64> = st
+            .lingering
+            .iter()
+            .filter(|(_, l)| l.deadline <= now)
+            .map(|(s, _)| *s)
+            .collect();
+        for serial in due {
+            self.end_linger(&mut st, serial);
+        }
+        if let Some(next) = st.lingering.values().map(|l| l.deadline).min() {
+            self.linger_timer
+                .start(next.saturating_sub(now).max(Duration::from_micros(1)));
+        }
     }
 
     /// Closes `id` with `reason` once its held messages are delivered

@@ -27,6 +27,15 @@ pub struct LibfabricConfig {
     /// created, unless the environment already sets it. The default 0 makes
     /// `sockets` progress promptly; `None` leaves the environment alone.
     pub sockets_pe_waittime: Option<u32>,
+    /// How long a local close (`close_active_endpoint`, or closing the
+    /// listener of an accepted connection) waits, on the loop and without
+    /// blocking it, for the completions of sends already handed to the
+    /// provider before it reports the rest cancelled. A send that completes
+    /// meanwhile is reported completed; the close report comes when every
+    /// send has ended or this time has passed. Providers with a progress
+    /// thread (`sockets`) may still be writing a send some milliseconds
+    /// after it was posted.
+    pub close_linger: std::time::Duration,
 }
 
 impl Default for LibfabricConfig {
@@ -39,6 +48,7 @@ impl Default for LibfabricConfig {
             cq_size: 1024,
             max_poll: 0,
             sockets_pe_waittime: Some(0),
+            close_linger: std::time::Duration::from_millis(500),
         }
     }
 }

@@ -1099,6 +1099,12 @@ impl Link {
         self.tx_ctx.is_empty()
     }
 
+    /// `true` when the provider holds no send of this link any more (each
+    /// one completed or failed).
+    pub fn sends_done(&self) -> bool {
+        self.ledger_done()
+    }
+
     /// `true` if a copy or zero-copy send would find a free slot.
     pub fn has_room(&self) -> bool {
         self.ledger.has_room()
