@@ -155,6 +155,21 @@ struct FabricSettings {
     lf: LibfabricConfig,
 }
 
+impl FabricSettings {
+    /// Starts the orderly end of a connection before its endpoint is
+    /// closed. Not on `sockets`: its `fi_shutdown` (libfabric 1.17) closes
+    /// the connection-manager socket that its connection-manager thread
+    /// closes again later, so a descriptor number the process reused
+    /// meanwhile (another connection's socket, an epoll instance) is closed
+    /// under its owner. `fi_close` alone ends the connection there, and the
+    /// peer still sees `FI_SHUTDOWN`.
+    fn shutdown(&self, link: &mut Link) {
+        if self.provider != "sockets" {
+            link.shutdown();
+        }
+    }
+}
+
 struct Inner {
     lp: MioLoop,
     config: BackendConfig,
@@ -182,13 +197,13 @@ impl Drop for Inner {
         }
         for (_, mut c) in st.conns.drain() {
             deregister_conn(&self.lp, &mut c);
-            c.link.shutdown();
+            self.fabric.shutdown(&mut c.link);
         }
         for (_, mut l) in st.lingering.drain() {
             if let Some(src) = l.source.take() {
                 let _ = self.lp.deregister(&mut SourceFd(&l.cq_fd), src);
             }
-            l.link.shutdown();
+            self.fabric.shutdown(&mut l.link);
         }
     }
 }
@@ -497,7 +512,7 @@ impl Inner {
         orderly: bool,
     ) {
         if orderly {
-            link.shutdown();
+            self.fabric.shutdown(&mut link);
         }
         let (completed, cancelled) = link.close();
         if !completed.is_empty() {
