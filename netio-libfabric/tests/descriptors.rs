@@ -116,7 +116,7 @@ fn cycles(provider: &str) {
                     Seen::Established(c, _) => Some(*c),
                     _ => None,
                 })
-                .last()
+                .next_back()
         };
         assert!(
             wait_until(|| established(&crec) == Some(conn)
