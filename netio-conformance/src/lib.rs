@@ -235,6 +235,7 @@ macro_rules! __behaviours {
             both open_close_cycles_leave_no_resources_behind [],
             // receive flow control
             both pausing_receive_stops_delivery_and_pushes_back_on_the_sender_and_resume_delivers_everything_in_order [backpressure],
+            both messages_sent_to_a_paused_connection_all_arrive_after_resume [],
             both pause_then_peer_close_reports_the_close_after_the_held_messages [],
             // time in handlers
             both set_timer_calls_on_timer_after_the_delay_in_order [],

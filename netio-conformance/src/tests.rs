@@ -3772,6 +3772,83 @@ pub fn completions_of_one_connection_come_in_send_order<H: Harness>(mode: Thread
 
 // ------------------------------------------------------- v2: flow control
 
+/// Messages sent to a paused connection are not lost, whether or not the
+/// provider pushes the sender back meanwhile (that is the `backpressure`
+/// behaviours' business): every message the sender handed over while the
+/// receiver was paused, eight times as many as the receiver posts buffers
+/// for, arrives after `resume_receive`, in order, exactly once, and every
+/// send completes.
+pub fn messages_sent_to_a_paused_connection_all_arrive_after_resume<H: Harness>(
+    mode: ThreadSafety,
+) {
+    // 64 messages of 16 KiB: the receiver has buffers for 8.
+    const LIMIT: usize = 64 * HELD_MSG;
+    let mut c = Ctx::<H>::new(mode);
+    let p = held_pair(&mut c);
+    let (to_server, to_client) = (p.to_server, p.to_client);
+    let r = c.call(&p.server, move |b| b.pause_receive(to_client));
+    assert!(r.is_ok(), "pausing an open connection: {r:?}");
+    // Send until the limit, or until the provider pushes back and still
+    // does once the loops settled.
+    let mut keys: Vec<u64> = Vec::new();
+    let mut retried = false;
+    while keys.len() * HELD_MSG < LIMIT {
+        let k = keys.len() as u64;
+        let sent = c.call(&p.client, move |b| match b.get_buffer(to_server) {
+            Ok(Some(mut buf)) => {
+                let mut msg = vec![(k % 251) as u8; HELD_MSG];
+                msg[..8].copy_from_slice(&k.to_le_bytes());
+                buf.write(&msg).expect("message fits the send buffer");
+                match b.send_buffer(to_server, buf, k) {
+                    Ok(()) => Ok(true),
+                    Err(SendError::NoResources) => Ok(false),
+                    Err(e) => Err(format!("send_buffer: {e}")),
+                }
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(format!("get_buffer: {e}")),
+        });
+        match sent {
+            Ok(true) => {
+                keys.push(k);
+                retried = false;
+            }
+            Ok(false) if !retried => {
+                c.settle();
+                retried = true;
+            }
+            Ok(false) => break,
+            Err(e) => panic!("sending to a paused peer: {e}"),
+        }
+    }
+    assert!(!keys.is_empty(), "nothing could be sent at all");
+    c.settle();
+    assert!(
+        p.server.log.data_on(to_client).is_empty(),
+        "no on_data for a paused connection"
+    );
+    let r = c.call(&p.server, move |b| b.resume_receive(to_client));
+    assert!(r.is_ok(), "resuming a paused connection: {r:?}");
+    let n = keys.len();
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("every message sent while paused arrives", || {
+        sl.data_on(to_client).len() >= n && cl.completed(to_server).len() >= n
+    });
+    c.settle();
+    let got: Vec<u64> = p
+        .server
+        .log
+        .data_on(to_client)
+        .iter()
+        .map(|d| key_of(d))
+        .collect();
+    assert_eq!(
+        got, keys,
+        "every message sent to the paused connection arrives, in order, exactly once"
+    );
+    assert_eq!(p.client.log.completed(to_server), keys);
+}
+
 /// After `pause_receive` returns, nothing of the connection is delivered;
 /// the provider stops taking the peer's data, so the peer's sends push
 /// back (`NoResources` or no free buffer) while this side's loop keeps
