@@ -101,6 +101,9 @@ struct Conn {
     /// A close waiting for the held messages to be delivered.
     pending_close: Option<CloseReason>,
     deliver_queued: bool,
+    /// The completion queue was left unread because no receive buffer was
+    /// posted (the next one posted schedules a read).
+    starved: bool,
     sources: Option<(SourceId, SourceId)>,
     fds: (RawFd, RawFd),
     order: u64,
@@ -748,10 +751,18 @@ impl Inner {
             }
             self.queue_deliver(st, id);
             self.post_dispatch(st);
-            let Some(c) = st.conns.get(id) else {
+            let Some(c) = st.conns.get_mut(id) else {
                 return false;
             };
             if c.link.trywait_cq() {
+                return true;
+            }
+            if c.posted_receives() == 0 {
+                // Events are pending (data the provider cannot take while
+                // no receive buffer is posted), but nothing can complete
+                // until a buffer is posted again: reading again now would
+                // spin. `repost` schedules the next read.
+                c.starved = true;
                 return true;
             }
         }
@@ -911,6 +922,7 @@ impl Inner {
             unposted: Vec::new(),
             pending_close: None,
             deliver_queued: false,
+            starved: false,
             sources: None,
             fds,
             order,
@@ -1022,10 +1034,16 @@ impl Inner {
             return;
         };
         let mut failed = None;
+        let mut posted = false;
         for index in std::mem::take(&mut c.unposted) {
-            if let Err(e) = c.link.post_recv(index) {
-                failed = Some(e);
+            match c.link.post_recv(index) {
+                Ok(()) => posted = true,
+                Err(e) => failed = Some(e),
             }
+        }
+        if posted && c.starved {
+            c.starved = false;
+            self.post_with(move |i| i.on_cq(id));
         }
         if let Some(e) = failed {
             self.close_conn(st, id, CloseReason::Other(e.to_string()), false);
@@ -1198,6 +1216,7 @@ impl Backend for LibfabricBackend {
             unposted: Vec::new(),
             pending_close: None,
             deliver_queued: false,
+            starved: false,
             sources: None,
             fds,
             order,
@@ -1488,6 +1507,13 @@ impl Backend for LibfabricBackend {
 }
 
 impl Conn {
+    /// Receive buffers the provider holds now: all of them but those whose
+    /// message waits for delivery and those waiting to be posted again.
+    fn posted_receives(&self) -> usize {
+        let (_, num) = self.link.recv_shape();
+        num.saturating_sub(self.held.len() + self.unposted.len())
+    }
+
     fn link_region(&self) -> Option<netio_core::MemoryRegion> {
         self.link.region()
     }

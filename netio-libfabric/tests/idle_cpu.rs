@@ -12,20 +12,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{wait_until, Recorder, Running, Seen};
+use common::{process_cpu, wait_until, Recorder, Running, Seen};
 use netio_core::{Backend, BackendConfig, ConnectionParams};
 use netio_libfabric::{LibfabricBackend, LibfabricConfig};
-
-/// CPU time (user + system) of the whole process so far.
-fn process_cpu() -> Duration {
-    // SAFETY: all-zero is a valid rusage; getrusage fills it.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: RUSAGE_SELF with a valid out pointer.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    assert_eq!(rc, 0, "getrusage");
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
 
 #[test]
 fn an_idle_listener_and_connection_use_almost_no_cpu() {

@@ -81,7 +81,7 @@ fn bad_input_is_rejected_clearly() {
     rejects(&["nosuchtest"], "nosuchtest");
     rejects(&["--mode", "async"], "not available in this version");
     rejects(&["--mode", "fast"], "fast");
-    rejects(&["--provider", "libfabric"], "not built in this version");
+    rejects(&["--provider", "libfabric"], "not built in");
     rejects(&["--provider", "nope"], "unknown provider `nope`");
     rejects(&["--provider", "sim", "--busy-poll"], "virtual time");
     rejects(

@@ -150,3 +150,14 @@ pub fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// CPU time (user + system) of the whole process so far.
+pub fn process_cpu() -> Duration {
+    // SAFETY: all-zero is a valid rusage; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid out pointer.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    assert_eq!(rc, 0, "getrusage");
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
