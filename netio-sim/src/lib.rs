@@ -79,19 +79,44 @@
 //!   a refusal (`Refused`); a missing, crashed or partitioned host does not
 //!   answer, and the attempt gives up after [`CONNECT_TIMEOUT`]
 //!   (`Unreachable`).
-//! - **Links.** Each direction between two hosts has a latency, a
-//!   bandwidth (messages are serialised one after another) and a small
-//!   random jitter ([`LinkConfig`], [`Sim::set_link`]). Messages of one
-//!   connection always arrive in order.
+//! - **Links and cards.** Each direction between two hosts has a latency,
+//!   a bandwidth (messages are serialised one after another) and a small
+//!   random jitter ([`LinkConfig`], [`Sim::set_link`]). Each host has a
+//!   network card with a send and a receive bandwidth ([`NicConfig`],
+//!   [`Sim::set_nic`], 10 GB/s each way by default) shared by all its
+//!   links, so several senders pushing into one receiver (incast) share
+//!   its receive bandwidth. Messages of one connection always arrive in
+//!   order.
+//! - **Profiles: what a completion means.** A backend's
+//!   [`NetworkMode`](netio_core::NetworkMode) picks the semantics of the
+//!   real provider the simulator stands in for, on every connection it
+//!   opens or accepts (a listener refuses an initiator of the other mode
+//!   with `RefuseReason::Handshake`):
+//!   - `NetworkMode::Tcp` (the default, as on `netio-tcp`): a send
+//!     completes when its bytes are handed to the sending "kernel": at
+//!     once while the connection's window ([`Sim::set_tcp_window`],
+//!     [`DEFAULT_TCP_WINDOW`]) has room, later once the receiver takes
+//!     earlier messages. A completed send is still lost if the receiver
+//!     closes, resets or crashes before taking it; an orderly close by the
+//!     sender delivers what completed before the peer hears the close; a
+//!     message too large for the receiver is reported completed.
+//!   - `NetworkMode::Rdma` (as on verbs): a send completes when the
+//!     receiver has taken the message into a receive buffer (the peer's
+//!     acknowledgement); what it never took is cancelled.
+//!
+//!   The TCP profile is the default because it exposes more application
+//!   bugs: an application that reads a completion as "the peer has it"
+//!   loses messages there, as it would on TCP. Test under `Rdma` what is
+//!   meant to run on the libfabric provider over verbs, and under both
+//!   what must run on either.
 //! - **Buffers.** A message needs a free receive buffer at the receiver
 //!   (per connection, the listener's shared pool, or the backend's shared
-//!   pool). A send completes when the receiver has taken the message into a
-//!   receive buffer; until then the sender's buffer or queue slot stays in
-//!   flight. A busy receiver therefore pushes back: senders see
+//!   pool). Until its completion is reported the sender's buffer, lent
+//!   region or queue slot stays in flight. A busy receiver therefore
+//!   pushes back (under TCP once the window is full): senders see
 //!   `get_buffer` = `None` and `SendError::NoResources`. Completions of
-//!   one connection that happen at one instant (every message one delivery
-//!   takes into buffers) come in one `on_sends_completed` call, in send
-//!   order.
+//!   one connection that happen at one instant come in one
+//!   `on_sends_completed` call, in send order.
 //! - **Receive flow control.** After `pause_receive` the receiver takes no
 //!   message of that connection into its buffers, so the sender's sends
 //!   stop completing and it feels backpressure; messages already in
@@ -105,15 +130,24 @@
 //!   `EventLoop::post` run at the current virtual time, after whatever the
 //!   current event is doing, never inside the call.
 //! - **Closing.** The closing side reports `Local` at once (as an event),
-//!   the peer `PeerClosed` one latency later; each side's unfinished sends
-//!   are cancelled and never delivered. A message larger than the
-//!   receiver's buffer closes the connection (`MessageTooLarge` at the
-//!   receiver, `PeerClosed` at the sender), as does a message to a side
-//!   without receive buffers (`Protocol`).
+//!   the peer `PeerClosed` one latency later (under TCP, after the data
+//!   the closing side had completed); each side's unfinished sends are
+//!   cancelled and never delivered. A message larger than the receiver's
+//!   buffer closes the connection (`MessageTooLarge` at the receiver,
+//!   `PeerClosed` at the sender), as does a message to a side without
+//!   receive buffers (`Protocol`).
+//! - **Local ports.** Outgoing connections leave from a random ephemeral
+//!   port, or from a range set with [`Sim::set_connect_ports`]; with a
+//!   one-port range, two connections of one host to two listeners of
+//!   another carry equal remote addresses, and stay two connections.
 //! - **Faults**, first-class and reported through the normal callbacks:
 //!   [`Sim::refuse_connections`], [`Sim::reset_connections`],
-//!   [`Sim::partition`] / [`Sim::heal`], [`Sim::crash`],
-//!   [`Sim::crash_silently`], [`Sim::slow_receiver`].
+//!   [`Sim::partition`] / [`Sim::heal`], [`Sim::hold`] /
+//!   [`Sim::release`] (delay without loss: no timeout),
+//!   [`Sim::crash`], [`Sim::crash_silently`], [`Sim::restart`] (same
+//!   address, fresh state, the hook of [`SimHost::on_restart`] makes the
+//!   application again), [`Sim::slow_receiver`],
+//!   [`Sim::pause_loop`].
 //! - **Liveness.** A backend with a
 //!   [`BackendConfig::peer_timeout`](netio_core::BackendConfig::peer_timeout)
 //!   closes an open connection with
@@ -174,6 +208,40 @@ use world::{Call, NetEv, World};
 /// (target host missing, crashed, or partitioned away). Virtual time.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// Bytes one direction of a TCP-profile connection accepts before its
+/// receiver takes them (the sending and receiving sockets' buffers
+/// together); see [`Sim::set_tcp_window`].
+pub const DEFAULT_TCP_WINDOW: usize = 256 * 1024;
+
+/// A host's network card: how fast it sends and takes in bytes, over all
+/// its links together. Several senders towards one host share its receive
+/// bandwidth (incast), several connections of one host its send
+/// bandwidth. 0 means unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NicConfig {
+    /// Bytes per second the host can send; 0 means unlimited.
+    pub send_bytes_per_sec: u64,
+    /// Bytes per second the host can take in; 0 means unlimited.
+    pub receive_bytes_per_sec: u64,
+}
+
+impl NicConfig {
+    /// A card with the same bandwidth both ways.
+    pub const fn symmetric(bytes_per_sec: u64) -> Self {
+        Self {
+            send_bytes_per_sec: bytes_per_sec,
+            receive_bytes_per_sec: bytes_per_sec,
+        }
+    }
+}
+
+impl Default for NicConfig {
+    /// 10 GB/s each way, as fast as a default link.
+    fn default() -> Self {
+        Self::symmetric(10_000_000_000)
+    }
+}
+
 /// The model of one link direction between two hosts.
 ///
 /// A message of `n` bytes occupies the link for `n / bandwidth` seconds
@@ -221,7 +289,11 @@ pub(crate) struct Shared {
     /// callback at a time, whoever drives.
     step_lock: Mutex<()>,
     seed: u64,
+    /// What each host's application does when the host restarts.
+    restart_hooks: Mutex<std::collections::BTreeMap<IpAddr, RestartHook>>,
 }
+
+type RestartHook = Arc<Mutex<Box<dyn FnMut(&SimHost) + Send>>>;
 
 /// A simulated world: hosts, links, one virtual clock, one seeded scheduler.
 ///
@@ -339,6 +411,7 @@ impl Sim {
                 wake: Condvar::new(),
                 step_lock: Mutex::new(()),
                 seed,
+                restart_hooks: Mutex::new(std::collections::BTreeMap::new()),
             }),
         }
     }
@@ -538,6 +611,72 @@ impl Sim {
         self.world().link_config(a, b)
     }
 
+    /// Sets `host`'s network card ([`NicConfig::default`] unless set).
+    pub fn set_nic(&self, host: IpAddr, nic: NicConfig) {
+        self.with(|w| w.set_nic(host, nic));
+    }
+
+    /// The network card of `host`.
+    pub fn nic(&self, host: IpAddr) -> NicConfig {
+        self.world().nic_config(host)
+    }
+
+    /// Sets how many bytes one direction of a TCP-profile connection
+    /// accepts (and reports completed) before its receiver takes them:
+    /// the sockets' buffers. Default [`DEFAULT_TCP_WINDOW`]; applies to
+    /// messages sent from now on. A message larger than the window is
+    /// accepted alone once the window is empty.
+    ///
+    /// # Panics
+    /// If `bytes` is 0.
+    pub fn set_tcp_window(&self, bytes: usize) {
+        assert!(
+            bytes > 0,
+            "Sim::set_tcp_window(0): the window must hold something"
+        );
+        self.with(|w| w.tcp_window = bytes);
+    }
+
+    /// Holds every message and connection packet between hosts `a` and `b`
+    /// in flight, in both directions, until [`release`](Self::release): as
+    /// a network that delays instead of dropping. Unlike a
+    /// [`partition`](Self::partition), a hold is not a loss of the peer: it
+    /// never ends a connection through `peer_timeout` (a connection
+    /// attempt still gives up after [`CONNECT_TIMEOUT`]). Sends keep
+    /// completing as their profile says (under TCP while the window has
+    /// room), so the application can be driven into a chosen state before
+    /// the held traffic lands.
+    pub fn hold(&self, a: IpAddr, b: IpAddr) {
+        self.with(|w| w.hold_between(a, b));
+    }
+
+    /// Ends a [`hold`](Self::hold): everything held moves on, in order,
+    /// one link latency from now (unless a partition still cuts them).
+    pub fn release(&self, a: IpAddr, b: IpAddr) {
+        self.with(|w| w.release_between(a, b));
+    }
+
+    /// Makes every outgoing connection of `host` leave from a port of
+    /// `ports` (as `TcpConfig::connect_ports` does on TCP), or from an
+    /// ephemeral port again with `None`. Connections to different remote
+    /// addresses may share a port, so the peers of a host with a one-port
+    /// range see equal remote addresses; a port whose connection to the same
+    /// remote address lives is skipped, and when none is left opening fails
+    /// with [`OpenActiveError::NoResources`](netio_core::OpenActiveError::NoResources).
+    ///
+    /// # Panics
+    /// If the range is empty or includes port 0.
+    pub fn set_connect_ports(&self, host: IpAddr, ports: Option<std::ops::RangeInclusive<u16>>) {
+        let ports = ports.map(|r| {
+            assert!(
+                !r.is_empty() && *r.start() > 0,
+                "Sim::set_connect_ports({host}, {r:?}): the range must be non-empty and exclude port 0"
+            );
+            (*r.start(), *r.end())
+        });
+        self.with(|w| w.set_connect_ports(host, ports));
+    }
+
     /// Makes `host` refuse (or accept again) every incoming connection, even
     /// on ports it listens on: initiators see `on_connection_refused`
     /// (`Refused`).
@@ -592,6 +731,29 @@ impl Sim {
         self.with(|w| w.crash(host, false));
     }
 
+    /// Restarts `host` after a crash, as a machine that reboots: same
+    /// address, fresh state. Backends made before (and their handlers),
+    /// the loop's timers and signals and closures posted to it stay dead;
+    /// the host refuses nothing, is not slow and its loop runs. Then the
+    /// hook set with [`SimHost::on_restart`] runs (on the calling thread,
+    /// with the world unlocked), which is where the application makes its
+    /// backends and listeners again. A host that is up is crashed first
+    /// (its peers hear a reset), so this is also a reboot.
+    pub fn restart(&self, host: IpAddr) {
+        let dead = self.with(|w| w.restart(host));
+        drop(dead);
+        let hook = lock(&self.shared.restart_hooks).get(&host).cloned();
+        if let Some(hook) = hook {
+            let h = self.host(host);
+            (lock(&hook))(&h);
+        }
+    }
+
+    /// `true` if `host` has crashed and not restarted.
+    pub fn crashed(&self, host: IpAddr) -> bool {
+        self.world().hosts.get(&host).is_some_and(|h| h.crashed)
+    }
+
     /// Makes every receive buffer on `host` stay busy for `per_message` of
     /// virtual time after `on_data` returns, so its senders feel
     /// backpressure. `Duration::ZERO` restores normal speed.
@@ -634,7 +796,7 @@ impl Sim {
                     handler,
                     ev,
                 } => {
-                    let alive = self.world().host_alive(host);
+                    let alive = self.world().backend_alive(backend);
                     let b = SimBackend::from_parts(SimLoop::new(self.clone(), host), backend);
                     if let NetEv::Data(m) = ev {
                         // Nothing is delivered after the connection was
@@ -716,6 +878,14 @@ impl SimHost {
     /// The world this host belongs to.
     pub fn sim(&self) -> &Sim {
         self.lp.sim()
+    }
+
+    /// Sets what the application does when [`Sim::restart`] brings this
+    /// host back: typically make its backends and listeners again (the
+    /// ones from before the crash stay dead). Replaces an earlier hook.
+    pub fn on_restart(&self, hook: impl FnMut(&SimHost) + Send + 'static) {
+        let hook: Box<dyn FnMut(&SimHost) + Send> = Box::new(hook);
+        lock(&self.sim().shared.restart_hooks).insert(self.ip(), Arc::new(Mutex::new(hook)));
     }
 
     /// Creates a backend on this host (same as

@@ -18,13 +18,13 @@ use std::time::Duration;
 use netio_core::{
     BackendConfig, BufferError, BufferPool, Capabilities, CloseError, CloseReason, ConnError,
     ConnId, ConnTable, ConnectionParams, EndpointAddress, Handler, Lent, MemoryRegion, MemoryUsage,
-    NetworkBuffer, OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError,
-    ThreadSafety, TimerQueue, MAX_HEADER_LEN,
+    NetworkBuffer, NetworkMode, OpenActiveError, OpenListenError, RefuseReason, RegionSlice,
+    SendError, ThreadSafety, TimerQueue, MAX_HEADER_LEN,
 };
 
 use crate::backend::SimBackend;
 use crate::rng::Rng;
-use crate::LinkConfig;
+use crate::{LinkConfig, NicConfig};
 
 /// Index of a backend in [`World::backends`].
 pub(crate) type BackendId = usize;
@@ -63,6 +63,9 @@ pub(crate) enum Ev {
     Finish { conn: WireId, side: usize },
     /// Messages of pipe `dir` (from side `dir` to the other) may arrive.
     Deliver { conn: WireId, dir: usize },
+    /// TCP profile: the sends of pipe `dir` accepted into the window are
+    /// reported completed.
+    Complete { conn: WireId, dir: usize },
     /// A slow receiver frees a receive buffer.
     Release { buf: NetworkBuffer, pool: PoolId },
     /// A timer period elapsed.
@@ -75,8 +78,9 @@ pub(crate) enum Ev {
     HandlerTimer { b: BackendId },
     /// The oldest pending `wake` of backend `b` is reported.
     Wake { b: BackendId },
-    /// A closure posted to `host`'s loop runs.
-    Post { host: IpAddr, f: PostFn },
+    /// A closure posted to `host`'s loop runs (unless the host restarted
+    /// since: `inc` is its incarnation at the post).
+    Post { host: IpAddr, inc: u64, f: PostFn },
     /// Side `side`, whose receiving was resumed, gets what it held back.
     Unhold { conn: WireId, side: usize },
     /// Side `side` reports the orderly close its peer made while it was
@@ -277,6 +281,8 @@ pub(crate) struct Pool {
 
 pub(crate) struct Host {
     pub(crate) crashed: bool,
+    /// Bumped by each restart: backends of an earlier life stay dead.
+    pub(crate) incarnation: u64,
     refusing: bool,
     slow: u64,
     /// Set by `SimLoop::stop`, cleared when `run` returns.
@@ -291,6 +297,9 @@ pub(crate) struct Host {
     /// Local ports of accepted connections (a listener's port), kept out of
     /// the ephemeral choice while such connections live.
     accepted_ports: BTreeMap<u16, usize>,
+    /// Ports outgoing connections leave from (`Sim::set_connect_ports`),
+    /// or `None` for the ephemeral range.
+    pub(crate) connect_ports: Option<(u16, u16)>,
 }
 
 /// A backend's entry for one of its connections.
@@ -303,6 +312,8 @@ struct Endpoint {
 
 pub(crate) struct BackendState {
     pub(crate) host: IpAddr,
+    /// The life of its host it belongs to (see `Host::incarnation`).
+    incarnation: u64,
     pub(crate) config: BackendConfig,
     handler: HandlerCell,
     /// Connections by handle: opened here (from `open_active_endpoint` on)
@@ -404,6 +415,23 @@ impl Body {
         }
     }
 
+    fn copy_to(&self, v: &mut Vec<u8>) {
+        match self {
+            Body::Copy(b) => v.extend_from_slice(b),
+            Body::Buffer(b) => v.extend_from_slice(b.as_slice()),
+            Body::ZeroCopy {
+                header,
+                header_len,
+                lent,
+            } => {
+                v.extend_from_slice(&header[..*header_len]);
+                for c in lent.chunks() {
+                    v.extend_from_slice(c);
+                }
+            }
+        }
+    }
+
     fn write_into(&self, buf: &mut NetworkBuffer) {
         let ok = match self {
             Body::Copy(v) => buf.write(v).is_ok(),
@@ -427,6 +455,16 @@ struct Msg {
     body: Body,
 }
 
+/// TCP profile: an accepted send whose completion is not yet reported.
+struct Accepted {
+    key: u64,
+    /// The buffer or lent region its bytes were copied from, kept only to
+    /// be dropped when the completion is reported.
+    _held: Option<Body>,
+    /// It takes a `send_queue_depth` slot (copy and zero-copy sends).
+    slot: bool,
+}
+
 #[derive(Default)]
 struct Pipe {
     queue: VecDeque<Msg>,
@@ -435,6 +473,16 @@ struct Pipe {
     /// Waiting for a free receive buffer.
     blocked: bool,
     last_arrival: u64,
+    /// TCP profile: how many messages at the head of `queue` the sender's
+    /// "kernel" accepted (their sends completed; they travel on even if
+    /// the sender closes, and are lost if the receiver does).
+    accepted: usize,
+    /// TCP profile: bytes of the accepted messages, bounded by the window.
+    window: usize,
+    /// TCP profile: sends accepted but not yet reported (`Ev::Complete`).
+    /// Until then each keeps its buffer, lent region or queue slot, as
+    /// the contract says.
+    completing: Vec<Accepted>,
 }
 
 struct Conn {
@@ -448,6 +496,9 @@ struct Conn {
     /// packets of one direction arrive in order.
     ctrl_last: [u64; 2],
     listener: Option<ListenerId>,
+    /// The profile: TCP (complete on local hand-off) or RDMA (complete on
+    /// delivery), from the initiator's `NetworkMode`.
+    tcp: bool,
 }
 
 impl Conn {
@@ -468,6 +519,15 @@ struct Delivered {
 struct Link {
     cfg: LinkConfig,
     free_at: u64,
+}
+
+/// A host's network card: bandwidth each way, and until when each way is
+/// busy with messages already scheduled.
+#[derive(Default)]
+struct Nic {
+    cfg: NicConfig,
+    tx_free_at: u64,
+    rx_free_at: u64,
 }
 
 struct Held {
@@ -496,8 +556,14 @@ pub(crate) struct World {
     next_listener: ListenerId,
     next_pool: PoolId,
     links: BTreeMap<(IpAddr, IpAddr), Link>,
+    nics: BTreeMap<IpAddr, Nic>,
+    /// TCP profile: bytes one direction of a connection accepts before the
+    /// receiver takes them (the sockets' buffers).
+    pub(crate) tcp_window: usize,
     /// Cut host pairs, with the time of the cut.
     partitions: BTreeMap<(IpAddr, IpAddr), u64>,
+    /// Host pairs whose traffic is held (`Sim::hold`).
+    holds: BTreeSet<(IpAddr, IpAddr)>,
     held: Vec<Held>,
     blocked: BTreeMap<PoolId, BTreeSet<(WireId, usize)>>,
     timers: BTreeMap<u64, TimerState>,
@@ -563,7 +629,10 @@ impl World {
             next_listener: 1,
             next_pool: 1,
             links: BTreeMap::new(),
+            nics: BTreeMap::new(),
+            tcp_window: crate::DEFAULT_TCP_WINDOW,
             partitions: BTreeMap::new(),
+            holds: BTreeSet::new(),
             held: Vec::new(),
             blocked: BTreeMap::new(),
             timers: BTreeMap::new(),
@@ -605,6 +674,7 @@ impl World {
                 self.end_side(conn, side, Some(ending));
             }
             Ev::Deliver { conn, dir } => self.deliver(conn, dir),
+            Ev::Complete { conn, dir } => self.complete(conn, dir),
             Ev::Release { buf, pool } => self.release_recv(buf, pool),
             Ev::Timer { id, gen } => {
                 let now = self.sched.now;
@@ -645,7 +715,10 @@ impl World {
                     self.sched.emit(&self.backends, b, NetEv::Wake(token));
                 }
             }
-            Ev::Post { host, f } => {
+            Ev::Post { host, inc, f } => {
+                if self.hosts.get(&host).map(|h| h.incarnation) != Some(inc) {
+                    return; // posted by the host's life before a restart
+                }
                 self.sched.log(host, format_args!("post"));
                 self.sched.calls.push(Call::Post { host, f });
             }
@@ -653,7 +726,7 @@ impl World {
             Ev::DeferredClose { conn, side } => {
                 let due = self.side(conn, side).is_some_and(|s| {
                     s.deferred_close && s.rx == Rx::Running && matches!(s.state, SideState::Open)
-                });
+                }) && !self.accepted_towards(conn, side);
                 if due {
                     self.end_side(conn, side, Some(Ending::Closed(CloseReason::PeerClosed)));
                 }
@@ -687,7 +760,8 @@ impl World {
     /// `EventLoop::post`: `f` runs on `host`'s loop at the current time.
     pub(crate) fn post(&mut self, host: IpAddr, f: PostFn) {
         let now = self.sched.now;
-        self.sched.schedule(now, Ev::Post { host, f });
+        let inc = self.host_mut(host).incarnation;
+        self.sched.schedule(now, Ev::Post { host, inc, f });
     }
 
     // -- receive flow control ----------------------------------------------------
@@ -793,6 +867,14 @@ impl World {
             .min_by_key(|(_, e)| e.seq)
             .map(|(id, _)| id)
             .ok_or(ConnError::NoConnectionTo(remote))
+    }
+
+    /// TCP profile: data accepted by the peer's kernel still travels
+    /// towards side `side`.
+    fn accepted_towards(&self, conn: WireId, side: usize) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.tcp && c.pipes[1 - side].accepted > 0)
     }
 
     // -- liveness (peer_timeout) --------------------------------------------------
@@ -901,6 +983,7 @@ impl World {
     pub(crate) fn ensure_host(&mut self, ip: IpAddr) {
         self.hosts.entry(ip).or_insert_with(|| Host {
             crashed: false,
+            incarnation: 0,
             refusing: false,
             slow: 0,
             stop: false,
@@ -909,6 +992,7 @@ impl World {
             listeners: BTreeMap::new(),
             ports: BTreeMap::new(),
             accepted_ports: BTreeMap::new(),
+            connect_ports: None,
         });
     }
 
@@ -922,6 +1006,56 @@ impl World {
         self.hosts.get(&ip).is_some_and(|h| !h.crashed)
     }
 
+    /// Backend `b`'s host is up and has not restarted since `b` was made.
+    pub(crate) fn backend_alive(&self, b: BackendId) -> bool {
+        let be = &self.backends[b];
+        self.hosts
+            .get(&be.host)
+            .is_some_and(|h| !h.crashed && h.incarnation == be.incarnation)
+    }
+
+    /// Brings a crashed `host` back with a fresh state (crashing it first,
+    /// with resets to its peers, if it is up): its earlier backends, loop
+    /// timers, signals and posted closures stay dead. Returns the dead
+    /// callbacks, for the caller to drop after unlocking.
+    pub(crate) fn restart(&mut self, host: IpAddr) -> Vec<UserFn> {
+        self.crash(host, true);
+        let h = self.host_mut(host);
+        h.crashed = false;
+        h.incarnation += 1;
+        h.refusing = false;
+        h.slow = 0;
+        h.paused = false;
+        let held = std::mem::take(&mut h.held_calls);
+        let inc = h.incarnation;
+        for call in held {
+            if let Call::Net {
+                ev: NetEv::Data(m), ..
+            } = call
+            {
+                self.release_recv(m.buf, m.pool);
+            }
+        }
+        let mut dead = Vec::new();
+        let timers: Vec<u64> = self
+            .timers
+            .iter()
+            .filter(|(_, t)| t.host == host)
+            .map(|(&id, _)| id)
+            .collect();
+        dead.extend(timers.into_iter().filter_map(|id| self.remove_timer(id)));
+        let signals: Vec<u64> = self
+            .signals
+            .iter()
+            .filter(|(_, (h, _))| *h == host)
+            .map(|(&id, _)| id)
+            .collect();
+        dead.extend(signals.into_iter().filter_map(|id| self.remove_signal(id)));
+        self.sched
+            .log(host, format_args!("fault restart (life {inc})"));
+        dead
+    }
+
     fn pick_port(&mut self, ip: IpAddr) -> Option<u16> {
         let start = self.sched.rng.below(EPHEMERAL_COUNT);
         let h = self.hosts.get(&ip)?;
@@ -932,6 +1066,45 @@ impl World {
                     && !h.ports.contains_key(p)
                     && !h.accepted_ports.contains_key(p)
             })
+    }
+
+    /// A local port for a connection from `ip` to `to`: from the host's
+    /// connect range if it has one (a port is skipped while a listener uses
+    /// it or a connection from it to `to` lives; connections to other
+    /// remotes may share it), else an ephemeral port nothing uses.
+    fn pick_connect_port(&mut self, ip: IpAddr, to: EndpointAddress) -> Result<u16, String> {
+        let Some((first, last)) = self.hosts.get(&ip).and_then(|h| h.connect_ports) else {
+            return self
+                .pick_port(ip)
+                .ok_or_else(|| "no free local port left".to_owned());
+        };
+        let count = u64::from(last - first) + 1;
+        let start = self.sched.rng.below(count);
+        let h = &self.hosts[&ip];
+        let in_use = |port: u16| {
+            h.listeners.contains_key(&port)
+                || self.conns.values().any(|c| {
+                    c.target == to
+                        && c.sides[0].as_ref().is_some_and(|s| {
+                            s.local.port() == port
+                                && s.host == ip
+                                && !matches!(s.state, SideState::Gone)
+                        })
+                })
+        };
+        (0..count)
+            .map(|i| first + ((start + i) % count) as u16)
+            .find(|&p| !in_use(p))
+            .ok_or_else(|| {
+                format!(
+                    "no free local port in {first}-{last} (Sim::set_connect_ports) to connect to {to}"
+                )
+            })
+    }
+
+    pub(crate) fn set_connect_ports(&mut self, ip: IpAddr, ports: Option<(u16, u16)>) {
+        self.host_mut(ip).connect_ports = ports;
+        self.sched.log(ip, format_args!("connect ports {ports:?}"));
     }
 
     fn new_pool(&mut self, buf_size: usize, num_buf: usize) -> Pool {
@@ -956,8 +1129,10 @@ impl World {
         let shared_send = config
             .shared_send_pool
             .map(|p| self.new_pool(p.buf_size, p.num_buf));
+        let incarnation = self.host_mut(host).incarnation;
         self.backends.push(BackendState {
             host,
+            incarnation,
             config,
             handler,
             conns: ConnTable::new(),
@@ -1066,8 +1241,30 @@ impl World {
         );
     }
 
-    fn partitioned(&self, a: IpAddr, b: IpAddr) -> bool {
-        a != b && self.partitions.contains_key(&pair(a, b))
+    pub(crate) fn set_nic(&mut self, host: IpAddr, cfg: NicConfig) {
+        self.nics.entry(host).or_default().cfg = cfg;
+        self.sched.log(
+            host,
+            format_args!(
+                "nic send={} receive={}",
+                cfg.send_bytes_per_sec, cfg.receive_bytes_per_sec
+            ),
+        );
+    }
+
+    pub(crate) fn nic_config(&self, host: IpAddr) -> NicConfig {
+        self.nics
+            .get(&host)
+            .map_or_else(NicConfig::default, |n| n.cfg)
+    }
+
+    /// Nothing passes between `a` and `b`: they are partitioned, or their
+    /// traffic is held (`Sim::hold`).
+    fn blocked_between(&self, a: IpAddr, b: IpAddr) -> bool {
+        a != b && {
+            let k = pair(a, b);
+            self.partitions.contains_key(&k) || self.holds.contains(&k)
+        }
     }
 
     /// Sends a control packet towards side `to`; packets of one direction
@@ -1080,7 +1277,14 @@ impl World {
         let lat = self.latency(src, dst);
         let now = self.sched.now;
         let c = self.conns.get_mut(&conn).expect("checked above");
-        let at = (now + lat).max(c.ctrl_last[to] + 1);
+        let mut at = (now + lat).max(c.ctrl_last[to] + 1);
+        if c.tcp && matches!(pkt, Ctrl::Close(CloseReason::PeerClosed)) {
+            // An orderly close travels behind the data already accepted.
+            let p = &c.pipes[1 - to];
+            if let Some(m) = p.queue.get(p.accepted.wrapping_sub(1)) {
+                at = at.max(m.arrival + 1);
+            }
+        }
         c.ctrl_last[to] = at;
         self.sched.schedule(at, Ev::Ctrl { conn, to, pkt });
     }
@@ -1098,7 +1302,7 @@ impl World {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        if self.partitioned(c.hosts[0], c.hosts[1]) {
+        if self.blocked_between(c.hosts[0], c.hosts[1]) {
             self.held.push(Held { conn, to, pkt });
             return;
         }
@@ -1124,9 +1328,12 @@ impl World {
             }
             Ctrl::Close(reason) => match self.side(conn, to).map(|s| (&s.state, s.rx)) {
                 // An orderly close comes after the messages a paused side
-                // holds: reported once it resumes and has handed them over.
-                Some((SideState::Open, Rx::Paused | Rx::Resuming))
-                    if reason == CloseReason::PeerClosed =>
+                // holds: reported once it resumes and has handed them over;
+                // under the TCP profile also after the data the peer's
+                // kernel accepted before it closed.
+                Some((SideState::Open, rx))
+                    if reason == CloseReason::PeerClosed
+                        && (rx != Rx::Running || self.accepted_towards(conn, to)) =>
                 {
                     if let Some(s) = self.side_mut(conn, to) {
                         s.deferred_close = true;
@@ -1146,7 +1353,7 @@ impl World {
 
     fn on_syn(&mut self, conn: WireId) {
         let c = &self.conns[&conn];
-        let target = c.target;
+        let (target, tcp) = (c.target, c.tcp);
         let Some(s0) = c.sides[0].as_ref() else {
             return;
         };
@@ -1171,6 +1378,21 @@ impl World {
         };
         let l = &self.listeners[&lid];
         let (lb, params, pool) = (l.backend, l.params.clone(), l.pool.clone());
+        let mode = self.backends[lb].config.mode;
+        if (mode == NetworkMode::Tcp) != tcp {
+            // A stream socket and an RDMA endpoint do not speak to each
+            // other: the handshake fails.
+            self.sched.log(
+                target.ip(),
+                format_args!("refuse {key} -> {target}: network mode {mode:?}"),
+            );
+            let why = format!(
+                "the listener at {target} runs NetworkMode::{mode:?}, the initiator NetworkMode::{:?}",
+                if tcp { NetworkMode::Tcp } else { NetworkMode::Rdma }
+            );
+            self.send_ctrl(conn, 0, Ctrl::Refuse(RefuseReason::Handshake(why)));
+            return;
+        }
         let side = self.make_side(lb, conn, 1, target, key, &params, pool);
         *self
             .host_mut(target.ip())
@@ -1250,7 +1472,26 @@ impl World {
                 }
             }
         }
-        let keys: Vec<u64> = c.pipes[side].queue.drain(..).map(|m| m.key).collect();
+        // Sends not yet accepted are cancelled. Under the TCP profile the
+        // accepted ones travel on (a local close delivers them) or are lost
+        // with the receiver; they were reported completed already, or are
+        // now, before the close.
+        let p = &mut c.pipes[side];
+        let completed: Vec<u64> = std::mem::take(&mut p.completing)
+            .into_iter()
+            .map(|a| a.key)
+            .collect();
+        let keys: Vec<u64> = if c.tcp {
+            p.queue.iter().skip(p.accepted).map(|m| m.key).collect()
+        } else {
+            p.queue.iter().map(|m| m.key).collect()
+        };
+        let keep = if c.tcp && ending.is_some() {
+            p.accepted
+        } else {
+            0
+        };
+        p.queue.truncate(keep);
         let all_gone = c.sides.iter().all(|s| {
             s.as_ref()
                 .is_none_or(|s| matches!(s.state, SideState::Gone))
@@ -1274,6 +1515,10 @@ impl World {
             if *n == 0 {
                 ports.remove(&local.port());
             }
+        }
+        if !completed.is_empty() && ending.is_some() {
+            self.sched
+                .emit(&self.backends, b, NetEv::Completed(id, completed));
         }
         match ending {
             Some(Ending::Closed(reason)) => {
@@ -1322,17 +1567,16 @@ impl World {
         if c.pipes[dir].wake != Some(now) {
             return; // superseded by an earlier wake-up
         }
-        let cut = self.partitioned(c.hosts[0], c.hosts[1]);
+        let cut = self.blocked_between(c.hosts[0], c.hosts[1]);
         let c = self.conns.get_mut(&conn).expect("exists");
         c.pipes[dir].wake = None;
         let (Some(tx), Some(rx)) = (c.sides[dir].as_ref(), c.sides[1 - dir].as_ref()) else {
             return;
         };
-        if !matches!(tx.state, SideState::Open)
-            || !matches!(rx.state, SideState::Open)
-            || rx.rx != Rx::Running
-            || cut
-        {
+        // Under the TCP profile what the sender's kernel accepted travels
+        // on after the sender closed.
+        let tx_ok = matches!(tx.state, SideState::Open) || (c.tcp && c.pipes[dir].accepted > 0);
+        if !tx_ok || !matches!(rx.state, SideState::Open) || rx.rx != Rx::Running || cut {
             // Resumed by establishment, heal or resume_receive, or purged
             // by close.
             return;
@@ -1359,8 +1603,13 @@ impl World {
             }
             return;
         };
+        let tcp = c.tcp;
         let mut done = Vec::new();
+        let mut freed = false;
         while let Some(head) = c.pipes[dir].queue.front() {
+            if tcp && c.pipes[dir].accepted == 0 {
+                break; // still in the sender's queue: admitted later
+            }
             if head.arrival > now {
                 let at = head.arrival;
                 Self::kick(&mut self.sched, conn, c, dir, at);
@@ -1376,7 +1625,7 @@ impl World {
                     c.hosts[1 - dir],
                     format_args!("b{rx_b} too large from {rx_remote} len={len}"),
                 );
-                self.emit_delivered(&ends, conn, dir, pool.id, done);
+                self.emit_delivered(&ends, conn, dir, pool.id, done, tcp);
                 self.begin_end(
                     conn,
                     1 - dir,
@@ -1390,16 +1639,127 @@ impl World {
                 self.blocked.entry(pool.id).or_default().insert((conn, dir));
                 break;
             };
-            let msg = c.pipes[dir].queue.pop_front().expect("head exists");
+            let p = &mut c.pipes[dir];
+            let msg = p.queue.pop_front().expect("head exists");
             msg.body.write_into(&mut buf);
-            if !matches!(msg.body, Body::Buffer(_)) {
+            if tcp {
+                p.accepted -= 1;
+                p.window -= len;
+                freed = true;
+            } else if !matches!(msg.body, Body::Buffer(_)) {
                 if let Some(tx) = c.sides[dir].as_mut() {
                     tx.unbuffered -= 1;
                 }
             }
             done.push((buf, msg.key));
         }
-        self.emit_delivered(&ends, conn, dir, pool.id, done);
+        let drained = tcp && c.pipes[dir].accepted == 0;
+        self.emit_delivered(&ends, conn, dir, pool.id, done, tcp);
+        if freed {
+            self.admit(conn, dir);
+        }
+        // An orderly close that came behind the data is reported once the
+        // data is taken.
+        if drained
+            && self
+                .side(conn, 1 - dir)
+                .is_some_and(|s| s.deferred_close && s.rx == Rx::Running)
+        {
+            self.sched.schedule(
+                now,
+                Ev::DeferredClose {
+                    conn,
+                    side: 1 - dir,
+                },
+            );
+        }
+    }
+
+    /// TCP profile: accepts queued messages of pipe `dir` into the window
+    /// while there is room (a message larger than the window goes alone
+    /// into an empty one). An accepted send completes now: its bytes are
+    /// copied (the buffer or region is free again), its queue slot freed.
+    fn admit(&mut self, conn: WireId, dir: usize) {
+        let now = self.sched.now;
+        let cap = self.tcp_window;
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        if !c.tcp
+            || !c.sides[dir]
+                .as_ref()
+                .is_some_and(|s| matches!(s.state, SideState::Open))
+        {
+            return;
+        }
+        let (src, dst) = (c.hosts[dir], c.hosts[1 - dir]);
+        let base = nanos(self.link_config(src, dst).latency);
+        let c = self.conns.get_mut(&conn).expect("exists");
+        let p = &mut c.pipes[dir];
+        let mut n = 0;
+        let mut prev = p
+            .queue
+            .get(p.accepted.wrapping_sub(1))
+            .map_or(0, |m| m.arrival);
+        while let Some(m) = p.queue.get_mut(p.accepted) {
+            let len = m.body.len();
+            if p.window > 0 && p.window + len > cap {
+                break;
+            }
+            p.window += len;
+            p.accepted += 1;
+            let slot = !matches!(m.body, Body::Buffer(_));
+            let held = if matches!(m.body, Body::Copy(_)) {
+                None
+            } else {
+                let mut v = Vec::with_capacity(len);
+                m.body.copy_to(&mut v);
+                Some(std::mem::replace(&mut m.body, Body::Copy(v)))
+            };
+            // Bytes cannot leave before they were handed over.
+            m.arrival = m.arrival.max(now + base).max(prev);
+            prev = m.arrival;
+            p.completing.push(Accepted {
+                key: m.key,
+                _held: held,
+                slot,
+            });
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        let first = p.completing.len() == n;
+        let at = p.queue.get(p.accepted - n).map(|m| m.arrival);
+        if first {
+            self.sched.schedule(now, Ev::Complete { conn, dir });
+        }
+        if let Some(at) = at {
+            if !c.pipes[dir].blocked {
+                Self::kick(&mut self.sched, conn, c, dir, at);
+            }
+        }
+    }
+
+    /// TCP profile: reports the sends of pipe `dir` accepted since the last
+    /// report, in one batch.
+    fn complete(&mut self, conn: WireId, dir: usize) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let done = std::mem::take(&mut c.pipes[dir].completing);
+        if done.is_empty() {
+            return;
+        }
+        let Some(tx) = c.sides[dir].as_mut() else {
+            return;
+        };
+        tx.unbuffered -= done.iter().filter(|a| a.slot).count();
+        let (b, id) = (tx.backend, tx.handle);
+        // Buffers return to their pools, regions are no longer lent.
+        let keys = done.into_iter().map(|a| a.key).collect();
+        self.sched
+            .emit(&self.backends, b, NetEv::Completed(id, keys));
     }
 
     /// Reports messages of pipe `dir` taken into receive buffers at this
@@ -1411,6 +1771,7 @@ impl World {
         dir: usize,
         pool: PoolId,
         done: Vec<(NetworkBuffer, u64)>,
+        tcp: bool,
     ) {
         if done.is_empty() {
             return;
@@ -1427,6 +1788,9 @@ impl World {
                 side: 1 - dir,
             };
             self.sched.emit(&self.backends, ends.rx_b, NetEv::Data(m));
+        }
+        if tcp {
+            return; // completed when accepted
         }
         self.sched.emit(
             &self.backends,
@@ -1499,10 +1863,12 @@ impl World {
             address: addr,
             source: failed(kind, msg),
         };
-        if !self.host_alive(ip) {
+        if !self.backend_alive(b) {
             return Err(fail(
                 io::ErrorKind::NotConnected,
-                format!("simulated host {ip} has crashed"),
+                format!(
+                    "simulated host {ip} has crashed (or restarted since this backend was made)"
+                ),
             ));
         }
         if addr.ip() != ip && !addr.ip().is_unspecified() {
@@ -1583,21 +1949,23 @@ impl World {
             ));
         }
         let ip = be.host;
-        if !self.host_alive(ip) {
+        if !self.backend_alive(b) {
             return Err(OpenActiveError::FailedOpenActiveEndpoint {
                 address: addr,
                 source: failed(
                     io::ErrorKind::NotConnected,
-                    format!("simulated host {ip} has crashed"),
+                    format!(
+                        "simulated host {ip} has crashed (or restarted since this backend was made)"
+                    ),
                 ),
             });
         }
-        let port = self
-            .pick_port(ip)
-            .ok_or_else(|| OpenActiveError::NoResources {
-                address: addr,
-                source: failed(io::ErrorKind::AddrInUse, "no free local port left".into()),
-            })?;
+        let port =
+            self.pick_connect_port(ip, addr)
+                .map_err(|msg| OpenActiveError::NoResources {
+                    address: addr,
+                    source: failed(io::ErrorKind::AddrInUse, msg),
+                })?;
         let local = EndpointAddress::new(ip, port);
         self.next_conn += 1;
         let conn = self.next_conn;
@@ -1613,6 +1981,7 @@ impl World {
                 pipes: Default::default(),
                 ctrl_last: [0; 2],
                 listener: None,
+                tcp: self.backends[b].config.mode == NetworkMode::Tcp,
             },
         );
         self.sched
@@ -1823,45 +2192,66 @@ impl World {
         Ok(())
     }
 
-    /// Puts a message on the wire: it arrives after the link's queue, its
-    /// serialisation time and latency, never before earlier messages of the
-    /// same connection.
+    /// Puts a message on the wire: it leaves once the sender's NIC and the
+    /// link are free (taking its serialisation time on the slower of them),
+    /// travels the link's latency, and is taken in by the receiver's NIC
+    /// once that is free (incast: several senders share it); it never
+    /// arrives before earlier messages of the same connection. Under the
+    /// TCP profile it then waits for room in the window (see `admit`).
     fn enqueue(&mut self, conn: WireId, side: usize, key: u64, body: Body) {
         let c = &self.conns[&conn];
         let (src, dst) = (c.hosts[side], c.hosts[1 - side]);
         let len = body.len();
         let lat = self.latency(src, dst);
         let now = self.sched.now;
+        let serialise = |bw: u64| {
+            if bw == 0 {
+                0
+            } else {
+                u64::try_from((len as u128 * 1_000_000_000).div_ceil(u128::from(bw)))
+                    .unwrap_or(u64::MAX)
+            }
+        };
         let link = self.links.entry((src, dst)).or_insert(Link {
             cfg: LinkConfig::default(),
             free_at: 0,
         });
-        let bw = link.cfg.bandwidth_bytes_per_sec;
-        let tx = if bw == 0 {
-            0
-        } else {
-            u64::try_from((len as u128 * 1_000_000_000).div_ceil(u128::from(bw)))
-                .unwrap_or(u64::MAX)
-        };
-        let start = now.max(link.free_at);
-        link.free_at = start.saturating_add(tx);
+        let link_tx = serialise(link.cfg.bandwidth_bytes_per_sec);
+        let link_free = link.free_at;
+        let out = self.nics.entry(src).or_default();
+        let nic_tx = serialise(out.cfg.send_bytes_per_sec);
+        let start = now.max(link_free).max(out.tx_free_at);
+        let sent = start.saturating_add(link_tx.max(nic_tx));
+        out.tx_free_at = start.saturating_add(nic_tx);
+        self.links.get_mut(&(src, dst)).expect("inserted").free_at = start.saturating_add(link_tx);
+        let inc = self.nics.entry(dst).or_default();
+        let nic_rx = serialise(inc.cfg.receive_bytes_per_sec);
+        let first_bit = start.saturating_add(lat);
+        let rx_start = first_bit.max(inc.rx_free_at);
+        let arrived = rx_start
+            .saturating_add(nic_rx)
+            .max(sent.saturating_add(lat));
+        inc.rx_free_at = rx_start.saturating_add(nic_rx);
         let c = self.conns.get_mut(&conn).expect("exists");
         let s = c.sides[side].as_mut().expect("open side");
         if !matches!(body, Body::Buffer(_)) {
             s.unbuffered += 1;
         }
         let (host, id, b) = (s.host, s.handle, s.backend);
+        let tcp = c.tcp;
         let p = &mut c.pipes[side];
-        let arrival = (start.saturating_add(tx).saturating_add(lat)).max(p.last_arrival);
+        let arrival = arrived.max(p.last_arrival);
         p.last_arrival = arrival;
         p.queue.push_back(Msg { key, arrival, body });
-        if !p.blocked {
-            Self::kick(&mut self.sched, conn, c, side, arrival);
-        }
         self.sched.log(
             host,
             format_args!("b{b} send {id} key={key} len={len} arrives={arrival}"),
         );
+        if tcp {
+            self.admit(conn, side);
+        } else if !p.blocked {
+            Self::kick(&mut self.sched, conn, c, side, arrival);
+        }
     }
 
     /// `true` if the application closed side `side` of `conn`: messages
@@ -1996,6 +2386,30 @@ impl World {
             return;
         }
         self.sched.log(a, format_args!("fault heal {b}"));
+        self.unblock(a, b);
+    }
+
+    /// Holds the traffic between `a` and `b` (see `Sim::hold`).
+    pub(crate) fn hold_between(&mut self, a: IpAddr, b: IpAddr) {
+        if a != b && self.holds.insert(pair(a, b)) {
+            self.sched.log(a, format_args!("fault hold {b}"));
+        }
+    }
+
+    /// Releases what `hold_between` held.
+    pub(crate) fn release_between(&mut self, a: IpAddr, b: IpAddr) {
+        if self.holds.remove(&pair(a, b)) {
+            self.sched.log(a, format_args!("fault release {b}"));
+            self.unblock(a, b);
+        }
+    }
+
+    /// Every cut and hold between `a` and `b` ended: what waited moves on,
+    /// one latency from now.
+    fn unblock(&mut self, a: IpAddr, b: IpAddr) {
+        if self.blocked_between(a, b) {
+            return; // still partitioned, or still held
+        }
         let now = self.sched.now;
         for conn in self.conns_between(a, b) {
             for dir in 0..2 {

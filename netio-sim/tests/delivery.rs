@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{connect, listen, node, run_until, Event, React};
+use common::{connect, listen, node, rdma, run_until, Event, React};
 use netio_core::{Backend, BackendConfig, ConnectionParams, EventLoop, SendError, Timer};
 use netio_sim::{LinkConfig, Sim, SimBackend};
 
@@ -23,8 +23,8 @@ fn timed(times: &Arc<Mutex<Vec<(Duration, Event)>>>) -> Option<React<SimBackend>
 fn latency_and_bandwidth_shape_delivery_time() {
     let sim = Sim::with_seed(21);
     let (st, ct) = (Arc::default(), Arc::default());
-    let server = node(&sim, BackendConfig::default(), timed(&st));
-    let client = node(&sim, BackendConfig::default(), timed(&ct));
+    let server = node(&sim, rdma(), timed(&st));
+    let client = node(&sim, rdma(), timed(&ct));
     let ms = Duration::from_millis(1);
     // 1 ms one way, 1 MB/s: a 1000-byte message occupies the link for 1 ms.
     sim.set_link(
@@ -76,7 +76,7 @@ fn latency_and_bandwidth_shape_delivery_time() {
     assert_eq!(completions, arrivals);
 
     // A default link: 10 µs plus at most 1 µs of jitter, 10 GB/s.
-    let other = node(&sim, BackendConfig::default(), None);
+    let other = node(&sim, rdma(), None);
     let addr2 = listen(&server, ConnectionParams::receive(2000, 64));
     let (conn2, acc2) = connect(&sim, &server, &other, addr2, ConnectionParams::default());
     let before = st.lock().unwrap().len();
@@ -109,12 +109,12 @@ fn backpressure_never_grows_queue_unboundedly() {
     const DEPTH: usize = 8;
     const BUFS: usize = 4;
     let sim = Sim::with_seed(22);
-    let server = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
     let client = node(
         &sim,
         BackendConfig {
             send_queue_depth: DEPTH,
-            ..BackendConfig::default()
+            ..rdma()
         },
         None,
     );

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{connect, full_params, listen, node, run_until};
+use common::{connect, full_params, listen, node, rdma, run_until};
 use netio_core::{
     Backend, BackendConfig, CloseReason, ConnectionParams, EndpointAddress, RefuseReason, SendError,
 };
@@ -15,8 +15,8 @@ use netio_sim::{Sim, CONNECT_TIMEOUT};
 #[test]
 fn refused_host_reports_on_connection_refused_to_initiator_only() {
     let sim = Sim::with_seed(11);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 2));
     sim.refuse_connections(server.host.ip(), true);
     let conn = client
@@ -40,8 +40,8 @@ fn refused_host_reports_on_connection_refused_to_initiator_only() {
 #[test]
 fn reset_closes_both_sides_with_their_cancelled_keys() {
     let sim = Sim::with_seed(12);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 8));
     let (conn, acc) = connect(&sim, &server, &client, addr, full_params(64, 8));
     // Sends in flight both ways (one link latency is 10 µs).
@@ -70,8 +70,8 @@ fn reset_closes_both_sides_with_their_cancelled_keys() {
 #[test]
 fn partition_holds_messages_and_heal_delivers_them_in_order() {
     let sim = Sim::with_seed(13);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, ConnectionParams::receive(64, 16));
     let (conn, acc) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     sim.partition(client.host.ip(), server.host.ip());
@@ -109,8 +109,8 @@ fn partition_holds_messages_and_heal_delivers_them_in_order() {
 #[test]
 fn connect_across_partition_is_unreachable_after_connect_timeout() {
     let sim = Sim::with_seed(14);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 2));
     sim.partition(client.host.ip(), server.host.ip());
     let start = sim.now();
@@ -150,9 +150,9 @@ fn connect_across_partition_is_unreachable_after_connect_timeout() {
 #[test]
 fn crash_closes_peers_with_reset_and_silences_the_host() {
     let sim = Sim::with_seed(15);
-    let server = node(&sim, BackendConfig::default(), None);
-    let c1 = node(&sim, BackendConfig::default(), None);
-    let c2 = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let c1 = node(&sim, rdma(), None);
+    let c2 = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 8));
     let (k1, a1) = connect(&sim, &server, &c1, addr, full_params(64, 8));
     let (k2, _) = connect(&sim, &server, &c2, addr, full_params(64, 8));
@@ -205,12 +205,12 @@ fn crash_closes_peers_with_reset_and_silences_the_host() {
 #[test]
 fn slow_receiver_makes_sender_see_no_resources_and_no_buffers() {
     let sim = Sim::with_seed(16);
-    let server = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
     let client = node(
         &sim,
         BackendConfig {
             send_queue_depth: 4,
-            ..BackendConfig::default()
+            ..rdma()
         },
         None,
     );
@@ -272,7 +272,7 @@ fn slow_receiver_makes_sender_see_no_resources_and_no_buffers() {
 #[test]
 fn crashed_host_operations_fail_and_new_backends_are_refused() {
     let sim = Sim::with_seed(17);
-    let n = node(&sim, BackendConfig::default(), None);
+    let n = node(&sim, rdma(), None);
     sim.crash(n.host.ip());
     let any = EndpointAddress::new(n.host.ip(), 0);
     assert!(n.b.open_listen_endpoint(any, full_params(64, 2)).is_err());
@@ -280,19 +280,16 @@ fn crashed_host_operations_fail_and_new_backends_are_refused() {
         .b
         .open_active_endpoint(EndpointAddress::v4(127, 0, 0, 99, 80), full_params(64, 2))
         .is_err());
-    assert!(n
-        .host
-        .backend(BackendConfig::default(), netio_core::NoopHandler)
-        .is_err());
+    assert!(n.host.backend(rdma(), netio_core::NoopHandler).is_err());
 }
 
 #[test]
 fn a_paused_loop_holds_its_callbacks_and_pushes_back_until_resumed() {
     let sim = Sim::with_seed(21);
-    let server = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
     let cfg = BackendConfig {
         send_queue_depth: 4,
-        ..BackendConfig::default()
+        ..rdma()
     };
     let client = node(&sim, cfg, None);
     let addr = listen(&server, ConnectionParams::receive(64, 2));
@@ -344,8 +341,8 @@ fn a_paused_loop_holds_its_callbacks_and_pushes_back_until_resumed() {
 #[test]
 fn closing_drops_what_a_paused_loop_still_holds_for_the_connection() {
     let sim = Sim::with_seed(22);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, ConnectionParams::receive(64, 4));
     let (conn, acc) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     sim.pause_loop(server.host.ip());
@@ -375,7 +372,7 @@ fn closing_drops_what_a_paused_loop_still_holds_for_the_connection() {
 fn with_peer_timeout(t: Duration) -> BackendConfig {
     BackendConfig {
         peer_timeout: Some(t),
-        ..BackendConfig::default()
+        ..rdma()
     }
 }
 
@@ -383,7 +380,7 @@ fn with_peer_timeout(t: Duration) -> BackendConfig {
 fn peer_timeout_closes_a_partitioned_connection_with_timed_out() {
     let sim = Sim::with_seed(71);
     let t = Duration::from_secs(2);
-    let server = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
     let client = node(&sim, with_peer_timeout(t), None);
     let addr = listen(&server, full_params(64, 4));
     let (conn, acc) = connect(&sim, &server, &client, addr, full_params(64, 4));
@@ -443,8 +440,8 @@ fn a_partition_healed_before_peer_timeout_does_not_time_out() {
 #[test]
 fn without_peer_timeout_a_partition_never_times_out() {
     let sim = Sim::with_seed(73);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 4));
     let (conn, acc) = connect(&sim, &server, &client, addr, full_params(64, 4));
     sim.partition(client.host.ip(), server.host.ip());
@@ -462,9 +459,9 @@ fn without_peer_timeout_a_partition_never_times_out() {
 fn peer_timeout_closes_connections_to_a_silently_crashed_host() {
     let sim = Sim::with_seed(74);
     let t = Duration::from_millis(500);
-    let server = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
     let c1 = node(&sim, with_peer_timeout(t), None);
-    let c2 = node(&sim, BackendConfig::default(), None);
+    let c2 = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 4));
     let (k1, _) = connect(&sim, &server, &c1, addr, full_params(64, 4));
     let (k2, _) = connect(&sim, &server, &c2, addr, full_params(64, 4));

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{connect, listen, node, run_until, Event, React};
+use common::{connect, listen, node, rdma, run_until, unlimited_nics, Event, React};
 use netio_core::{Backend, BackendConfig, CloseReason, ConnectionParams, SendError};
 use netio_sim::{LinkConfig, Sim, SimBackend};
 
@@ -19,12 +19,12 @@ fn ids(msgs: Vec<Vec<u8>>) -> Vec<u64> {
 #[test]
 fn a_paused_receiver_pushes_back_and_resume_delivers_everything_in_order() {
     let sim = Sim::with_seed(61);
-    let server = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
     let client = node(
         &sim,
         BackendConfig {
             send_queue_depth: 4,
-            ..BackendConfig::default()
+            ..rdma()
         },
         None,
     );
@@ -99,13 +99,14 @@ fn pause_on_first() -> Option<React<SimBackend>> {
 #[test]
 fn pausing_inside_on_data_holds_the_rest_of_that_delivery() {
     let sim = Sim::with_seed(62);
-    let server = node(&sim, BackendConfig::default(), pause_on_first());
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), pause_on_first());
+    let client = node(&sim, rdma(), None);
     sim.set_link(
         client.host.ip(),
         server.host.ip(),
         LinkConfig::new(Duration::from_micros(10), 0),
     );
+    unlimited_nics(&sim, &[client.host.ip(), server.host.ip()]);
     let addr = listen(&server, ConnectionParams::receive(64, 8));
     let (c, s) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     for k in 0..5u64 {
@@ -126,13 +127,14 @@ fn pausing_inside_on_data_holds_the_rest_of_that_delivery() {
 #[test]
 fn a_peers_orderly_close_comes_after_the_held_messages() {
     let sim = Sim::with_seed(63);
-    let server = node(&sim, BackendConfig::default(), pause_on_first());
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), pause_on_first());
+    let client = node(&sim, rdma(), None);
     sim.set_link(
         client.host.ip(),
         server.host.ip(),
         LinkConfig::new(Duration::from_micros(10), 0),
     );
+    unlimited_nics(&sim, &[client.host.ip(), server.host.ip()]);
     let addr = listen(&server, ConnectionParams::receive(64, 8));
     let (c, s) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     for k in 0..3u64 {
@@ -165,8 +167,8 @@ fn a_peers_orderly_close_comes_after_the_held_messages() {
 #[test]
 fn a_local_close_of_a_paused_connection_drops_what_it_held() {
     let sim = Sim::with_seed(64);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, ConnectionParams::receive(64, 2));
     let (c, s) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     server.b.pause_receive(s).unwrap();
@@ -190,13 +192,14 @@ fn a_local_close_of_a_paused_connection_drops_what_it_held() {
 #[test]
 fn a_reset_is_reported_while_paused_and_drops_held_messages() {
     let sim = Sim::with_seed(65);
-    let server = node(&sim, BackendConfig::default(), pause_on_first());
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), pause_on_first());
+    let client = node(&sim, rdma(), None);
     sim.set_link(
         client.host.ip(),
         server.host.ip(),
         LinkConfig::new(Duration::from_micros(10), 0),
     );
+    unlimited_nics(&sim, &[client.host.ip(), server.host.ip()]);
     let addr = listen(&server, ConnectionParams::receive(64, 8));
     let (c, s) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     for k in 0..3u64 {

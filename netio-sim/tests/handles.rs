@@ -5,18 +5,17 @@ mod common;
 
 use std::time::Duration;
 
-use common::{connect, full_params, listen, node, run_until};
+use common::{connect, full_params, listen, node, rdma, run_until, unlimited_nics};
 use netio_core::{
-    Backend, BackendConfig, BufferError, CloseError, ConnError, ConnId, ConnectionParams,
-    RefuseReason, SendError,
+    Backend, BufferError, CloseError, ConnError, ConnId, ConnectionParams, RefuseReason, SendError,
 };
 use netio_sim::{LinkConfig, Sim};
 
 #[test]
 fn two_connections_to_one_address_are_distinct() {
     let sim = Sim::with_seed(41);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 4));
     let (c1, s1) = connect(&sim, &server, &client, addr, full_params(64, 4));
     let (c2, s2) = connect(&sim, &server, &client, addr, full_params(64, 4));
@@ -53,8 +52,8 @@ fn two_connections_to_one_address_are_distinct() {
 #[test]
 fn a_stale_or_foreign_handle_answers_unknown_connection() {
     let sim = Sim::with_seed(42);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 4));
     let (c, _) = connect(&sim, &server, &client, addr, full_params(64, 4));
     client.b.close_active_endpoint(c).unwrap();
@@ -97,8 +96,8 @@ fn a_stale_or_foreign_handle_answers_unknown_connection() {
 #[test]
 fn an_opening_connection_has_a_handle_but_cannot_send_and_close_cancels_it() {
     let sim = Sim::with_seed(43);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 4));
     let c = client
         .b
@@ -129,8 +128,8 @@ fn an_opening_connection_has_a_handle_but_cannot_send_and_close_cancels_it() {
 #[test]
 fn connection_to_finds_the_oldest_connection_to_an_address() {
     let sim = Sim::with_seed(44);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 4));
     assert!(matches!(
         client.b.connection_to(addr),
@@ -148,8 +147,8 @@ fn connection_to_finds_the_oldest_connection_to_an_address() {
 #[test]
 fn send_buffer_completes_with_the_callers_key() {
     let sim = Sim::with_seed(45);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     let addr = listen(&server, full_params(64, 4));
     let (c, _) = connect(&sim, &server, &client, addr, full_params(64, 4));
     let mut buf = client.b.get_buffer(c).unwrap().unwrap();
@@ -163,14 +162,15 @@ fn send_buffer_completes_with_the_callers_key() {
 #[test]
 fn completions_at_one_instant_come_in_one_batch_in_send_order() {
     let sim = Sim::with_seed(46);
-    let server = node(&sim, BackendConfig::default(), None);
-    let client = node(&sim, BackendConfig::default(), None);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
     // No jitter, unlimited bandwidth: a burst arrives at one instant.
     sim.set_link(
         client.host.ip(),
         server.host.ip(),
         LinkConfig::new(Duration::from_micros(10), 0),
     );
+    unlimited_nics(&sim, &[client.host.ip(), server.host.ip()]);
     let addr = listen(&server, ConnectionParams::receive(64, 16));
     let (c, s) = connect(&sim, &server, &client, addr, ConnectionParams::default());
     let keys = [7u64, 3, 11, 5, 2];

@@ -310,3 +310,23 @@ pub fn run_until(sim: &Sim, what: &str, cond: impl FnMut() -> bool) {
         "timed out waiting until {what}"
     );
 }
+
+/// The default configuration in `NetworkMode::Rdma`: the RDMA profile,
+/// where a send completes when the receiver has taken the message.
+#[allow(dead_code)]
+pub fn rdma() -> BackendConfig {
+    BackendConfig {
+        mode: netio_core::NetworkMode::Rdma,
+        ..BackendConfig::default()
+    }
+}
+
+/// Takes the network cards of `hosts` out of the way (unlimited both
+/// ways), so that a link with unlimited bandwidth delivers a burst at one
+/// instant.
+#[allow(dead_code)]
+pub fn unlimited_nics(sim: &Sim, hosts: &[std::net::IpAddr]) {
+    for &h in hosts {
+        sim.set_nic(h, netio_sim::NicConfig::symmetric(0));
+    }
+}
