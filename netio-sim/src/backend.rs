@@ -69,7 +69,10 @@ impl SimBackend {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut crate::world::World, BackendId) -> R) -> R {
-        self.lp.sim().with(|w| f(w, self.id))
+        self.lp.sim().with(|w| {
+            w.note_caller(self.id);
+            f(w, self.id)
+        })
     }
 }
 

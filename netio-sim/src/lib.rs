@@ -168,6 +168,25 @@
 //!   callback. Thread-safe backends accept calls from every thread; such a
 //!   call only queues work.
 //!
+//! # When runs are reproducible
+//!
+//! A run is determined by its seed and by the order of the calls made into
+//! the world. That order is fixed when every backend call, fault and step
+//! comes from one thread (the driver), or from callbacks the driver runs:
+//! then the same seed gives the same trace, byte for byte, however loaded
+//! the machine. A call into a thread-safe backend from another thread
+//! while the driver drives lands between two events at a moment set by
+//! the operating system's scheduler, so two runs may differ from there
+//! on. The world notices the first such call ([`Sim::reproducible`]
+//! turns `false`) and, in debug builds, says so once on stderr. To keep a
+//! multi-threaded test reproducible, hand the calls to the loop
+//! ([`EventLoop::post`](netio_core::EventLoop::post)) or make them from
+//! the driver between steps. Apart from threads, only what the
+//! application itself brings in (the wall clock, a `HashMap`'s order,
+//! randomness not drawn from the seed) breaks reproducibility;
+//! [`chaos::check_determinism`] finds the first line where two runs
+//! part.
+//!
 //! # Seeds
 //!
 //! [`Sim::new`] uses [`Sim::DEFAULT_SEED`], or the `NETIO_SIM_SEED`
@@ -188,6 +207,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+pub mod chaos;
 mod event_loop;
 mod rng;
 mod world;
@@ -490,6 +510,20 @@ impl Sim {
         SimHost {
             lp: SimLoop::new(self.clone(), ip),
         }
+    }
+
+    /// `false` once a thread-safe backend of this world was called from a
+    /// thread other than the one driving it: from then on the run depends
+    /// on thread timing, not on the seed alone (see the
+    /// [crate docs](crate#when-runs-are-reproducible)). Debug builds also
+    /// say so once on stderr.
+    pub fn reproducible(&self) -> bool {
+        self.world().foreign_call.is_none()
+    }
+
+    /// The addresses of every host of the world, in address order.
+    pub fn hosts(&self) -> Vec<IpAddr> {
+        self.world().hosts.keys().copied().collect()
     }
 
     /// Virtual time since the world was created.

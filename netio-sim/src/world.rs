@@ -574,6 +574,10 @@ pub(crate) struct World {
     pub(crate) driver: u64,
     /// Threads blocked waiting for something to be scheduled.
     pub(crate) waiters: usize,
+    /// The virtual time of the first call into a thread-safe backend from
+    /// a thread other than the driver (the run stopped being reproducible).
+    pub(crate) foreign_call: Option<u64>,
+    seed: u64,
 }
 
 fn pair(a: IpAddr, b: IpAddr) -> (IpAddr, IpAddr) {
@@ -641,6 +645,8 @@ impl World {
             connect_timeout: nanos(crate::CONNECT_TIMEOUT),
             driver,
             waiters: 0,
+            foreign_call: None,
+            seed,
         }
     }
 
@@ -1020,6 +1026,26 @@ impl World {
     /// callbacks, for the caller to drop after unlocking.
     pub(crate) fn restart(&mut self, host: IpAddr) -> Vec<UserFn> {
         self.crash(host, true);
+        // Peers still holding a connection to the host's earlier life (it
+        // crashed silently) hear a reset, as TCP's next segment to a
+        // rebooted host is answered by one.
+        let stale: Vec<(WireId, usize)> = self
+            .conns
+            .iter()
+            .filter_map(|(&id, c)| {
+                (0..2).find_map(|side| {
+                    let (me, other) = (c.sides[side].as_ref()?, c.sides[1 - side].as_ref()?);
+                    (me.host == host
+                        && matches!(me.state, SideState::Gone)
+                        && other.peer_lost.is_some()
+                        && matches!(other.state, SideState::Open))
+                    .then_some((id, 1 - side))
+                })
+            })
+            .collect();
+        for (conn, to) in stale {
+            self.send_ctrl(conn, to, Ctrl::Close(CloseReason::Reset));
+        }
         let h = self.host_mut(host);
         h.crashed = false;
         h.incarnation += 1;
@@ -1146,6 +1172,29 @@ impl World {
         let id = self.backends.len() - 1;
         self.sched.log(host, format_args!("b{id} created"));
         id
+    }
+
+    /// Notes a call into backend `b`: one from a thread other than the
+    /// driver, into a backend that accepts it, makes the run depend on
+    /// thread timing (said once on stderr in debug builds).
+    pub(crate) fn note_caller(&mut self, b: BackendId) {
+        if self.foreign_call.is_some()
+            || self.backends[b].config.thread_safety != ThreadSafety::Safe
+            || self.driver == netio_core::thread_token()
+        {
+            return;
+        }
+        self.foreign_call = Some(self.sched.now);
+        if cfg!(debug_assertions) {
+            let thread = std::thread::current();
+            eprintln!(
+                "netio-sim: a backend on {} was called from thread {:?} while another thread                  drives the world (seed {:#x}, virtual time {} ns); from here on this run                  depends on thread timing and is not reproducible from its seed. Make the                  calls on the driving thread, or post them to the loop (EventLoop::post).",
+                self.backends[b].host,
+                thread.name().unwrap_or("unnamed"),
+                self.seed,
+                self.sched.now
+            );
+        }
     }
 
     /// `false` if `b` is thread-unsafe and the caller is not the driver.

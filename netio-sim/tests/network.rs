@@ -332,3 +332,19 @@ fn link_latency_still_applies_on_top_of_the_cards() {
         "{took:?}"
     );
 }
+
+#[test]
+fn a_restart_resets_peers_still_connected_to_the_silently_crashed_life() {
+    let sim = Sim::with_seed(410);
+    let server = node(&sim, BackendConfig::default(), None);
+    let client = node(&sim, BackendConfig::default(), None);
+    let addr = listen(&server, ConnectionParams::receive(64, 4));
+    let (c, _) = connect(&sim, &server, &client, addr, ConnectionParams::default());
+    sim.crash_silently(server.host.ip());
+    sim.run_for(Duration::from_secs(10));
+    assert_eq!(client.log.closed_count(c), 0, "no word, no peer_timeout");
+    sim.restart(server.host.ip());
+    let cl = client.log.clone();
+    run_until(&sim, "the reset", || cl.closed_count(c) == 1);
+    assert_eq!(client.log.closed()[0].1, CloseReason::Reset);
+}

@@ -142,3 +142,45 @@ fn signals_and_timers_run_on_virtual_time() {
     sim.run_until_idle(100);
     assert_eq!(fired.load(Ordering::SeqCst), 6);
 }
+
+#[test]
+fn a_call_from_a_second_thread_marks_the_run_unreproducible() {
+    let sim = Sim::with_seed(35);
+    let server = node(&sim, BackendConfig::default(), None);
+    let client = node(&sim, BackendConfig::default(), None);
+    let addr = listen(&server, full_params(64, 4));
+    let (c, _) = connect(&sim, &server, &client, addr, full_params(64, 4));
+    // The driver's own calls keep the run reproducible.
+    client
+        .b
+        .send_data_copy(c, &[b"from the driver"], &[], 1)
+        .unwrap();
+    sim.run_until_idle(1000);
+    assert!(sim.reproducible());
+    let b = client.b.clone();
+    std::thread::spawn(move || b.send_data_copy(c, &[b"from elsewhere"], &[], 2).unwrap())
+        .join()
+        .unwrap();
+    assert!(!sim.reproducible(), "a call from another thread is noticed");
+}
+
+#[test]
+fn a_refused_call_from_another_thread_leaves_the_run_reproducible() {
+    let sim = Sim::with_seed(36);
+    let n = node(
+        &sim,
+        BackendConfig::with_thread_safety(ThreadSafety::Unsafe),
+        None,
+    );
+    let b = n.b.clone();
+    let addr = netio_core::EndpointAddress::new(n.host.ip(), 0);
+    std::thread::spawn(move || {
+        assert!(matches!(
+            b.open_listen_endpoint(addr, full_params(64, 1)),
+            Err(netio_core::OpenListenError::WrongThread)
+        ));
+    })
+    .join()
+    .unwrap();
+    assert!(sim.reproducible(), "a refused call changes nothing");
+}
