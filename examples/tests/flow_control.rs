@@ -136,6 +136,9 @@ fn echo_server_pauses_a_peer_that_does_not_read_and_drops_no_echo_on_the_simulat
     const COUNT: u64 = 500;
     const SIZE: usize = 512;
     let sim = Sim::with_seed(11);
+    // Small socket buffers (TCP profile), so that 500 × 512 bytes are more
+    // than the connection holds without the peer reading.
+    sim.set_tcp_window(16 * 1024);
     let (server_host, client_host) = (sim.next_host(), sim.next_host());
     let stats = Arc::new(Mutex::new(ServerStats::default()));
     let server = server_host
