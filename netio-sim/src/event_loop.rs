@@ -70,7 +70,7 @@ impl EventLoop for SimLoop {
             if self.take_stop() {
                 return;
             }
-            if self.sim.step() {
+            if self.sim.step_until(u64::MAX, true) {
                 continue;
             }
             let shared = &self.sim.shared;

@@ -542,15 +542,34 @@ impl Sim {
     /// # Panics
     /// If called from inside a simulator callback.
     pub fn step(&self) -> bool {
+        self.step_until(u64::MAX, false)
+    }
+
+    /// Runs the next event if one is due no later than `deadline` (virtual
+    /// ns), with its callbacks; `false` if none is. With `batch`, events
+    /// that cause no callback (nothing an observer could see between them)
+    /// are run back to back under one lock, up to the first that does.
+    pub(crate) fn step_until(&self, deadline: u64, batch: bool) -> bool {
         assert_not_in_callback("Sim::step");
         let _one_at_a_time = lock(&self.shared.step_lock);
         let calls = {
             let mut w = self.world();
             w.driver = netio_core::thread_token();
-            let Some(ev) = w.pop() else {
+            let mut ran = false;
+            loop {
+                if w.next_at().is_none_or(|t| t > deadline) {
+                    break;
+                }
+                let ev = w.pop().expect("an event is due");
+                w.process(ev);
+                ran = true;
+                if !batch || w.has_calls() {
+                    break;
+                }
+            }
+            if !ran {
                 return false;
-            };
-            w.process(ev);
+            }
             w.take_calls()
         };
         self.dispatch(calls);
@@ -572,9 +591,7 @@ impl Sim {
     /// to now + `d`.
     pub fn run_for(&self, d: Duration) {
         let deadline = self.world().sched.now.saturating_add(world::nanos(d));
-        while self.world().next_at().is_some_and(|t| t <= deadline) {
-            self.step();
-        }
+        while self.step_until(deadline, true) {}
         let mut w = self.world();
         w.sched.now = w.sched.now.max(deadline);
     }
@@ -830,14 +847,13 @@ impl Sim {
                     handler,
                     ev,
                 } => {
-                    let alive = self.world().backend_alive(backend);
                     let b = SimBackend::from_parts(SimLoop::new(self.clone(), host), backend);
                     if let NetEv::Data(m) = ev {
                         // Nothing is delivered after the connection was
                         // closed (by this side's call, or reported closed);
                         // nothing while it is paused (held until resumed).
                         let m = self.with(|w| {
-                            if !alive || w.app_closed(m.wire, m.side) {
+                            if !w.backend_alive(backend) || w.app_closed(m.wire, m.side) {
                                 w.recv_done(host, m.buf, m.pool);
                                 None
                             } else if w.rx_blocked(m.wire, m.side) {
@@ -853,7 +869,7 @@ impl Sim {
                         }
                         continue;
                     }
-                    if !alive {
+                    if !self.world().backend_alive(backend) {
                         continue;
                     }
                     let mut h = lock(&handler);

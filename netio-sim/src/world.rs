@@ -656,6 +656,11 @@ impl World {
         self.sched.queue.peek().map(|e| e.at)
     }
 
+    /// Callbacks are waiting to be dispatched.
+    pub(crate) fn has_calls(&self) -> bool {
+        !self.sched.calls.is_empty()
+    }
+
     pub(crate) fn has_work(&self) -> bool {
         !self.sched.queue.is_empty()
     }
