@@ -199,11 +199,28 @@ impl<H: Harness> Ctx<H> {
         self.make_node(config, react, true)
     }
 
+    /// A recorded backend in the default configuration whose connections
+    /// all leave from one local port ([`Harness::backend_from_one_port`]).
+    pub fn node_from_one_port(&mut self) -> Node<H> {
+        let cfg = self.config();
+        self.make_node_with(cfg, None, false, true)
+    }
+
     fn make_node(
+        &mut self,
+        config: BackendConfig,
+        react: Option<React<H::Backend>>,
+        per_key: bool,
+    ) -> Node<H> {
+        self.make_node_with(config, react, per_key, false)
+    }
+
+    fn make_node_with(
         &mut self,
         mut config: BackendConfig,
         react: Option<React<H::Backend>>,
         per_key: bool,
+        one_port: bool,
     ) -> Node<H> {
         config.thread_safety = self.mode;
         let log = Log::default();
@@ -216,7 +233,11 @@ impl<H: Harness> Ctx<H> {
         } else {
             Box::new(recorder)
         };
-        let backend = self.h.backend(config, handler);
+        let backend = if one_port {
+            self.h.backend_from_one_port(config, handler)
+        } else {
+            self.h.backend(config, handler)
+        };
         let ip = self.h.local_ip(id);
         Node {
             backend,

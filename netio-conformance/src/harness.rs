@@ -153,6 +153,29 @@ pub trait Harness: Sized + 'static {
         panic!("this harness cannot partition nodes (Harness::can_partition is false)");
     }
 
+    /// `true` if [`Harness::backend_from_one_port`] works; declare
+    /// `one_local_port` unsupported in [`suite!`](crate::suite) otherwise
+    /// (with the reason).
+    fn can_fix_local_port(&self) -> bool {
+        false
+    }
+
+    /// Like [`Harness::backend`], but every connection the backend opens
+    /// leaves from one local port the harness picks (on TCP,
+    /// `TcpConfig::connect_ports` with a single port), so that a peer with
+    /// two listeners sees two connections with equal remote addresses.
+    /// Called only when [`Harness::can_fix_local_port`] says so.
+    fn backend_from_one_port(
+        &mut self,
+        config: BackendConfig,
+        handler: Box<dyn Handler<Self::Backend>>,
+    ) -> Self::Backend {
+        let _ = (config, handler);
+        panic!(
+            "this harness cannot fix a backend's local port (Harness::can_fix_local_port is false)"
+        );
+    }
+
     /// Undoes [`Harness::partition`] of `a` and `b`.
     fn heal(&mut self, a: NodeId, b: NodeId) {
         let _ = (a, b);

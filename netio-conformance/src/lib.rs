@@ -63,7 +63,11 @@
 //! another ([`Harness::can_partition`]), which the liveness behaviour
 //! needs; and `backpressure`, for a provider whose transport buffers sends
 //! without bound when the receiver takes nothing
-//! ([`Harness::pushes_back`]), so that no send can be held in flight.
+//! ([`Harness::pushes_back`]), so that no send can be held in flight; and
+//! `one_local_port`, for a harness that cannot make a backend whose
+//! connections all leave from one local port
+//! ([`Harness::can_fix_local_port`]), which the remote-address collision
+//! behaviour needs.
 //! Each may carry a reason: `name = "why"`.
 //!
 //! A test that partitions calls [`Harness::isolate`] before it makes its
@@ -175,6 +179,7 @@ macro_rules! __behaviours {
             both closing_a_connection_still_opening_reports_it_refused_as_cancelled [],
             both sends_on_a_connection_still_opening_answer_unknown_connection [],
             both two_connections_to_one_address_are_distinct_connections [],
+            both two_connections_from_one_local_port_to_two_listeners_are_distinct [one_local_port],
             both a_stale_handle_answers_unknown_connection_even_after_its_slot_is_reused [],
             both connection_to_and_remote_address_name_connections_by_address [],
             both connections_are_bidirectional [],
@@ -378,6 +383,7 @@ macro_rules! __member {
     (reset, [reset $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (partition, [partition $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (backpressure, [backpressure $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (one_local_port, [one_local_port $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     ($f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?], $yes:tt, $no:tt) => {
         $crate::__member!($f, [$($($r)*)?], $yes, $no);
     };
@@ -430,6 +436,9 @@ macro_rules! __reason_text {
     (@$m:ident $(: $n:ident)?, backpressure, []) => {
         $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: backpressure" }
     };
+    (@$m:ident $(: $n:ident)?, one_local_port, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: one_local_port" }
+    };
     (@$m:ident $(: $n:ident)?, send_copy, [send_copy = $why:literal $(, $($r:tt)*)?]) => {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
@@ -455,6 +464,9 @@ macro_rules! __reason_text {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
     (@$m:ident $(: $n:ident)?, backpressure, [backpressure = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, one_local_port, [one_local_port = $why:literal $(, $($r:tt)*)?]) => {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
     (@$m:ident $(: $n:ident)?, $f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?]) => {

@@ -138,6 +138,22 @@ pub trait MioProvider: 'static {
     /// receiver takes nothing (see [`Harness::pushes_back`]).
     const PUSHES_BACK: bool = true;
 
+    /// `true` if [`MioProvider::create_from_one_port`] works (see
+    /// [`Harness::can_fix_local_port`]); declare `one_local_port`
+    /// unsupported otherwise.
+    const ONE_LOCAL_PORT: bool = false;
+
+    /// Like [`MioProvider::create`], for a backend whose connections all
+    /// leave from one local port (see [`Harness::backend_from_one_port`]).
+    fn create_from_one_port(
+        lp: &MioLoop,
+        config: BackendConfig,
+        handler: Box<dyn Handler<Self::Backend>>,
+    ) -> Result<Self::Backend, CreateError> {
+        let _ = (lp, config, handler);
+        panic!("this provider's harness cannot fix a backend's local port");
+    }
+
     /// Breaks the connection between `local` (a backend's own IP) and
     /// `remote` like a network failure would. See [`Harness::reset`].
     fn reset(local: IpAddr, remote: EndpointAddress) {
@@ -181,6 +197,29 @@ pub struct MioHarness<P: MioProvider> {
 }
 
 impl<P: MioProvider> MioHarness<P> {
+    /// Starts a loop thread running `lp`, which backend `b` lives on.
+    fn run_backend(&mut self, lp: MioLoop, b: P::Backend) -> P::Backend {
+        let runner = lp.clone();
+        let (tx, rx) = mpsc::channel();
+        let id = self.loops.len();
+        let thread = thread::Builder::new()
+            .name(format!("loop of backend #{id}"))
+            .spawn(move || {
+                runner.run(|| {
+                    let _ = tx.send(());
+                })
+            })
+            .expect("starting a loop thread");
+        rx.recv_timeout(DEADLINE).expect("the loop thread started");
+        self.loops.push(LoopThread {
+            lp,
+            thread: Some(thread),
+            backend: Some(b.clone()),
+            paused: None,
+        });
+        b
+    }
+
     fn new_loop() -> MioLoop {
         MioLoop::with_config(P::loop_config()).expect("creating an event loop")
     }
@@ -243,25 +282,21 @@ impl<P: MioProvider> Harness for MioHarness<P> {
     ) -> P::Backend {
         let lp = Self::new_loop();
         let b = P::create(&lp, config, handler).expect("creating a backend");
-        let runner = lp.clone();
-        let (tx, rx) = mpsc::channel();
-        let id = self.loops.len();
-        let thread = thread::Builder::new()
-            .name(format!("loop of backend #{id}"))
-            .spawn(move || {
-                runner.run(|| {
-                    let _ = tx.send(());
-                })
-            })
-            .expect("starting a loop thread");
-        rx.recv_timeout(DEADLINE).expect("the loop thread started");
-        self.loops.push(LoopThread {
-            lp,
-            thread: Some(thread),
-            backend: Some(b.clone()),
-            paused: None,
-        });
-        b
+        self.run_backend(lp, b)
+    }
+
+    fn can_fix_local_port(&self) -> bool {
+        P::ONE_LOCAL_PORT
+    }
+
+    fn backend_from_one_port(
+        &mut self,
+        config: BackendConfig,
+        handler: Box<dyn Handler<P::Backend>>,
+    ) -> P::Backend {
+        let lp = Self::new_loop();
+        let b = P::create_from_one_port(&lp, config, handler).expect("creating a backend");
+        self.run_backend(lp, b)
     }
 
     fn local_ip(&self, _node: NodeId) -> IpAddr {

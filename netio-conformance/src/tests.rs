@@ -2291,6 +2291,7 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         ("reset", reset),
         ("partition", h.can_partition()),
         ("backpressure", h.pushes_back()),
+        ("one_local_port", h.can_fix_local_port()),
     ];
     for name in unsupported {
         assert!(
@@ -2302,7 +2303,7 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         assert_eq!(
             unsupported.contains(&name),
             !supported,
-            "feature `{name}`: Harness::features (or can_reset, can_partition, pushes_back) says supported = {supported}, the suite! list disagrees"
+            "feature `{name}`: Harness::features (or can_reset, can_partition, pushes_back, can_fix_local_port) says supported = {supported}, the suite! list disagrees"
         );
     }
 }
@@ -3475,6 +3476,94 @@ pub fn handlers_are_never_called_from_inside_a_backend_call<H: Harness>(mode: Th
 }
 
 // ------------------------------------------------------- v2: handles
+
+/// A client whose connections all leave from one local port reaches two
+/// listeners of one server: the server sees two connections with equal
+/// remote addresses (ip:port). Both establish, each has its own handle on
+/// each side, data of one never appears on the other, `connection_to` on
+/// the server names the older, and closing one leaves the other working
+/// (no reset, no close of the other).
+pub fn two_connections_from_one_local_port_to_two_listeners_are_distinct<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let s = c.node();
+    let cl = c.node_from_one_port();
+    let la = connect_target(c.listen(&s, full_params(64, 4)), s.ip);
+    let lb = connect_target(c.listen(&s, full_params(64, 4)), s.ip);
+    let a = c
+        .call(&cl, move |b| b.open_active_endpoint(la, full_params(64, 4)))
+        .unwrap_or_else(|e| panic!("the connection to the first listener {la}: {e}"));
+    let (sl, clog) = (s.log.clone(), cl.log.clone());
+    c.wait("the first connection is established on both sides", || {
+        clog.established_caps(a).is_some() && sl.established().len() == 1
+    });
+    let b = c
+        .call(&cl, move |bk| {
+            bk.open_active_endpoint(lb, full_params(64, 4))
+        })
+        .unwrap_or_else(|e| {
+            panic!("a connection from the same local port to another listener {lb}: {e}")
+        });
+    c.wait_unless(
+        "the second connection is established on both sides",
+        "a second connection from one local port to another listener establishes",
+        || clog.established_caps(b).is_some() && sl.established().len() == 2,
+        || {
+            let r = clog.refused();
+            (!r.is_empty()).then(|| format!("refused: {r:?}"))
+        },
+    );
+    let accepted = s.log.established();
+    let ((srv_a, ra, _), (srv_b, rb, _)) = (accepted[0], accepted[1]);
+    assert_ne!(srv_a, srv_b, "the server sees two distinct handles");
+    assert_eq!(
+        ra, rb,
+        "both connections come from one local port, so their remote addresses are equal"
+    );
+    assert_eq!(ra.ip(), cl.ip);
+    let named = c.call(&s, move |bk| bk.connection_to(ra));
+    assert_eq!(
+        named.ok(),
+        Some(srv_a),
+        "connection_to names the older connection"
+    );
+    c.send_buffered(&cl, a, b"to a".to_vec());
+    c.send_buffered(&cl, b, b"to b".to_vec());
+    c.wait("both messages arrive", || sl.all_data().len() == 2);
+    c.settle();
+    assert_eq!(s.log.data_on(srv_a), vec![b"to a".to_vec()]);
+    assert_eq!(s.log.data_on(srv_b), vec![b"to b".to_vec()]);
+    c.send_buffered(&s, srv_b, b"back on b".to_vec());
+    c.wait("the reply arrives", || !clog.data_on(b).is_empty());
+    c.settle();
+    assert!(
+        clog.data_on(a).is_empty(),
+        "data of one connection never appears on the other"
+    );
+    c.call(&s, move |bk| bk.close_active_endpoint(srv_a))
+        .expect("closing the first on the server");
+    c.wait("both sides report the first closed", || {
+        clog.closed_count(a) == 1 && sl.closed_count(srv_a) == 1
+    });
+    let named = c.call(&s, move |bk| bk.connection_to(ra));
+    assert_eq!(
+        named.ok(),
+        Some(srv_b),
+        "the other is still named by the address"
+    );
+    c.send_buffered(&cl, b, b"b still works".to_vec());
+    c.wait("the second connection still works", || {
+        sl.data_on(srv_b).len() == 2
+    });
+    c.settle();
+    assert_eq!(clog.closed_count(b), 0, "closing one leaves the other open");
+    assert_eq!(
+        sl.closed_count(srv_b),
+        0,
+        "closing one leaves the other open"
+    );
+}
 
 /// Two connections from one backend to one listener are distinct: both
 /// establish, each side sees two handles, data of one never appears on the

@@ -25,7 +25,7 @@ use netio_core::{
     RegionSlice, SendError, Signal, ThreadSafety,
 };
 use netio_sim::{SimBackend, SimLoop, SimSignal};
-use sim_harness::SimHarness;
+use sim_harness::SimRdmaHarness;
 
 // ------------------------------------------------------------------ the bugs
 
@@ -648,8 +648,15 @@ impl Backend for BrokenBackend {
 }
 
 /// The simulator's harness with the backends broken by bug `B`.
+///
+/// It wraps the simulator's RDMA profile, where a completion means the
+/// peer has the message: on the TCP profile a send completes as soon as
+/// the connection's window takes it, so a provider that completes early
+/// (bug `COMPLETE_EARLY`) differs from a correct one only while a window
+/// is full. The suite runs unbroken on both profiles (tests `sim` and
+/// `sim_rdma`).
 struct Broken<const B: u8> {
-    sim: SimHarness,
+    sim: SimRdmaHarness,
 }
 
 impl<const B: u8> Harness for Broken<B> {
@@ -658,7 +665,7 @@ impl<const B: u8> Harness for Broken<B> {
 
     fn setup() -> Self {
         Self {
-            sim: SimHarness::setup(),
+            sim: SimRdmaHarness::setup(),
         }
     }
     fn features(&self) -> Features {
@@ -669,28 +676,17 @@ impl<const B: u8> Harness for Broken<B> {
         config: BackendConfig,
         handler: Box<dyn Handler<BrokenBackend>>,
     ) -> BrokenBackend {
-        let shared = Arc::new(Shared {
-            bug: B,
-            handler: Mutex::new(Some(handler)),
-            ..Shared::default()
-        });
-        let mut config = config;
-        if B == NO_PEER_TIMEOUT {
-            config.peer_timeout = None;
-        }
-        let inner = self.sim.backend(config, Box::new(Wrap(shared.clone())));
-        let node = self.sim_nodes();
-        let _ = shared.ip.set(self.sim.local_ip(node));
-        let s2 = shared.clone();
-        let _ = shared
-            .flush
-            .set(self.sim.event_loop(node).signal(move || s2.flush()));
-        let b = BrokenBackend {
-            inner,
-            shared: shared.clone(),
-        };
-        let _ = shared.backend.set(b.clone());
-        b
+        self.broken_backend(config, handler, false)
+    }
+    fn can_fix_local_port(&self) -> bool {
+        self.sim.can_fix_local_port()
+    }
+    fn backend_from_one_port(
+        &mut self,
+        config: BackendConfig,
+        handler: Box<dyn Handler<BrokenBackend>>,
+    ) -> BrokenBackend {
+        self.broken_backend(config, handler, true)
     }
     fn local_ip(&self, node: NodeId) -> IpAddr {
         self.sim.local_ip(node)
@@ -740,6 +736,42 @@ impl<const B: u8> Harness for Broken<B> {
 }
 
 impl<const B: u8> Broken<B> {
+    /// A backend of the simulator, wrapped with bug `B`.
+    fn broken_backend(
+        &mut self,
+        config: BackendConfig,
+        handler: Box<dyn Handler<BrokenBackend>>,
+        one_port: bool,
+    ) -> BrokenBackend {
+        let shared = Arc::new(Shared {
+            bug: B,
+            handler: Mutex::new(Some(handler)),
+            ..Shared::default()
+        });
+        let mut config = config;
+        if B == NO_PEER_TIMEOUT {
+            config.peer_timeout = None;
+        }
+        let wrap = Box::new(Wrap(shared.clone()));
+        let inner = if one_port {
+            self.sim.backend_from_one_port(config, wrap)
+        } else {
+            self.sim.backend(config, wrap)
+        };
+        let node = self.sim_nodes();
+        let _ = shared.ip.set(self.sim.local_ip(node));
+        let s2 = shared.clone();
+        let _ = shared
+            .flush
+            .set(self.sim.event_loop(node).signal(move || s2.flush()));
+        let b = BrokenBackend {
+            inner,
+            shared: shared.clone(),
+        };
+        let _ = shared.backend.set(b.clone());
+        b
+    }
+
     /// The node id of the backend just created.
     fn sim_nodes(&self) -> NodeId {
         self.sim.node_count() - 1

@@ -25,6 +25,9 @@ netio_conformance::suite!(
                      unreachable peer cannot be detected (peer_timeout is not enforced)",
         backpressure = "libfabric 1.17 sockets keeps completing sends to a receiver that posts no \
                         buffers (its progress thread buffers them without bound), so a sender \
-                        is never pushed back and no send can be held in flight"
+                        is never pushed back and no send can be held in flight",
+        one_local_port = "netio-libfabric has no setting for the source port of its connections \
+                          (the fabric provider picks it), so two connections from one local \
+                          port cannot be made"
     ]
 );

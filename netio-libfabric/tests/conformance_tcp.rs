@@ -14,6 +14,9 @@ netio_conformance::suite!(
         shared_receive_pool = "libfabric endpoints post their own registered receive buffers; \
                                sharing them needs shared receive contexts, not implemented",
         partition = "libfabric 1.17 tcp endpoints offer no keepalive or user timeout, so an \
-                     unreachable peer cannot be detected (peer_timeout is not enforced)"
+                     unreachable peer cannot be detected (peer_timeout is not enforced)",
+        one_local_port = "netio-libfabric has no setting for the source port of its connections \
+                          (the fabric provider picks it), so two connections from one local \
+                          port cannot be made"
     ]
 );

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use netio_conformance::NodeId;
-use netio_core::{BackendConfig, EndpointAddress, Features, Handler};
+use netio_core::{BackendConfig, EndpointAddress, Features, Handler, NetworkMode};
 use netio_sim::{Sim, SimBackend, SimHost, SimLoop};
 
 /// Virtual time `wait_until` gives a condition before giving up.
@@ -23,8 +23,17 @@ const MAX_STEPS: usize = 2_000_000;
 /// thread-safe tests) to schedule something while the world is idle.
 const IDLE_WALL: Duration = Duration::from_secs(5);
 
-/// The simulator's [`netio_conformance::Harness`].
-pub struct SimHarness {
+/// The simulator's [`netio_conformance::Harness`] under its TCP profile
+/// (the default `NetworkMode::Tcp`).
+pub type SimHarness = SimHarnessIn<false>;
+
+/// The simulator's harness under its RDMA profile: every backend is made
+/// with `NetworkMode::Rdma`, whatever the test's configuration says.
+pub type SimRdmaHarness = SimHarnessIn<true>;
+
+/// The simulator's [`netio_conformance::Harness`], under the RDMA profile
+/// if `RDMA`, else the TCP profile.
+pub struct SimHarnessIn<const RDMA: bool> {
     /// The world.
     pub sim: Sim,
     /// The hosts of the backends, by `NodeId`.
@@ -33,14 +42,14 @@ pub struct SimHarness {
     others: Vec<SimHost>,
 }
 
-impl SimHarness {
+impl<const RDMA: bool> SimHarnessIn<RDMA> {
     /// The number of backends made so far.
     pub fn node_count(&self) -> usize {
         self.nodes.len()
     }
 }
 
-impl netio_conformance::Harness for SimHarness {
+impl<const RDMA: bool> netio_conformance::Harness for SimHarnessIn<RDMA> {
     type Loop = SimLoop;
     type Backend = SimBackend;
 
@@ -62,6 +71,10 @@ impl netio_conformance::Harness for SimHarness {
         handler: Box<dyn Handler<SimBackend>>,
     ) -> SimBackend {
         let host = self.sim.next_host();
+        let config = BackendConfig {
+            mode: if RDMA { NetworkMode::Rdma } else { config.mode },
+            ..config
+        };
         let b = host
             .backend(config, handler)
             .expect("creating a simulated backend");
@@ -114,6 +127,21 @@ impl netio_conformance::Harness for SimHarness {
 
     fn can_partition(&self) -> bool {
         true
+    }
+
+    fn can_fix_local_port(&self) -> bool {
+        true
+    }
+
+    fn backend_from_one_port(
+        &mut self,
+        config: BackendConfig,
+        handler: Box<dyn Handler<SimBackend>>,
+    ) -> SimBackend {
+        let b = netio_conformance::Harness::backend(self, config, handler);
+        let ip = self.nodes.last().expect("just made").ip();
+        self.sim.set_connect_ports(ip, Some(50_000..=50_000));
+        b
     }
 
     fn partition(&mut self, a: NodeId, b: NodeId) {

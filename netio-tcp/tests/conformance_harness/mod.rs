@@ -18,7 +18,7 @@ use std::process::Command;
 use netio_conformance::mio::{MioHarness, MioProvider};
 use netio_core::mio_loop::{LoopConfig, MioLoop};
 use netio_core::{BackendConfig, CreateError, EndpointAddress, Features, Handler, Provider};
-use netio_tcp::{TcpBackend, TcpProvider};
+use netio_tcp::{PortRange, TcpBackend, TcpConfig, TcpProvider};
 
 /// The suite's harness for a flavor.
 pub type TcpHarness<F> = MioHarness<F>;
@@ -29,6 +29,24 @@ fn create(
     handler: Box<dyn Handler<TcpBackend>>,
 ) -> Result<TcpBackend, CreateError> {
     TcpProvider::create(lp, config, handler)
+}
+
+/// A backend whose connections all leave from one local port, free a
+/// moment ago (`TcpConfig::connect_ports` with a single port).
+fn create_from_one_port(
+    lp: &MioLoop,
+    config: BackendConfig,
+    handler: Box<dyn Handler<TcpBackend>>,
+) -> Result<TcpBackend, CreateError> {
+    let port = TcpListener::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
+        .and_then(|l| l.local_addr())
+        .expect("finding a free port")
+        .port();
+    let tcp = TcpConfig {
+        connect_ports: Some(PortRange::single(port).expect("a port range of one")),
+        ..TcpConfig::default()
+    };
+    TcpBackend::with_tcp_config(lp, config, tcp, handler)
 }
 
 /// A port that was just free: nothing listens there, so the kernel answers
@@ -90,6 +108,14 @@ macro_rules! flavor {
                 }
             }
             const NETNS_PARTITION: bool = true;
+            const ONE_LOCAL_PORT: bool = true;
+            fn create_from_one_port(
+                lp: &MioLoop,
+                config: BackendConfig,
+                handler: Box<dyn Handler<TcpBackend>>,
+            ) -> Result<TcpBackend, CreateError> {
+                create_from_one_port(lp, config, handler)
+            }
             fn can_reset() -> bool {
                 true
             }
