@@ -1515,6 +1515,7 @@ impl World {
         }
         s.state = SideState::Gone;
         s.unbuffered = 0;
+        let paused = s.rx != Rx::Running;
         let held = std::mem::take(&mut s.held);
         let (b, host, local, remote, id) = (s.backend, s.host, s.local, s.remote, s.handle);
         // Nothing more arrives here: stop waiting for this side's buffers.
@@ -1546,6 +1547,11 @@ impl World {
             0
         };
         p.queue.truncate(keep);
+        if keep == 0 {
+            // Nothing of this side travels on: no window is in use.
+            p.accepted = 0;
+            p.window = 0;
+        }
         let all_gone = c.sides.iter().all(|s| {
             s.as_ref()
                 .is_none_or(|s| matches!(s.state, SideState::Gone))
@@ -1554,9 +1560,15 @@ impl World {
             self.conns.remove(&conn);
         }
         self.backends[b].conns.remove(id);
-        // Held messages are dropped with the connection.
+        // Held messages are dropped with the connection. A side that ends
+        // while paused also loses what its paused loop still holds for it:
+        // those messages came after the pause and no pause lets them
+        // through. (A running side hears them before the close.)
         for (buf, pool) in held {
             self.release_recv(buf, pool);
+        }
+        if paused {
+            self.drop_held_data(host, conn, side);
         }
         let h = self.host_mut(host);
         let ports = if side == 0 {
@@ -2327,6 +2339,13 @@ impl World {
         for (buf, pool) in held {
             self.release_recv(buf, pool);
         }
+        self.drop_held_data(host, conn, side);
+    }
+
+    /// Drops the messages for side `side` of `conn` that the paused loop of
+    /// `host` holds back, returning their receive buffers: the side is
+    /// closed and must hear nothing more.
+    fn drop_held_data(&mut self, host: IpAddr, conn: WireId, side: usize) {
         let h = self.host_mut(host);
         if h.held_calls.is_empty() {
             return;

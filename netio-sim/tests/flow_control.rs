@@ -214,3 +214,66 @@ fn a_reset_is_reported_while_paused_and_drops_held_messages() {
     sim.run_until_idle(10_000);
     assert_eq!(sim.live_objects(), 1);
 }
+
+/// Messages that reached a paused loop, for a connection paused after they
+/// arrived and then reset, are dropped with the connection: none is
+/// delivered once `pause_receive` returned (found by the conservation
+/// property, seed 0x26444a14a2b34c89).
+#[test]
+fn a_reset_of_a_connection_paused_while_its_loop_was_paused_delivers_nothing_more() {
+    let sim = Sim::with_seed(66);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
+    let addr = listen(&server, ConnectionParams::receive(64, 8));
+    let (c, s) = connect(&sim, &server, &client, addr, ConnectionParams::default());
+    sim.pause_loop(server.host.ip());
+    for k in 0..3u64 {
+        client
+            .b
+            .send_data_copy(c, &[&k.to_le_bytes()], &[], k)
+            .unwrap();
+    }
+    // The messages reach the server's buffers; its loop holds them back.
+    sim.run_for(Duration::from_millis(1));
+    assert!(server.log.data().is_empty(), "the loop is paused");
+    server.b.pause_receive(s).unwrap();
+    sim.reset_connections(client.host.ip(), server.host.ip());
+    sim.run_for(Duration::from_millis(1));
+    sim.resume_loop(server.host.ip());
+    let sl = server.log.clone();
+    run_until(&sim, "the reset", || sl.closed_count(s) == 1);
+    sim.run_until_idle(10_000);
+    assert!(
+        server.log.data().is_empty(),
+        "nothing is delivered after pause_receive returned: {:?}",
+        server.log
+    );
+    assert_eq!(server.log.closed()[0].1, CloseReason::Reset);
+    assert_eq!(sim.live_objects(), 1, "only the listener is left");
+}
+
+/// A running connection whose loop was paused hears the messages that
+/// reached it before the peer's close, then the close.
+#[test]
+fn a_paused_loop_hears_held_messages_before_a_close_that_came_after_them() {
+    let sim = Sim::with_seed(67);
+    let server = node(&sim, rdma(), None);
+    let client = node(&sim, rdma(), None);
+    let addr = listen(&server, ConnectionParams::receive(64, 8));
+    let (c, s) = connect(&sim, &server, &client, addr, ConnectionParams::default());
+    sim.pause_loop(server.host.ip());
+    for k in 0..3u64 {
+        client
+            .b
+            .send_data_copy(c, &[&k.to_le_bytes()], &[], k)
+            .unwrap();
+    }
+    sim.run_for(Duration::from_millis(1));
+    client.b.close_active_endpoint(c).unwrap();
+    sim.run_for(Duration::from_millis(1));
+    sim.resume_loop(server.host.ip());
+    let sl = server.log.clone();
+    run_until(&sim, "the close", || sl.closed_count(s) == 1);
+    assert_eq!(ids(server.log.data_from(s)), vec![0, 1, 2]);
+    assert_eq!(server.log.closed()[0].1, CloseReason::PeerClosed);
+}
