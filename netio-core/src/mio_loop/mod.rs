@@ -109,24 +109,31 @@
 //! needs the loop can capture a [`WeakMioLoop`] ([`MioLoop::downgrade`]) so
 //! the loop does not keep itself alive through it.
 //!
-//! The part of signals that threads share (pending-fire counts, the ready
-//! queue, the wake-up flag) uses the crate's `sync` shims and is
-//! model-checked with loom (the models bound preemptions to 3 per execution
-//! unless `LOOM_MAX_PREEMPTIONS` says otherwise, and finish in seconds):
+//! What threads share with the loop (signals' pending-fire counts and
+//! callback slots, the ready queue, the wake-up flag, posted closures, the
+//! stop request, timer deadlines) lives in mio-free pieces that use the
+//! crate's `sync` shims, and is model-checked with loom: fires from several
+//! threads, a signal dropped inside its own callback while another thread
+//! fires it, posts from two threads, a stop from another thread, a timer
+//! started from another thread (the models bound preemptions to 3 per
+//! execution unless `LOOM_MAX_PREEMPTIONS` says otherwise, and finish in
+//! seconds):
 //!
 //! ```text
 //! RUSTFLAGS="--cfg loom" cargo test -p netio-core --release --lib loom
 //! ```
 //!
-//! Under `--cfg loom` only that part is compiled; the mio loop is not.
+//! Under `--cfg loom` only those pieces are compiled; the mio loop is not.
 
 #[cfg(not(loom))]
 mod loop_lock;
+mod posts;
 mod signal_queue;
 
+#[cfg(all(test, loom))]
+mod loom_models;
 #[cfg(not(loom))]
 mod reactor;
-#[cfg(not(loom))]
 mod timers;
 
 #[cfg(not(loom))]

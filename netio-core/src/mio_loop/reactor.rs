@@ -1,6 +1,6 @@
 //! [`MioLoop`] and its signals and timers.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::sync::Weak;
@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 use mio::event::{Event, Source};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 
+use super::posts::{PostQueue, StopFlag};
 use super::signal_queue::{SignalCore, SignalQueue, WakeFlag};
 use super::timers::Timers;
 use crate::event_loop::{thread_token, EventLoop, Signal, Timer};
-use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// The token of the loop's waker; sources get tokens from 1 on.
 const WAKER: Token = Token(0);
@@ -123,14 +124,14 @@ struct Inner {
     poll: Mutex<Option<PollState>>,
     /// `thread_token()` of the thread inside `run`, 0 when not running.
     running_on: AtomicU64,
-    stop_requested: AtomicBool,
+    stop_requested: StopFlag,
     wake: WakeFlag,
     next_id: AtomicUsize,
     sources: Mutex<HashMap<usize, Option<SourceCallback>>>,
     /// Spin callbacks in the order added; `None` while one runs.
     spins: Mutex<Vec<(usize, Option<SpinCallback>)>>,
     spin_count: AtomicUsize,
-    posts: Mutex<VecDeque<Task>>,
+    posts: PostQueue<Task>,
     signal_queue: SignalQueue<SignalSlot>,
     signals: Mutex<HashMap<usize, Arc<SignalCore<SignalSlot>>>>,
     timers: Mutex<Timers<Callback>>,
@@ -165,13 +166,13 @@ impl MioLoop {
                 spin_ids: Vec::new(),
             })),
             running_on: AtomicU64::new(0),
-            stop_requested: AtomicBool::new(false),
+            stop_requested: StopFlag::new(),
             wake: WakeFlag::new(),
             next_id: AtomicUsize::new(WAKER.0 + 1),
             sources: Mutex::new(HashMap::new()),
             spins: Mutex::new(Vec::new()),
             spin_count: AtomicUsize::new(0),
-            posts: Mutex::new(VecDeque::new()),
+            posts: PostQueue::new(),
             signal_queue: SignalQueue::new(),
             signals: Mutex::new(HashMap::new()),
             timers: Mutex::new(Timers::default()),
@@ -251,7 +252,7 @@ impl MioLoop {
     /// not yet run when the loop is dropped are dropped.
     pub fn post(&self, f: impl FnOnce() + Send + 'static) {
         let inner = self.inner();
-        lock(&inner.posts).push_back(Box::new(f));
+        inner.posts.push(Box::new(f));
         inner.wake();
     }
 
@@ -349,14 +350,14 @@ impl EventLoop for MioLoop {
         };
         init();
         let state = guard.state.as_mut().expect("poll state present");
-        while !inner.stop_requested.swap(false, Ordering::AcqRel) {
+        while !inner.stop_requested.take() {
             inner.turn(state);
         }
     }
 
     fn stop(&self) {
         let inner = self.inner();
-        inner.stop_requested.store(true, Ordering::Release);
+        inner.stop_requested.request();
         inner.wake();
     }
 
@@ -432,7 +433,7 @@ impl Inner {
     }
 
     fn stopping(&self) -> bool {
-        self.stop_requested.load(Ordering::Acquire)
+        self.stop_requested.is_requested()
     }
 
     /// Announces work to the loop, writing the waker only when the loop may
@@ -565,10 +566,8 @@ impl Inner {
 
     /// Runs the closures posted before this turn.
     fn run_posts(&self) -> bool {
-        let n = lock(&self.posts).len();
-        for _ in 0..n {
-            let task = lock(&self.posts).pop_front();
-            let Some(task) = task else { break };
+        for _ in 0..self.posts.len() {
+            let Some(task) = self.posts.pop() else { break };
             task();
             if self.stopping() {
                 return false;
@@ -584,21 +583,10 @@ impl Inner {
             let Some(core) = self.signal_queue.take_one() else {
                 break;
             };
-            let taken = lock(core.data()).take();
-            if let Some(mut callback) = taken {
-                callback();
-                let leftover = {
-                    let mut slot = lock(core.data());
-                    if core.is_removed() || slot.is_some() {
-                        Some(callback)
-                    } else {
-                        *slot = Some(callback);
-                        None
-                    }
-                };
-                // The signal was dropped from inside its own callback.
-                drop(leftover);
-            }
+            // `Some` when the signal was dropped from inside its own
+            // callback: dropped here, with no lock held.
+            let leftover = core.run_callback(|callback| callback());
+            drop(leftover);
             if self.stopping() {
                 return false;
             }
@@ -631,7 +619,7 @@ impl Inner {
     fn shutdown(&self) {
         loop {
             let sources = std::mem::take(&mut *lock(&self.sources));
-            let posts = std::mem::take(&mut *lock(&self.posts));
+            let posts = self.posts.take_all();
             let signals = std::mem::take(&mut *lock(&self.signals));
             let queued = self.signal_queue.clear();
             let timers = lock(&self.timers).drain();
@@ -643,13 +631,7 @@ impl Inner {
             {
                 return;
             }
-            let signal_callbacks: Vec<_> = signals
-                .values()
-                .map(|core| {
-                    core.remove();
-                    lock(core.data()).take()
-                })
-                .collect();
+            let signal_callbacks: Vec<_> = signals.values().map(|core| core.discard()).collect();
             drop(signal_callbacks);
             drop((sources, posts, signals, queued, timers));
         }
@@ -689,8 +671,7 @@ impl Signal for MioSignal {
 
 impl Drop for SignalHandle {
     fn drop(&mut self) {
-        self.core.remove();
-        let callback = lock(self.core.data()).take();
+        let callback = self.core.discard();
         drop(callback);
         if let Some(inner) = self.inner.upgrade() {
             let core = lock(&inner.signals).remove(&self.id);

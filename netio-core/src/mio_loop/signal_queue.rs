@@ -84,6 +84,7 @@ impl<T> SignalCore<T> {
     }
 
     /// The loop's payload.
+    #[cfg(test)]
     pub(crate) fn data(&self) -> &T {
         &self.data
     }
@@ -108,6 +109,34 @@ impl<T> SignalCore<T> {
     #[cfg(test)]
     pub(crate) fn pending(&self) -> usize {
         self.pending.load(Ordering::Acquire)
+    }
+}
+
+/// A signal whose payload is its callback slot: `None` while the loop runs
+/// the callback, and once the signal is removed.
+impl<C> SignalCore<Mutex<Option<C>>> {
+    /// Runs the callback once with `run` (loop thread), the slot unlocked
+    /// meanwhile so the callback may drop or fire its own signal. Returns
+    /// the callback when the signal was removed while it ran: the caller
+    /// drops it outside any lock, and it never runs again.
+    pub(crate) fn run_callback(&self, run: impl FnOnce(&mut C)) -> Option<C> {
+        let mut callback = lock(&self.data).take()?;
+        run(&mut callback);
+        let mut slot = lock(&self.data);
+        if self.is_removed() || slot.is_some() {
+            Some(callback)
+        } else {
+            *slot = Some(callback);
+            None
+        }
+    }
+
+    /// Removes the signal (its pending fires are discarded) and takes its
+    /// callback for the caller to drop outside any lock; `None` when the
+    /// callback is running now (the loop drops it when it returns).
+    pub(crate) fn discard(&self) -> Option<C> {
+        self.remove();
+        lock(&self.data).take()
     }
 }
 

@@ -4,6 +4,8 @@
 //! entries of older generations (stopped, restarted, removed timers) are
 //! skipped when they reach the top, and swept out when they pile up.
 
+#![cfg_attr(loom, allow(dead_code))]
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};

@@ -1,0 +1,86 @@
+//! The thread-shared state of posting and stopping, free of mio so loom can
+//! model it together with [`WakeFlag`](super::signal_queue::WakeFlag).
+//!
+//! Posters push a closure, then announce it with the wake flag; the loop
+//! lowers the flag before it looks, runs the closures that were queued when
+//! it looked (later ones wait for the next turn), and sleeps only when the
+//! flag is still lowered. A stop is a flag of its own, announced the same
+//! way, taken (and so reset) by the loop before each turn.
+#![cfg_attr(loom, allow(dead_code))]
+
+use std::collections::VecDeque;
+
+use crate::sync::{lock, AtomicBool, Mutex, Ordering};
+
+/// Closures posted to the loop, in the order posted.
+#[derive(Debug)]
+pub(crate) struct PostQueue<T> {
+    posts: Mutex<VecDeque<T>>,
+}
+
+impl<T> PostQueue<T> {
+    /// An empty queue.
+    pub(crate) fn new() -> Self {
+        Self {
+            posts: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Queues `task` behind every earlier one.
+    pub(crate) fn push(&self, task: T) {
+        lock(&self.posts).push_back(task);
+    }
+
+    /// The number of queued tasks: what one turn runs at most, so tasks
+    /// posted by the tasks themselves wait for the next turn.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.posts).len()
+    }
+
+    /// Takes the oldest task; it runs with no lock held, so it may post.
+    pub(crate) fn pop(&self) -> Option<T> {
+        lock(&self.posts).pop_front()
+    }
+
+    /// Empties the queue, returning what it held (to be dropped by the
+    /// caller outside the lock: dropping a task may post or drop handles).
+    pub(crate) fn take_all(&self) -> VecDeque<T> {
+        std::mem::take(&mut *lock(&self.posts))
+    }
+}
+
+/// A stop requested from any thread, taken by the loop thread.
+#[derive(Debug)]
+pub(crate) struct StopFlag {
+    requested: AtomicBool,
+}
+
+impl StopFlag {
+    /// No stop requested.
+    pub(crate) fn new() -> Self {
+        Self {
+            requested: AtomicBool::new(false),
+        }
+    }
+
+    /// Requests a stop; the caller then announces it with the wake flag.
+    ///
+    /// A read-modify-write, like the loop's [`take`](Self::take), so the
+    /// request is ordered after every take that already ran: with a plain
+    /// store the loom model `loom_stop_from_another_thread_ends_a_sleeping_loop`
+    /// finds a schedule where the loop takes no stop and sleeps for ever.
+    pub(crate) fn request(&self) {
+        self.requested.swap(true, Ordering::AcqRel);
+    }
+
+    /// `true` while a stop is requested and not yet taken.
+    pub(crate) fn is_requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+    }
+
+    /// Takes a requested stop (the loop returns from `run`); a later `run`
+    /// starts afresh.
+    pub(crate) fn take(&self) -> bool {
+        self.requested.swap(false, Ordering::AcqRel)
+    }
+}
