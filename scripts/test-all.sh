@@ -22,6 +22,18 @@ if ! command -v ss >/dev/null 2>&1; then
     fi
 fi
 
+# The multi-host tests (netio-tcp/tests/multihost.rs) drop a namespace's
+# traffic with iptables.
+if ! command -v iptables >/dev/null 2>&1; then
+    step "installing iptables for the multi-host tests"
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq iptables
+    else
+        echo "error: 'iptables' is missing and cannot be installed here (needs root and apt-get)" >&2
+        exit 1
+    fi
+fi
+
 # netio-libfabric-sys links the system libfabric (>= 1.17), found with
 # pkg-config; its tests use the tcp and sockets providers on 127.0.0.1.
 if ! pkg-config --exists 'libfabric >= 1.17' 2>/dev/null; then
