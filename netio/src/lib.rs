@@ -67,6 +67,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 pub use netio_core::*;
 
+#[cfg(feature = "async")]
+pub use netio_async as aio;
 #[cfg(feature = "libfabric")]
 pub use netio_libfabric as libfabric;
 #[cfg(feature = "sim")]

@@ -1,0 +1,632 @@
+//! An async API over any netio provider, runtime-agnostic (it depends on
+//! `futures` only).
+//!
+//! [`AsyncBackend`] installs its own [`Handler`] on a backend and turns its
+//! callbacks into wake-ups: [`AsyncBackend::connect`] is a future of an
+//! [`AsyncConn`]; accepted connections come from the [`Incoming`] stream;
+//! [`AsyncConn::send`] waits while the connection has no room (a full
+//! send queue is never an error) and resolves when the provider reports
+//! the send completed, or fails with the close reason when the send is
+//! cancelled by a close; [`AsyncConn::recv`] and the [`Messages`] stream
+//! give the received messages in order, and pause receiving from the peer
+//! while [`HIGH_WATER`] messages wait unread (resumed when half of them
+//! were read), so a slow reader pushes back on its sender.
+//!
+//! Handler callbacks run on the provider's loop thread; futures can be
+//! polled on any thread (the backend must then be thread-safe,
+//! `ThreadSafety::Safe`) or, on the simulator, on the thread that
+//! drives it, where a run is deterministic: one seed, one trace.
+//!
+//! ```
+//! use futures::executor::LocalPool;
+//! use futures::task::LocalSpawnExt;
+//! use netio_async::AsyncBackend;
+//! use netio_core::{BackendConfig, ConnectionParams, EndpointAddress};
+//! use netio_sim::Sim;
+//! use std::time::Duration;
+//!
+//! let sim = Sim::with_seed(1);
+//! let (hs, hc) = (sim.next_host(), sim.next_host());
+//! let server = AsyncBackend::new(|h| hs.backend(BackendConfig::default(), h)).unwrap();
+//! let client = AsyncBackend::new(|h| hc.backend(BackendConfig::default(), h)).unwrap();
+//! let params = ConnectionParams::receive(64, 4);
+//! let addr = server.listen(EndpointAddress::new(hs.ip(), 0), params.clone()).unwrap();
+//!
+//! let mut pool = LocalPool::new();
+//! let got = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+//! let g = got.clone();
+//! pool.spawner().spawn_local(async move {
+//!     let conn = server.accept().await.unwrap();
+//!     while let Some(m) = conn.recv().await {
+//!         g.borrow_mut().push(m);
+//!     }
+//! }).unwrap();
+//! pool.spawner().spawn_local(async move {
+//!     let conn = client.connect(addr, params).await.unwrap();
+//!     conn.send(b"hello").await.unwrap();
+//!     conn.close().unwrap();
+//! }).unwrap();
+//! for _ in 0..1000 {
+//!     pool.run_until_stalled();
+//!     if !got.borrow().is_empty() { break; }
+//!     sim.run_for(Duration::from_micros(100));
+//! }
+//! assert_eq!(*got.borrow(), vec![b"hello".to_vec()]);
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use futures::Stream;
+use netio_core::{
+    Backend, Capabilities, CloseError, CloseReason, ConnId, ConnectionParams, EndpointAddress,
+    Handler, OpenActiveError, OpenListenError, RefuseReason, SendError,
+};
+
+/// Messages a connection keeps unread before it pauses receiving from its
+/// peer; it resumes once half of them were read.
+pub const HIGH_WATER: usize = 64;
+
+/// Why [`AsyncBackend::connect`] gave no connection.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// The backend refused to start the attempt.
+    Open(OpenActiveError),
+    /// The attempt failed (reported with `on_connection_refused`).
+    Refused(RefuseReason),
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Open(e) => write!(f, "cannot connect: {e}"),
+            Self::Refused(r) => write!(f, "connection refused: {r:?}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// Why an [`AsyncConn::send`] did not complete.
+#[derive(Debug)]
+pub enum SendFailed {
+    /// The connection closed with the send in flight: the provider
+    /// reported its key cancelled.
+    Cancelled(CloseReason),
+    /// The connection had closed before the send was made.
+    Closed(CloseReason),
+    /// The backend refused the send for a reason other than a full queue
+    /// (for example a message larger than the connection allows).
+    Refused(SendError),
+}
+
+impl fmt::Display for SendFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Cancelled(r) => write!(f, "send cancelled: connection closed ({r:?})"),
+            Self::Closed(r) => write!(f, "connection closed ({r:?})"),
+            Self::Refused(e) => write!(f, "send refused: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SendFailed {}
+
+enum Phase {
+    Opening,
+    Open,
+    Refused(RefuseReason),
+    Closed(CloseReason),
+}
+
+enum SendState {
+    InFlight(Option<Waker>),
+    Completed,
+    Cancelled(CloseReason),
+    /// Its future was dropped: forgotten when its outcome comes.
+    Abandoned,
+}
+
+struct ConnState {
+    phase: Phase,
+    remote: EndpointAddress,
+    /// Wakes the connect future.
+    opening: Option<Waker>,
+    received: VecDeque<Vec<u8>>,
+    reader: Option<Waker>,
+    paused: bool,
+    sends: HashMap<u64, SendState>,
+    /// Sends waiting for room.
+    waiting: Vec<Waker>,
+    /// Its `AsyncConn` was dropped: the state goes with the close report.
+    dropped: bool,
+}
+
+impl ConnState {
+    fn new(phase: Phase, remote: EndpointAddress) -> Self {
+        Self {
+            phase,
+            remote,
+            opening: None,
+            received: VecDeque::new(),
+            reader: None,
+            paused: false,
+            sends: HashMap::new(),
+            waiting: Vec::new(),
+            dropped: false,
+        }
+    }
+
+    fn wake_all(&mut self) {
+        if let Some(w) = self.opening.take() {
+            w.wake();
+        }
+        if let Some(w) = self.reader.take() {
+            w.wake();
+        }
+        self.waiting.drain(..).for_each(Waker::wake);
+    }
+
+    fn closed(&self) -> Option<&CloseReason> {
+        match &self.phase {
+            Phase::Closed(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    next_key: u64,
+    conns: HashMap<ConnId, ConnState>,
+    /// Accepted connections not yet taken with `accept`.
+    incoming: VecDeque<(ConnId, EndpointAddress)>,
+    acceptor: Option<Waker>,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
+
+/// The handler [`AsyncBackend`] installs on its backend.
+pub struct AsyncHandler {
+    shared: Arc<Shared>,
+}
+
+impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
+    fn on_connection_established(
+        &mut self,
+        _b: &B,
+        conn: ConnId,
+        remote: EndpointAddress,
+        _capabilities: Capabilities,
+    ) {
+        let mut st = self.shared.lock();
+        if let Some(c) = st.conns.get_mut(&conn) {
+            c.phase = Phase::Open;
+            if let Some(w) = c.opening.take() {
+                w.wake();
+            }
+        } else {
+            st.conns.insert(conn, ConnState::new(Phase::Open, remote));
+            st.incoming.push_back((conn, remote));
+            if let Some(w) = st.acceptor.take() {
+                w.wake();
+            }
+        }
+    }
+
+    fn on_connection_refused(
+        &mut self,
+        _b: &B,
+        conn: ConnId,
+        _remote: EndpointAddress,
+        reason: &RefuseReason,
+    ) {
+        let mut st = self.shared.lock();
+        if let Some(c) = st.conns.get_mut(&conn) {
+            c.phase = Phase::Refused(reason.clone());
+            c.wake_all();
+            if c.dropped {
+                st.conns.remove(&conn);
+            }
+        }
+    }
+
+    fn on_connection_closed(
+        &mut self,
+        _b: &B,
+        conn: ConnId,
+        _remote: EndpointAddress,
+        reason: &CloseReason,
+        cancelled_keys: &[u64],
+    ) {
+        let mut st = self.shared.lock();
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        c.phase = Phase::Closed(reason.clone());
+        for key in cancelled_keys {
+            match c.sends.remove(key) {
+                Some(SendState::InFlight(w)) => {
+                    c.sends.insert(*key, SendState::Cancelled(reason.clone()));
+                    if let Some(w) = w {
+                        w.wake();
+                    }
+                }
+                Some(SendState::Abandoned) | None => {}
+                Some(other) => {
+                    c.sends.insert(*key, other);
+                }
+            }
+        }
+        c.wake_all();
+        if c.dropped {
+            st.conns.remove(&conn);
+        }
+    }
+
+    fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
+        let mut st = self.shared.lock();
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        c.received.push_back(data.to_vec());
+        if c.received.len() >= HIGH_WATER && !c.paused && b.pause_receive(conn).is_ok() {
+            c.paused = true;
+        }
+        if let Some(w) = c.reader.take() {
+            w.wake();
+        }
+    }
+
+    fn on_sends_completed(&mut self, _b: &B, conn: ConnId, keys: &[u64]) {
+        let mut st = self.shared.lock();
+        let Some(c) = st.conns.get_mut(&conn) else {
+            return;
+        };
+        for key in keys {
+            match c.sends.remove(key) {
+                Some(SendState::InFlight(w)) => {
+                    c.sends.insert(*key, SendState::Completed);
+                    if let Some(w) = w {
+                        w.wake();
+                    }
+                }
+                Some(SendState::Abandoned) | None => {}
+                Some(other) => {
+                    c.sends.insert(*key, other);
+                }
+            }
+        }
+        // Room again.
+        c.waiting.drain(..).for_each(Waker::wake);
+    }
+}
+
+/// A backend driven through futures and streams.
+pub struct AsyncBackend<B> {
+    backend: B,
+    shared: Arc<Shared>,
+}
+
+impl<B: Backend + Clone> AsyncBackend<B> {
+    /// Creates the backend with `make`, handing it the handler that feeds
+    /// the futures (for example `|h| host.backend(config, h)` on the
+    /// simulator, `|h| TcpProvider::create(&lp, config, h)` on TCP).
+    pub fn new<E>(make: impl FnOnce(AsyncHandler) -> Result<B, E>) -> Result<Self, E> {
+        let shared = Arc::new(Shared::default());
+        let backend = make(AsyncHandler {
+            shared: Arc::clone(&shared),
+        })?;
+        Ok(Self { backend, shared })
+    }
+
+    /// The backend, for what this API does not cover.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Listens at `address`; the connections it accepts come from
+    /// [`accept`](Self::accept) and [`incoming`](Self::incoming).
+    pub fn listen(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<EndpointAddress, OpenListenError> {
+        self.backend.open_listen_endpoint(address, params)
+    }
+
+    /// Connects to `address`: resolves once the connection is established,
+    /// or with the reason it was refused.
+    pub fn connect(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> impl Future<Output = Result<AsyncConn<B>, ConnectError>> + '_ {
+        // Opened under the state lock, so the handler cannot report the
+        // connection before its state exists.
+        let mut opened = {
+            let mut st = self.shared.lock();
+            self.backend
+                .open_active_endpoint(address, params)
+                .inspect(|id| {
+                    st.conns
+                        .insert(*id, ConnState::new(Phase::Opening, address));
+                })
+                .map_err(Some)
+        };
+        futures::future::poll_fn(move |cx| {
+            let id = match &mut opened {
+                Ok(id) => *id,
+                Err(e) => {
+                    return Poll::Ready(Err(match e.take() {
+                        Some(e) => ConnectError::Open(e),
+                        None => ConnectError::Refused(RefuseReason::Cancelled),
+                    }))
+                }
+            };
+            let mut st = self.shared.lock();
+            let Some(c) = st.conns.get_mut(&id) else {
+                return Poll::Ready(Err(ConnectError::Refused(RefuseReason::Cancelled)));
+            };
+            match &c.phase {
+                Phase::Opening => {
+                    c.opening = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+                Phase::Refused(r) => {
+                    let r = r.clone();
+                    st.conns.remove(&id);
+                    Poll::Ready(Err(ConnectError::Refused(r)))
+                }
+                Phase::Open | Phase::Closed(_) => Poll::Ready(Ok(self.conn(id, c.remote))),
+            }
+        })
+    }
+
+    /// The next connection accepted by any listener of this backend.
+    pub fn accept(&self) -> impl Future<Output = Option<AsyncConn<B>>> + '_ {
+        futures::future::poll_fn(move |cx| self.poll_accept(cx))
+    }
+
+    /// The accepted connections as a stream.
+    pub fn incoming(&self) -> Incoming<'_, B> {
+        Incoming { backend: self }
+    }
+
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<Option<AsyncConn<B>>> {
+        let mut st = self.shared.lock();
+        match st.incoming.pop_front() {
+            Some((id, remote)) => Poll::Ready(Some(self.conn(id, remote))),
+            None => {
+                st.acceptor = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+
+    fn conn(&self, id: ConnId, remote: EndpointAddress) -> AsyncConn<B> {
+        AsyncConn {
+            backend: self.backend.clone(),
+            shared: Arc::clone(&self.shared),
+            id,
+            remote,
+        }
+    }
+}
+
+/// The stream of accepted connections ([`AsyncBackend::incoming`]).
+pub struct Incoming<'a, B> {
+    backend: &'a AsyncBackend<B>,
+}
+
+impl<B: Backend + Clone> Stream for Incoming<'_, B> {
+    type Item = AsyncConn<B>;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<AsyncConn<B>>> {
+        self.backend.poll_accept(cx)
+    }
+}
+
+/// One connection. Dropping it closes the connection if it is still open.
+pub struct AsyncConn<B: Backend + Clone> {
+    backend: B,
+    shared: Arc<Shared>,
+    id: ConnId,
+    remote: EndpointAddress,
+}
+
+impl<B: Backend + Clone> AsyncConn<B> {
+    /// The connection's handle on its backend.
+    pub fn id(&self) -> ConnId {
+        self.id
+    }
+
+    /// The peer's address.
+    pub fn remote(&self) -> EndpointAddress {
+        self.remote
+    }
+
+    /// Sends one message (copied when the send is made): waits while the
+    /// connection has no room, then resolves when the provider reports the
+    /// send completed. A close with the send in flight fails it with
+    /// [`SendFailed::Cancelled`].
+    pub fn send<'a>(&'a self, data: &'a [u8]) -> impl Future<Output = Result<(), SendFailed>> + 'a {
+        SendFuture {
+            conn: self,
+            data,
+            key: None,
+        }
+    }
+
+    /// The next message, in order; `None` once the connection is closed
+    /// and every message that arrived before the close was read.
+    pub fn recv(&self) -> impl Future<Output = Option<Vec<u8>>> + '_ {
+        futures::future::poll_fn(move |cx| self.poll_recv(cx))
+    }
+
+    /// The received messages as a stream (ends with the connection).
+    pub fn messages(&self) -> Messages<'_, B> {
+        Messages { conn: self }
+    }
+
+    /// Closes the connection. Sends in flight fail with
+    /// [`SendFailed::Cancelled`]; [`recv`](Self::recv) ends.
+    pub fn close(&self) -> Result<(), CloseError> {
+        self.backend.close_active_endpoint(self.id)
+    }
+
+    /// Why the connection closed, once it has.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        let st = self.shared.lock();
+        st.conns.get(&self.id).and_then(|c| c.closed().cloned())
+    }
+
+    fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Vec<u8>>> {
+        let mut st = self.shared.lock();
+        let Some(c) = st.conns.get_mut(&self.id) else {
+            return Poll::Ready(None);
+        };
+        if let Some(m) = c.received.pop_front() {
+            if c.paused
+                && c.received.len() <= HIGH_WATER / 2
+                && c.closed().is_none()
+                && self.backend.resume_receive(self.id).is_ok()
+            {
+                c.paused = false;
+            }
+            return Poll::Ready(Some(m));
+        }
+        match c.phase {
+            Phase::Closed(_) | Phase::Refused(_) => Poll::Ready(None),
+            Phase::Opening | Phase::Open => {
+                c.reader = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<B: Backend + Clone> Drop for AsyncConn<B> {
+    fn drop(&mut self) {
+        let open = {
+            let mut st = self.shared.lock();
+            let open = match st.conns.get_mut(&self.id) {
+                Some(c) if matches!(c.phase, Phase::Open | Phase::Opening) => {
+                    c.dropped = true;
+                    true
+                }
+                _ => false,
+            };
+            if !open {
+                st.conns.remove(&self.id);
+            }
+            open
+        };
+        if open {
+            // The state goes with the close report.
+            let _ = self.backend.close_active_endpoint(self.id);
+        }
+    }
+}
+
+impl<B: Backend + Clone> fmt::Debug for AsyncConn<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AsyncConn")
+            .field("id", &self.id)
+            .field("remote", &self.remote)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The stream of a connection's messages ([`AsyncConn::messages`]).
+pub struct Messages<'a, B: Backend + Clone> {
+    conn: &'a AsyncConn<B>,
+}
+
+impl<B: Backend + Clone> Stream for Messages<'_, B> {
+    type Item = Vec<u8>;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Vec<u8>>> {
+        self.conn.poll_recv(cx)
+    }
+}
+
+struct SendFuture<'a, B: Backend + Clone> {
+    conn: &'a AsyncConn<B>,
+    data: &'a [u8],
+    key: Option<u64>,
+}
+
+impl<B: Backend + Clone> Future for SendFuture<'_, B> {
+    type Output = Result<(), SendFailed>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let conn = self.conn;
+        let mut st = conn.shared.lock();
+        let key = match self.key {
+            Some(k) => k,
+            None => st.next_key,
+        };
+        let Some(c) = st.conns.get_mut(&conn.id) else {
+            return Poll::Ready(Err(SendFailed::Closed(CloseReason::Local)));
+        };
+        if self.key.is_some() {
+            return match c.sends.remove(&key) {
+                Some(SendState::Completed) => Poll::Ready(Ok(())),
+                Some(SendState::Cancelled(r)) => Poll::Ready(Err(SendFailed::Cancelled(r))),
+                Some(SendState::InFlight(_) | SendState::Abandoned) | None => {
+                    c.sends
+                        .insert(key, SendState::InFlight(Some(cx.waker().clone())));
+                    Poll::Pending
+                }
+            };
+        }
+        if let Some(r) = c.closed() {
+            return Poll::Ready(Err(SendFailed::Closed(r.clone())));
+        }
+        // Under the state lock: its completion cannot be reported before
+        // the key is known.
+        match conn.backend.send_data_copy(conn.id, &[self.data], &[], key) {
+            Ok(()) => {
+                c.sends
+                    .insert(key, SendState::InFlight(Some(cx.waker().clone())));
+                st.next_key += 1;
+                self.key = Some(key);
+                Poll::Pending
+            }
+            Err(SendError::NoResources) => {
+                c.waiting.push(cx.waker().clone());
+                Poll::Pending
+            }
+            Err(e) => Poll::Ready(Err(SendFailed::Refused(e))),
+        }
+    }
+}
+
+impl<B: Backend + Clone> Drop for SendFuture<'_, B> {
+    fn drop(&mut self) {
+        let Some(key) = self.key else { return };
+        let mut st = self.conn.shared.lock();
+        if let Some(c) = st.conns.get_mut(&self.conn.id) {
+            if let Some(s @ SendState::InFlight(_)) = c.sends.get_mut(&key) {
+                *s = SendState::Abandoned;
+            } else {
+                c.sends.remove(&key);
+            }
+        }
+    }
+}

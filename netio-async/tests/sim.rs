@@ -1,0 +1,331 @@
+//! The async API on the simulator, driven deterministically: a
+//! single-threaded executor runs until every task waits, then virtual time
+//! moves on a little, until the scenario is done.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures::executor::LocalPool;
+use futures::future::join_all;
+use futures::task::LocalSpawnExt;
+use futures::StreamExt;
+use netio_async::{AsyncBackend, ConnectError, SendFailed, HIGH_WATER};
+use netio_core::{
+    BackendConfig, CloseReason, ConnectionParams, EndpointAddress, NetworkMode, RefuseReason,
+};
+use netio_sim::{Sim, SimBackend};
+
+type Node = Rc<AsyncBackend<SimBackend>>;
+
+struct World {
+    sim: Sim,
+    pool: LocalPool,
+}
+
+impl World {
+    fn new(seed: u64) -> Self {
+        Self {
+            sim: Sim::with_seed(seed),
+            pool: LocalPool::new(),
+        }
+    }
+
+    /// A host with an async backend; its address.
+    fn node(&self, config: BackendConfig) -> (Node, std::net::IpAddr) {
+        let host = self.sim.next_host();
+        let b = AsyncBackend::new(|h| host.backend(config, h)).expect("backend");
+        (Rc::new(b), host.ip())
+    }
+
+    fn spawn(&self, f: impl std::future::Future<Output = ()> + 'static) {
+        self.pool.spawner().spawn_local(f).expect("spawn");
+    }
+
+    /// Runs tasks and virtual time until `done` holds (at most 10 virtual
+    /// seconds); returns whether it did.
+    fn run_until(&mut self, mut done: impl FnMut() -> bool) -> bool {
+        for _ in 0..100_000 {
+            self.pool.run_until_stalled();
+            if done() {
+                return true;
+            }
+            self.sim.run_for(Duration::from_micros(100));
+        }
+        false
+    }
+}
+
+fn msg(i: usize) -> Vec<u8> {
+    format!("message {i:04}").into_bytes()
+}
+
+fn rdma() -> BackendConfig {
+    BackendConfig {
+        mode: NetworkMode::Rdma,
+        ..BackendConfig::default()
+    }
+}
+
+#[test]
+fn connect_send_and_receive_in_order_with_each_send_resolved_on_completion() {
+    let mut w = World::new(1);
+    let (server, sip) = w.node(BackendConfig::default());
+    let (client, _) = w.node(BackendConfig::default());
+    let params = ConnectionParams::receive(64, 8);
+    let addr = server
+        .listen(EndpointAddress::new(sip, 0), params.clone())
+        .unwrap();
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let sent = Rc::new(RefCell::new(0usize));
+    let (g, s2) = (got.clone(), server.clone());
+    w.spawn(async move {
+        let conn = s2.accept().await.expect("a connection");
+        let mut msgs = conn.messages();
+        while let Some(m) = msgs.next().await {
+            g.borrow_mut().push(m);
+        }
+    });
+    let (s, c2) = (sent.clone(), client.clone());
+    w.spawn(async move {
+        let conn = c2.connect(addr, params).await.expect("connected");
+        for i in 0..100 {
+            conn.send(&msg(i)).await.expect("completed");
+            *s.borrow_mut() += 1;
+        }
+    });
+    assert!(w.run_until(|| got.borrow().len() == 100 && *sent.borrow() == 100));
+    assert_eq!(*got.borrow(), (0..100).map(msg).collect::<Vec<_>>());
+}
+
+#[test]
+fn sends_wait_for_room_instead_of_failing_when_the_queue_is_full() {
+    let mut w = World::new(2);
+    let (server, sip) = w.node(rdma());
+    let (client, _) = w.node(BackendConfig {
+        send_queue_depth: 2,
+        ..rdma()
+    });
+    let params = ConnectionParams::receive(64, 4);
+    let addr = server
+        .listen(EndpointAddress::new(sip, 0), params.clone())
+        .unwrap();
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let results = Rc::new(RefCell::new(Vec::new()));
+    let (g, s2) = (got.clone(), server.clone());
+    w.spawn(async move {
+        let conn = s2.accept().await.unwrap();
+        while let Some(m) = conn.recv().await {
+            g.borrow_mut().push(m);
+        }
+    });
+    let (r, c2) = (results.clone(), client.clone());
+    w.spawn(async move {
+        let conn = c2.connect(addr, params).await.unwrap();
+        let all: Vec<Vec<u8>> = (0..50).map(msg).collect();
+        // Fifty sends at once on a queue of two.
+        let outcomes = join_all(all.iter().map(|m| conn.send(m))).await;
+        r.borrow_mut()
+            .extend(outcomes.into_iter().map(|o| o.is_ok()));
+    });
+    assert!(w.run_until(|| results.borrow().len() == 50 && got.borrow().len() == 50));
+    assert!(
+        results.borrow().iter().all(|ok| *ok),
+        "no send fails for a full queue"
+    );
+    let mut received = got.borrow().clone();
+    received.sort();
+    assert_eq!(received, (0..50).map(msg).collect::<Vec<_>>(), "each once");
+}
+
+#[test]
+fn a_reader_that_falls_behind_pauses_its_peer_and_loses_nothing() {
+    let mut w = World::new(3);
+    let (server, sip) = w.node(rdma());
+    let (client, _) = w.node(rdma());
+    let params = ConnectionParams::receive(64, 8);
+    let addr = server
+        .listen(EndpointAddress::new(sip, 0), params.clone())
+        .unwrap();
+    let n = HIGH_WATER * 4;
+    let completed = Rc::new(RefCell::new(0usize));
+    let (c, c2) = (completed.clone(), client.clone());
+    w.spawn(async move {
+        let conn = c2.connect(addr, params).await.unwrap();
+        let all: Vec<Vec<u8>> = (0..n).map(msg).collect();
+        for o in join_all(all.iter().map(|m| async {
+            let r = conn.send(m).await;
+            *c.borrow_mut() += 1;
+            r
+        }))
+        .await
+        {
+            o.expect("completed");
+        }
+    });
+    // The server accepts but does not read yet.
+    let accepted = Rc::new(RefCell::new(None));
+    let (a, s2) = (accepted.clone(), server.clone());
+    w.spawn(async move {
+        *a.borrow_mut() = s2.accept().await;
+    });
+    assert!(w.run_until(|| accepted.borrow().is_some()));
+    w.sim.run_for(Duration::from_millis(50));
+    w.pool.run_until_stalled();
+    let stuck = *completed.borrow();
+    assert!(
+        stuck < n,
+        "an unread connection is paused: {stuck} of {n} sends completed (RDMA: on delivery)"
+    );
+    assert!(stuck >= HIGH_WATER, "the first {HIGH_WATER} were taken in");
+    // Now read everything.
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let g = got.clone();
+    let conn = accepted.borrow_mut().take().unwrap();
+    w.spawn(async move {
+        while let Some(m) = conn.recv().await {
+            g.borrow_mut().push(m);
+            if g.borrow().len() == n {
+                break;
+            }
+        }
+    });
+    assert!(w.run_until(|| got.borrow().len() == n && *completed.borrow() == n));
+    assert_eq!(*got.borrow(), (0..n).map(msg).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_close_fails_the_sends_in_flight_with_its_reason_and_ends_the_peers_stream() {
+    let mut w = World::new(4);
+    let (server, sip) = w.node(rdma());
+    let (client, _) = w.node(rdma());
+    let params = ConnectionParams::receive(64, 8);
+    let addr = server
+        .listen(EndpointAddress::new(sip, 0), params.clone())
+        .unwrap();
+    let n = HIGH_WATER * 3;
+    let outcomes = Rc::new(RefCell::new(Vec::new()));
+    let conn_slot = Rc::new(RefCell::new(None));
+    let (o, cs, c2) = (outcomes.clone(), conn_slot.clone(), client.clone());
+    w.spawn(async move {
+        let conn = Rc::new(c2.connect(addr, params).await.unwrap());
+        *cs.borrow_mut() = Some(conn.clone());
+        let all: Vec<Vec<u8>> = (0..n).map(msg).collect();
+        let r = join_all(all.iter().map(|m| conn.send(m))).await;
+        *o.borrow_mut() = r;
+    });
+    // The server does not read: the peer pauses with sends in flight.
+    let accepted = Rc::new(RefCell::new(None));
+    let (a, s2) = (accepted.clone(), server.clone());
+    w.spawn(async move {
+        *a.borrow_mut() = s2.accept().await;
+    });
+    assert!(w.run_until(|| accepted.borrow().is_some() && conn_slot.borrow().is_some()));
+    w.sim.run_for(Duration::from_millis(20));
+    w.pool.run_until_stalled();
+    conn_slot.borrow().as_ref().unwrap().close().unwrap();
+    assert!(w.run_until(|| outcomes.borrow().len() == n));
+    let ok = outcomes.borrow().iter().filter(|r| r.is_ok()).count();
+    let cancelled = outcomes
+        .borrow()
+        .iter()
+        .filter(|r| matches!(r, Err(SendFailed::Cancelled(CloseReason::Local))))
+        .count();
+    assert_eq!(
+        ok + cancelled,
+        n,
+        "every send completed or cancelled by the close"
+    );
+    assert!(
+        cancelled > 0 && ok > 0,
+        "{ok} completed, {cancelled} cancelled"
+    );
+    // The server reads what arrived before the close, then its stream ends.
+    let got = Rc::new(RefCell::new(None));
+    let g = got.clone();
+    let conn = accepted.borrow_mut().take().unwrap();
+    w.spawn(async move {
+        let all: Vec<Vec<u8>> = conn.messages().collect().await;
+        *g.borrow_mut() = Some((all, conn.close_reason()));
+    });
+    assert!(w.run_until(|| got.borrow().is_some()));
+    let (all, reason) = got.borrow_mut().take().unwrap();
+    assert_eq!(
+        all,
+        (0..ok).map(msg).collect::<Vec<_>>(),
+        "what completed, in order"
+    );
+    assert_eq!(reason, Some(CloseReason::PeerClosed));
+}
+
+#[test]
+fn connecting_where_nothing_listens_fails_with_refused() {
+    let mut w = World::new(5);
+    let (_server, sip) = w.node(BackendConfig::default());
+    let (client, _) = w.node(BackendConfig::default());
+    let result = Rc::new(RefCell::new(None));
+    let (r, c2) = (result.clone(), client.clone());
+    w.spawn(async move {
+        let e = c2
+            .connect(
+                EndpointAddress::new(sip, 4242),
+                ConnectionParams::receive(64, 4),
+            )
+            .await
+            .expect_err("nothing listens");
+        *r.borrow_mut() = Some(e);
+    });
+    assert!(w.run_until(|| result.borrow().is_some()));
+    assert!(
+        matches!(
+            result.borrow().as_ref(),
+            Some(ConnectError::Refused(RefuseReason::Refused))
+        ),
+        "{:?}",
+        result.borrow()
+    );
+}
+
+/// An echo scenario: a client sends 30 messages, the server echoes each.
+fn echo_trace(seed: u64) -> (String, Vec<Vec<u8>>) {
+    let mut w = World::new(seed);
+    w.sim.enable_trace(true);
+    let (server, sip) = w.node(BackendConfig::default());
+    let (client, _) = w.node(BackendConfig::default());
+    let params = ConnectionParams::receive(64, 8);
+    let addr = server
+        .listen(EndpointAddress::new(sip, 0), params.clone())
+        .unwrap();
+    let s2 = server.clone();
+    w.spawn(async move {
+        let conn = s2.accept().await.unwrap();
+        while let Some(m) = conn.recv().await {
+            conn.send(&m).await.unwrap();
+        }
+    });
+    let echoed = Rc::new(RefCell::new(Vec::new()));
+    let (e, c2) = (echoed.clone(), client.clone());
+    w.spawn(async move {
+        let conn = c2.connect(addr, params).await.unwrap();
+        for i in 0..30 {
+            conn.send(&msg(i)).await.unwrap();
+            let m = conn.recv().await.unwrap();
+            e.borrow_mut().push(m);
+        }
+        conn.close().unwrap();
+    });
+    assert!(w.run_until(|| echoed.borrow().len() == 30));
+    w.sim.run_for(Duration::from_millis(10));
+    w.pool.run_until_stalled();
+    let out = echoed.borrow().clone();
+    (w.sim.trace(), out)
+}
+
+#[test]
+fn an_async_scenario_run_twice_with_one_seed_gives_the_same_trace_byte_for_byte() {
+    let (a, echoed) = echo_trace(11);
+    let (b, _) = echo_trace(11);
+    assert_eq!(echoed, (0..30).map(msg).collect::<Vec<_>>());
+    assert!(a.lines().count() > 60, "the trace records the run:\n{a}");
+    assert!(a == b, "same seed, same trace");
+}
