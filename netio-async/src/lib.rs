@@ -186,6 +186,9 @@ struct State {
     /// Accepted connections not yet taken with `accept`.
     incoming: VecDeque<(ConnId, EndpointAddress)>,
     acceptor: Option<Waker>,
+    next_timer: u64,
+    /// Sleeps by timer token: fired yet, and the sleeper's waker.
+    timers: HashMap<u64, (bool, Option<Waker>)>,
 }
 
 #[derive(Default)]
@@ -294,6 +297,16 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         }
     }
 
+    fn on_timer(&mut self, _b: &B, token: u64) {
+        let mut st = self.shared.lock();
+        if let Some((fired, waker)) = st.timers.get_mut(&token) {
+            *fired = true;
+            if let Some(w) = waker.take() {
+                w.wake();
+            }
+        }
+    }
+
     fn on_sends_completed(&mut self, _b: &B, conn: ConnId, keys: &[u64]) {
         let mut st = self.shared.lock();
         let Some(c) = st.conns.get_mut(&conn) else {
@@ -397,6 +410,29 @@ impl<B: Backend + Clone> AsyncBackend<B> {
                 Phase::Open | Phase::Closed(_) => Poll::Ready(Ok(self.conn(id, c.remote))),
             }
         })
+    }
+
+    /// The time on the backend's loop clock (virtual on the simulator).
+    pub fn now(&self) -> std::time::Duration {
+        self.backend.now()
+    }
+
+    /// Resolves `delay` from now on the backend's loop clock (a timer of
+    /// the backend: virtual time on the simulator, so a simulated run
+    /// stays deterministic).
+    pub fn sleep(&self, delay: std::time::Duration) -> impl Future<Output = ()> + '_ {
+        let token = {
+            let mut st = self.shared.lock();
+            let token = st.next_timer;
+            st.next_timer += 1;
+            st.timers.insert(token, (false, None));
+            token
+        };
+        self.backend.set_timer(delay, token);
+        Sleep {
+            shared: &self.shared,
+            token,
+        }
     }
 
     /// The next connection accepted by any listener of this backend.
@@ -628,5 +664,32 @@ impl<B: Backend + Clone> Drop for SendFuture<'_, B> {
                 c.sends.remove(&key);
             }
         }
+    }
+}
+
+struct Sleep<'a> {
+    shared: &'a Shared,
+    token: u64,
+}
+
+impl Future for Sleep<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut st = self.shared.lock();
+        match st.timers.get_mut(&self.token) {
+            Some((false, waker)) => {
+                *waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            _ => Poll::Ready(()),
+        }
+    }
+}
+
+impl Drop for Sleep<'_> {
+    fn drop(&mut self) {
+        // A timer has no cancel: forget the token; `on_timer` ignores it.
+        self.shared.lock().timers.remove(&self.token);
     }
 }

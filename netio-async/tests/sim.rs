@@ -329,3 +329,30 @@ fn an_async_scenario_run_twice_with_one_seed_gives_the_same_trace_byte_for_byte(
     assert!(a.lines().count() > 60, "the trace records the run:\n{a}");
     assert!(a == b, "same seed, same trace");
 }
+
+#[test]
+fn sleep_follows_the_loops_clock_in_virtual_time() {
+    let mut w = World::new(6);
+    let (node, _) = w.node(BackendConfig::default());
+    let woke = Rc::new(RefCell::new(Vec::new()));
+    for (i, ms) in [30u64, 10, 20].into_iter().enumerate() {
+        let (wk, n) = (woke.clone(), node.clone());
+        w.spawn(async move {
+            let t0 = n.now();
+            n.sleep(Duration::from_millis(ms)).await;
+            wk.borrow_mut().push((i, n.now() - t0));
+        });
+    }
+    let t0 = w.sim.now();
+    assert!(w.run_until(|| woke.borrow().len() == 3));
+    let order: Vec<usize> = woke.borrow().iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, vec![1, 2, 0], "the shortest sleep ends first");
+    for (i, slept) in woke.borrow().iter() {
+        let ms = [30u64, 10, 20][*i];
+        assert!(
+            *slept >= Duration::from_millis(ms) && *slept < Duration::from_millis(ms + 1),
+            "sleep {i} of {ms} ms took {slept:?} of virtual time"
+        );
+    }
+    assert!(w.sim.now() - t0 < Duration::from_millis(31));
+}
