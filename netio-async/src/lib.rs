@@ -62,6 +62,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use futures::Stream;
+
+pub mod session;
 use netio_core::{
     Backend, Capabilities, CloseError, CloseReason, ConnId, ConnectionParams, EndpointAddress,
     Handler, OpenActiveError, OpenListenError, RefuseReason, SendError,
