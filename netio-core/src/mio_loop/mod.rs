@@ -125,6 +125,7 @@
 //!
 //! Under `--cfg loom` only those pieces are compiled; the mio loop is not.
 
+mod control;
 #[cfg(not(loom))]
 mod loop_lock;
 mod posts;

@@ -1,5 +1,6 @@
 //! The thread-shared state of posting and stopping, free of mio so loom can
-//! model it together with [`WakeFlag`](super::signal_queue::WakeFlag).
+//! model it together with [`Control`](super::control::Control), which
+//! announces both through the wake flag.
 //!
 //! Posters push a closure, then announce it with the wake flag; the loop
 //! lowers the flag before it looks, runs the closures that were queued when
@@ -40,6 +41,21 @@ impl<T> PostQueue<T> {
     /// Takes the oldest task; it runs with no lock held, so it may post.
     pub(crate) fn pop(&self) -> Option<T> {
         lock(&self.posts).pop_front()
+    }
+
+    /// Runs, in order, the tasks queued when it looked (tasks posted
+    /// meanwhile, by these tasks too, wait for the next turn), each with no
+    /// lock held. Stops early, returning `false`, as soon as `keep_going`
+    /// says no after a task (a stop was requested).
+    pub(crate) fn run_queued(&self, mut run: impl FnMut(T), keep_going: impl Fn() -> bool) -> bool {
+        for _ in 0..self.len() {
+            let Some(task) = self.pop() else { break };
+            run(task);
+            if !keep_going() {
+                return false;
+            }
+        }
+        true
     }
 
     /// Empties the queue, returning what it held (to be dropped by the

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use mio::event::{Event, Source};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 
-use super::posts::{PostQueue, StopFlag};
-use super::signal_queue::{SignalCore, SignalQueue, WakeFlag};
-use super::timers::Timers;
+use super::control::{Control, PollWaker};
+use super::posts::PostQueue;
+use super::signal_queue::{SignalCore, SignalQueue};
+use super::timers::SharedTimers;
 use crate::event_loop::{thread_token, EventLoop, Signal, Timer};
 use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 
@@ -120,12 +121,11 @@ struct PollState {
 struct Inner {
     registry: Registry,
     waker: Waker,
-    busy_poll: bool,
     poll: Mutex<Option<PollState>>,
     /// `thread_token()` of the thread inside `run`, 0 when not running.
     running_on: AtomicU64,
-    stop_requested: StopFlag,
-    wake: WakeFlag,
+    /// The wake flag, the stop request and the busy-poll mode.
+    control: Control,
     next_id: AtomicUsize,
     sources: Mutex<HashMap<usize, Option<SourceCallback>>>,
     /// Spin callbacks in the order added; `None` while one runs.
@@ -134,7 +134,7 @@ struct Inner {
     posts: PostQueue<Task>,
     signal_queue: SignalQueue<SignalSlot>,
     signals: Mutex<HashMap<usize, Arc<SignalCore<SignalSlot>>>>,
-    timers: Mutex<Timers<Callback>>,
+    timers: SharedTimers<Callback>,
     /// The loop clock's zero (`EventLoop::now`).
     created: std::time::Instant,
 }
@@ -157,7 +157,6 @@ impl MioLoop {
         let inner = Inner {
             registry,
             waker,
-            busy_poll: config.busy_poll,
             poll: Mutex::new(Some(PollState {
                 poll,
                 events: Events::with_capacity(capacity),
@@ -166,8 +165,7 @@ impl MioLoop {
                 spin_ids: Vec::new(),
             })),
             running_on: AtomicU64::new(0),
-            stop_requested: StopFlag::new(),
-            wake: WakeFlag::new(),
+            control: Control::new(config.busy_poll),
             next_id: AtomicUsize::new(WAKER.0 + 1),
             sources: Mutex::new(HashMap::new()),
             spins: Mutex::new(Vec::new()),
@@ -175,7 +173,7 @@ impl MioLoop {
             posts: PostQueue::new(),
             signal_queue: SignalQueue::new(),
             signals: Mutex::new(HashMap::new()),
-            timers: Mutex::new(Timers::default()),
+            timers: SharedTimers::new(),
             created: std::time::Instant::now(),
         };
         Ok(Self {
@@ -258,7 +256,7 @@ impl MioLoop {
 
     /// `true` for a loop that busy-polls ([`LoopConfig::busy_poll`]).
     pub fn is_busy_polling(&self) -> bool {
-        self.inner().busy_poll
+        self.inner().control.busy_poll()
     }
 
     /// Adds a spin callback: on a [busy-polling](LoopConfig::busy_poll)
@@ -350,15 +348,16 @@ impl EventLoop for MioLoop {
         };
         init();
         let state = guard.state.as_mut().expect("poll state present");
-        while !inner.stop_requested.take() {
+        while !inner.control.take_stop() {
             inner.turn(state);
         }
     }
 
     fn stop(&self) {
         let inner = self.inner();
-        inner.stop_requested.request();
-        inner.wake();
+        inner
+            .control
+            .request_stop(&inner.waker, || inner.on_loop_thread());
     }
 
     fn signal<F: FnMut() + Send + 'static>(&self, callback: F) -> MioSignal {
@@ -379,7 +378,7 @@ impl EventLoop for MioLoop {
     fn timer<F: FnMut() + Send + 'static>(&self, callback: F) -> MioTimer {
         let inner = self.inner();
         let id = inner.next_id();
-        lock(&inner.timers).insert(id, Box::new(callback));
+        inner.timers.insert(id, Box::new(callback));
         MioTimer {
             id,
             inner: Arc::downgrade(inner),
@@ -403,9 +402,19 @@ impl EventLoop for MioLoop {
 impl fmt::Debug for MioLoop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MioLoop")
-            .field("busy_poll", &self.inner().busy_poll)
+            .field("busy_poll", &self.inner().control.busy_poll())
             .field("running", &self.is_running())
             .finish_non_exhaustive()
+    }
+}
+
+/// The loop's eventfd wakes epoll.
+impl PollWaker for Waker {
+    fn wake_poller(&self) {
+        // Fails only if the eventfd is gone, i.e. never while the loop
+        // lives; a failed wake-up would show as a stuck loop, not as
+        // corrupted state.
+        let _ = self.wake();
     }
 }
 
@@ -433,20 +442,15 @@ impl Inner {
     }
 
     fn stopping(&self) -> bool {
-        self.stop_requested.is_requested()
+        self.control.stopping()
     }
 
     /// Announces work to the loop, writing the waker only when the loop may
     /// be asleep in epoll: not from the loop thread itself (it checks the
     /// flag before it sleeps), not in busy-poll mode, and only for the first
-    /// announcement since the loop last looked.
+    /// announcement since the loop last looked ([`Control::announce`]).
     fn wake(&self) {
-        if self.wake.raise() && !self.busy_poll && !self.on_loop_thread() {
-            // Fails only if the eventfd is gone, i.e. never while `self`
-            // lives; a failed wake-up would show as a stuck loop, not as
-            // corrupted state.
-            let _ = self.waker.wake();
-        }
+        self.control.announce(&self.waker, || self.on_loop_thread());
     }
 
     /// One turn of the loop. Returns early (leaving the rest for the next
@@ -455,11 +459,11 @@ impl Inner {
         if !self.dispatch_events(st) {
             return;
         }
-        self.wake.clear();
+        self.control.begin_look();
         if !self.run_posts() || !self.run_signals() || !self.run_timers() {
             return;
         }
-        if self.busy_poll && self.spin_count.load(Ordering::Acquire) > 0 {
+        if self.control.busy_poll() && self.spin_count.load(Ordering::Acquire) > 0 {
             if !self.run_spins(st) {
                 return;
             }
@@ -472,16 +476,11 @@ impl Inner {
             }
             st.spin_turns = 0;
         }
-        let timeout = if self.busy_poll
-            || self.wake.is_raised()
-            || self.stopping()
-            || !self.signal_queue.is_empty()
-        {
-            Some(Duration::ZERO)
-        } else {
-            let next = lock(&self.timers).next_deadline();
-            next.map(|when| when.saturating_duration_since(Instant::now()))
-        };
+        let timeout = self.control.poll_timeout(
+            || !self.signal_queue.is_empty(),
+            || self.timers.next_deadline(),
+            Instant::now,
+        );
         st.next = 0;
         match st.poll.poll(&mut st.events, timeout) {
             Ok(()) => {}
@@ -566,50 +565,20 @@ impl Inner {
 
     /// Runs the closures posted before this turn.
     fn run_posts(&self) -> bool {
-        for _ in 0..self.posts.len() {
-            let Some(task) = self.posts.pop() else { break };
-            task();
-            if self.stopping() {
-                return false;
-            }
-        }
-        true
+        self.posts.run_queued(|task| task(), || !self.stopping())
     }
 
     /// Runs one callback per ready signal (a signal fired k times runs once
     /// per turn, k turns in a row, so signals take turns fairly).
     fn run_signals(&self) -> bool {
-        for _ in 0..self.signal_queue.len() {
-            let Some(core) = self.signal_queue.take_one() else {
-                break;
-            };
-            // `Some` when the signal was dropped from inside its own
-            // callback: dropped here, with no lock held.
-            let leftover = core.run_callback(|callback| callback());
-            drop(leftover);
-            if self.stopping() {
-                return false;
-            }
-        }
-        true
+        self.signal_queue
+            .run_ready(|callback| callback(), || !self.stopping())
     }
 
     /// Runs the timers due now, each at most once.
     fn run_timers(&self) -> bool {
-        let now = Instant::now();
-        loop {
-            let due = lock(&self.timers).pop_due(now);
-            let Some((id, mut callback)) = due else {
-                return true;
-            };
-            callback();
-            let leftover = lock(&self.timers).put_back(id, callback);
-            // The timer was dropped from inside its own callback.
-            drop(leftover);
-            if self.stopping() {
-                return false;
-            }
-        }
+        self.timers
+            .run_due(Instant::now(), |callback| callback(), || !self.stopping())
     }
 
     /// Drops every callback and queued closure (the last `MioLoop` handle is
@@ -622,7 +591,7 @@ impl Inner {
             let posts = self.posts.take_all();
             let signals = std::mem::take(&mut *lock(&self.signals));
             let queued = self.signal_queue.clear();
-            let timers = lock(&self.timers).drain();
+            let timers = self.timers.drain();
             if sources.is_empty()
                 && posts.is_empty()
                 && signals.is_empty()
@@ -707,7 +676,7 @@ impl Timer for MioTimer {
         let Some(inner) = self.inner.upgrade() else {
             return;
         };
-        let earliest = lock(&inner.timers).start(self.id, period, Instant::now());
+        let earliest = inner.timers.start(self.id, period, Instant::now());
         if earliest && !inner.on_loop_thread() {
             inner.wake();
         }
@@ -715,7 +684,7 @@ impl Timer for MioTimer {
 
     fn stop(&self) {
         if let Some(inner) = self.inner.upgrade() {
-            lock(&inner.timers).stop(self.id);
+            inner.timers.stop(self.id);
         }
     }
 }
@@ -723,7 +692,7 @@ impl Timer for MioTimer {
 impl Drop for MioTimer {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.upgrade() {
-            let callback = lock(&inner.timers).remove(self.id);
+            let callback = inner.timers.remove(self.id);
             drop(callback);
         }
     }

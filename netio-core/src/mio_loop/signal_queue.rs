@@ -195,6 +195,33 @@ impl<T> SignalQueue<T> {
     }
 }
 
+/// The ready queue of signals whose payload is their callback slot.
+impl<C> SignalQueue<Mutex<Option<C>>> {
+    /// Runs one callback per signal ready when it looked (loop thread), in
+    /// the order they became ready, each with no lock held
+    /// ([`SignalCore::run_callback`]); a callback whose signal was dropped
+    /// while it ran is dropped here, after it returned. Stops early,
+    /// returning `false`, as soon as `keep_going` says no after a callback
+    /// (a stop was requested).
+    pub(crate) fn run_ready(
+        &self,
+        mut run: impl FnMut(&mut C),
+        keep_going: impl Fn() -> bool,
+    ) -> bool {
+        for _ in 0..self.len() {
+            let Some(core) = self.take_one() else {
+                break;
+            };
+            let leftover = core.run_callback(&mut run);
+            drop(leftover);
+            if !keep_going() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;

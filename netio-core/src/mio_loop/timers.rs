@@ -10,6 +10,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
+use crate::sync::{lock, Mutex};
+
 /// One heap entry: when, which timer, which generation of it.
 type Deadline = Reverse<(Instant, usize, u64)>;
 
@@ -171,6 +173,96 @@ impl<C> Timers<C> {
                     .is_some_and(|e| e.active && e.generation == *generation)
             });
         }
+    }
+}
+
+/// The timers of one loop behind their mutex, as the loop thread and every
+/// thread holding a timer share them. The mutex is never held while a
+/// callback runs, so a callback may start, stop or drop any timer, its own
+/// included.
+///
+/// What a [`stop`](Self::stop) promises depends on where it runs. On the
+/// loop thread (inside a callback) it is exact: the timer's callback does
+/// not run again until the next start. From another thread it does not
+/// wait for the loop: a callback [`run_due`](Self::run_due) took out
+/// before the stop may still start after it returned (at most that one
+/// call), none after. A restart likewise retires the old schedule: after
+/// [`start`](Self::start) returns, the callback runs on the new schedule
+/// only, apart from that one call taken before.
+#[derive(Debug)]
+pub(super) struct SharedTimers<C> {
+    timers: Mutex<Timers<C>>,
+}
+
+impl<C> SharedTimers<C> {
+    /// No timers.
+    pub(super) fn new() -> Self {
+        Self {
+            timers: Mutex::new(Timers::default()),
+        }
+    }
+
+    /// Adds a stopped timer.
+    pub(super) fn insert(&self, id: usize, callback: C) {
+        lock(&self.timers).insert(id, callback);
+    }
+
+    /// Removes a timer; returns its callback (unless it is running) for the
+    /// caller to drop with no lock held.
+    pub(super) fn remove(&self, id: usize) -> Option<C> {
+        lock(&self.timers).remove(id)
+    }
+
+    /// (Re)starts a timer: first tick `period` after `now`. Returns `true`
+    /// when this is now the earliest deadline: a caller off the loop thread
+    /// must then wake the loop, which may sleep until a later deadline or
+    /// for ever.
+    pub(super) fn start(&self, id: usize, period: Duration, now: Instant) -> bool {
+        lock(&self.timers).start(id, period, now)
+    }
+
+    /// Stops a timer (see the type's documentation for what a stop from
+    /// another thread promises).
+    pub(super) fn stop(&self, id: usize) {
+        lock(&self.timers).stop(id);
+    }
+
+    /// The earliest live deadline.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        lock(&self.timers).next_deadline()
+    }
+
+    /// Runs the timers due at `now`, each at most once (loop thread): takes
+    /// a due timer's callback out under the lock, runs it with `run` with
+    /// no lock held, then gives it back, or drops it if its timer was
+    /// removed meanwhile. Stops early, returning `false`, as soon as
+    /// `keep_going` says no after a callback (a stop was requested).
+    pub(super) fn run_due(
+        &self,
+        now: Instant,
+        mut run: impl FnMut(&mut C),
+        keep_going: impl Fn() -> bool,
+    ) -> bool {
+        loop {
+            let due = lock(&self.timers).pop_due(now);
+            let Some((id, mut callback)) = due else {
+                return true;
+            };
+            run(&mut callback);
+            let leftover = lock(&self.timers).put_back(id, callback);
+            // The timer was dropped from inside its own callback, or from
+            // another thread while it ran.
+            drop(leftover);
+            if !keep_going() {
+                return false;
+            }
+        }
+    }
+
+    /// Removes every timer, returning the callbacks for the caller to drop
+    /// with no lock held.
+    pub(super) fn drain(&self) -> Vec<C> {
+        lock(&self.timers).drain()
     }
 }
 
