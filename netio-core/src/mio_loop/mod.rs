@@ -111,16 +111,19 @@
 //!
 //! What threads share with the loop (signals' pending-fire counts and
 //! callback slots, the ready queue, the wake-up flag, posted closures, the
-//! stop request, timer deadlines) lives in mio-free pieces that use the
-//! crate's `sync` shims, and is model-checked with loom: fires from several
-//! threads, a signal dropped inside its own callback while another thread
-//! fires it, posts from two threads, a stop from another thread, a timer
-//! started from another thread (the models bound preemptions to 3 per
-//! execution unless `LOOM_MAX_PREEMPTIONS` says otherwise, and finish in
-//! seconds):
+//! stop request, timer deadlines), the loop's drains of it, and its two
+//! decisions (must a thread that announced work write the eventfd? may the
+//! loop sleep, and how long?) live in mio-free pieces that use the crate's
+//! `sync` shims, and are model-checked with loom, epoll being a stand-in
+//! that records wake-ups: fires from several threads, posts from two
+//! threads and from inside a closure, a stop from another thread, a timer
+//! started, stopped and restarted from another thread while the loop fires
+//! it, a signal dropped inside its own callback or from another thread
+//! while it fires (the models bound preemptions to 3 per execution unless
+//! `LOOM_MAX_PREEMPTIONS` says otherwise, and finish in seconds):
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" cargo test -p netio-core --release --lib loom
+//! RUSTFLAGS="--cfg loom" cargo test -p netio-core --release --lib mio_loop::
 //! ```
 //!
 //! Under `--cfg loom` only those pieces are compiled; the mio loop is not.
