@@ -81,10 +81,16 @@ impl StopFlag {
 
     /// Requests a stop; the caller then announces it with the wake flag.
     ///
-    /// A read-modify-write, like the loop's [`take`](Self::take), so the
-    /// request is ordered after every take that already ran: with a plain
-    /// store the loom model `loom_stop_from_another_thread_ends_a_sleeping_loop`
-    /// finds a schedule where the loop takes no stop and sleeps for ever.
+    /// A read-modify-write, like the loop's [`take`](Self::take). A plain
+    /// release store would do under the memory model (a take that runs
+    /// after the request is announced reads it), but loom 0.7 lets a plain
+    /// store slip between the read and the write of a concurrent `swap`
+    /// (tokio-rs/loom#254), and the model
+    /// `loom_stop_from_another_thread_ends_a_sleeping_loop` then reports a
+    /// loop that takes no stop and sleeps for ever. `take` itself must stay
+    /// one `swap`: as a load then a store it can erase a request made in
+    /// between, and that loop really does sleep for ever (the same model
+    /// finds it).
     pub(crate) fn request(&self) {
         self.requested.swap(true, Ordering::AcqRel);
     }

@@ -614,7 +614,9 @@ impl Inner {
 /// otherwise it also queues the signal and, if the loop may be asleep,
 /// writes the loop's eventfd. Clones fire the same signal; dropping the last
 /// clone removes it (pending fires are discarded; if its callback is running
-/// it is dropped when it returns).
+/// it is dropped when it returns). Dropped inside its own callback, the
+/// signal's callback never runs again; dropped on another thread, at most
+/// the one call the loop took out before the drop may still start after it.
 #[derive(Clone)]
 pub struct MioSignal {
     handle: Arc<SignalHandle>,
@@ -666,6 +668,13 @@ impl fmt::Debug for MioSignal {
 /// serve in time coalesce into one callback (like a timerfd read), and the
 /// schedule stays aligned to `start`. Dropping the timer stops and removes
 /// it.
+///
+/// [`stop`](Timer::stop) on the loop thread (from a callback) is exact: the
+/// callback does not run again until the next start. From another thread
+/// it does not wait for the loop: a call the loop took out before the stop
+/// may still start after `stop` returns, at most that one, none after; a
+/// [`start`](Timer::start) from another thread retires the old schedule the
+/// same way.
 pub struct MioTimer {
     id: usize,
     inner: Weak<Inner>,
