@@ -99,7 +99,8 @@ pub enum SendFailed {
     /// The connection closed with the send in flight: the provider
     /// reported its key cancelled.
     Cancelled(CloseReason),
-    /// The connection had closed before the send was made.
+    /// The connection closed before the send was made (also while the
+    /// send waited for room, or when this side's own `close` came first).
     Closed(CloseReason),
     /// The backend refused the send for a reason other than a full queue
     /// (for example a message larger than the connection allows).
@@ -647,6 +648,14 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
                 Poll::Pending
             }
             Err(SendError::NoResources) => {
+                c.waiting.push(cx.waker().clone());
+                Poll::Pending
+            }
+            // The provider has let go of the connection (a close from any
+            // thread, or the peer's) but its close has not reached this
+            // side's state yet: it will, and then the send fails with the
+            // close's reason.
+            Err(SendError::UnknownConnection(_)) => {
                 c.waiting.push(cx.waker().clone());
                 Poll::Pending
             }

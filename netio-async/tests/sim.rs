@@ -356,3 +356,48 @@ fn sleep_follows_the_loops_clock_in_virtual_time() {
     }
     assert!(w.sim.now() - t0 < Duration::from_millis(31));
 }
+
+#[test]
+fn a_send_made_after_a_close_whose_event_has_not_arrived_fails_with_the_close() {
+    // The provider lets go of a connection when `close` is called; the
+    // close event reaches the async state later, on the loop. A send made
+    // (or woken) in between fails with the close's reason, not with the
+    // provider's "unknown connection".
+    let mut w = World::new(5);
+    let (server, sip) = w.node(rdma());
+    let (client, _) = w.node(rdma());
+    let params = ConnectionParams::receive(64, 8);
+    let addr = server
+        .listen(EndpointAddress::new(sip, 0), params.clone())
+        .unwrap();
+    let conn_slot = Rc::new(RefCell::new(None));
+    let (cs, c2) = (conn_slot.clone(), client.clone());
+    w.spawn(async move {
+        *cs.borrow_mut() = Some(Rc::new(c2.connect(addr, params).await.unwrap()));
+    });
+    let s2 = server.clone();
+    w.spawn(async move {
+        let _kept = s2.accept().await;
+        std::future::pending::<()>().await;
+    });
+    assert!(w.run_until(|| conn_slot.borrow().is_some()));
+    let conn = conn_slot.borrow_mut().take().unwrap();
+    conn.close().unwrap();
+    assert_eq!(
+        conn.close_reason(),
+        None,
+        "the close event is still to come"
+    );
+    let outcome = Rc::new(RefCell::new(None));
+    let (o, c) = (outcome.clone(), conn.clone());
+    w.spawn(async move {
+        *o.borrow_mut() = Some(c.send(b"late").await);
+    });
+    w.pool.run_until_stalled();
+    assert!(w.run_until(|| outcome.borrow().is_some()));
+    let got = outcome.borrow_mut().take().unwrap();
+    assert!(
+        matches!(got, Err(SendFailed::Closed(CloseReason::Local))),
+        "{got:?}"
+    );
+}
