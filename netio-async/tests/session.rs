@@ -8,12 +8,12 @@ use std::net::IpAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
-use futures::executor::LocalPool;
-use futures::task::LocalSpawnExt;
 use netio_async::session::{Delivered, SessionClient, SessionConfig, SessionServer};
-use netio_async::AsyncBackend;
 use netio_core::{BackendConfig, ConnectionParams, EndpointAddress};
-use netio_sim::{Sim, SimBackend};
+use netio_sim::SimBackend;
+
+mod common;
+use common::World;
 
 type Client = Rc<SessionClient<SimBackend>>;
 
@@ -24,72 +24,34 @@ fn config() -> BackendConfig {
     }
 }
 
-struct World {
-    sim: Sim,
-    pool: LocalPool,
+/// Virtual time between two rounds of the executor.
+const STEP: Duration = Duration::from_micros(500);
+
+/// A session server listening at `ip`:7000; what it delivers.
+fn server(w: &World, ip: IpAddr) -> Delivered {
+    let b = w.node_at(ip, config());
+    b.listen(
+        EndpointAddress::new(ip, 7000),
+        ConnectionParams::receive(256, 16),
+    )
+    .unwrap();
+    let server = Rc::new(SessionServer::new(b));
+    let delivered = server.delivered();
+    w.spawn(async move { server.run().await });
+    delivered
 }
 
-impl World {
-    fn new(seed: u64) -> Self {
-        Self {
-            sim: Sim::with_seed(seed),
-            pool: LocalPool::new(),
-        }
-    }
-
-    fn spawn(&self, f: impl std::future::Future<Output = ()> + 'static) {
-        self.pool.spawner().spawn_local(f).expect("spawn");
-    }
-
-    /// A session server listening at `ip`:7000; what it delivers.
-    fn server(&self, ip: IpAddr) -> Delivered {
-        let host = self.sim.host(ip);
-        let b = Rc::new(AsyncBackend::new(|h| host.backend(config(), h)).unwrap());
-        b.listen(
-            EndpointAddress::new(ip, 7000),
-            ConnectionParams::receive(256, 16),
-        )
-        .unwrap();
-        let server = Rc::new(SessionServer::new(b));
-        let delivered = server.delivered();
-        self.spawn(async move { server.run().await });
-        delivered
-    }
-
-    fn client(&self, server: IpAddr, session: SessionConfig) -> Client {
-        let host = self.sim.next_host();
-        let b = Rc::new(AsyncBackend::new(|h| host.backend(config(), h)).unwrap());
-        let client = Rc::new(SessionClient::new(
-            b,
-            EndpointAddress::new(server, 7000),
-            42,
-            session,
-        ));
-        let c = client.clone();
-        self.spawn(async move { c.run().await });
-        client
-    }
-
-    /// Runs for `d` of virtual time, the tasks in between.
-    fn run_for(&mut self, d: Duration) {
-        let end = self.sim.now() + d;
-        while self.sim.now() < end {
-            self.pool.run_until_stalled();
-            self.sim.run_for(Duration::from_micros(500));
-        }
-        self.pool.run_until_stalled();
-    }
-
-    fn run_until(&mut self, mut done: impl FnMut() -> bool) -> bool {
-        for _ in 0..100_000 {
-            self.pool.run_until_stalled();
-            if done() {
-                return true;
-            }
-            self.sim.run_for(Duration::from_micros(500));
-        }
-        false
-    }
+fn client(w: &World, server: IpAddr, session: SessionConfig) -> Client {
+    let (b, _) = w.node(config());
+    let client = Rc::new(SessionClient::new(
+        b,
+        EndpointAddress::new(server, 7000),
+        42,
+        session,
+    ));
+    let c = client.clone();
+    w.spawn(async move { c.run().await });
+    client
 }
 
 fn msg(i: u64) -> Vec<u8> {
@@ -107,10 +69,10 @@ fn seqs(d: &[(u64, Vec<u8>)]) -> Vec<u64> {
 
 #[test]
 fn a_partition_healed_later_loses_and_repeats_nothing_and_needs_no_watchdog() {
-    let mut w = World::new(21);
+    let mut w = World::new(21, STEP);
     let sip = w.sim.next_host().ip();
-    let delivered = w.server(sip);
-    let client = w.client(sip, SessionConfig::default());
+    let delivered = server(&w, sip);
+    let client = client(&w, sip, SessionConfig::default());
     for i in 1..=30 {
         client.send(msg(i)).unwrap();
     }
@@ -137,10 +99,10 @@ fn a_partition_healed_later_loses_and_repeats_nothing_and_needs_no_watchdog() {
 
 #[test]
 fn a_server_that_crashes_and_restarts_gets_the_rest_and_nothing_acknowledged_again() {
-    let mut w = World::new(22);
+    let mut w = World::new(22, STEP);
     let sip = w.sim.next_host().ip();
-    let first = w.server(sip);
-    let client = w.client(sip, SessionConfig::default());
+    let first = server(&w, sip);
+    let client = client(&w, sip, SessionConfig::default());
     for i in 1..=40 {
         client.send(msg(i)).unwrap();
     }
@@ -154,7 +116,7 @@ fn a_server_that_crashes_and_restarts_gets_the_rest_and_nothing_acknowledged_aga
     w.run_for(Duration::from_secs(2));
     assert_eq!(client.acknowledged(), acked_at_crash);
     w.sim.restart(sip);
-    let second = w.server(sip);
+    let second = server(&w, sip);
     assert!(
         w.run_until(|| client.acknowledged() == 80),
         "acked {}",
@@ -179,9 +141,9 @@ fn a_server_that_crashes_and_restarts_gets_the_rest_and_nothing_acknowledged_aga
 
 #[test]
 fn a_listener_that_appears_late_gets_everything_once() {
-    let mut w = World::new(23);
+    let mut w = World::new(23, STEP);
     let sip = w.sim.next_host().ip();
-    let client = w.client(sip, SessionConfig::default());
+    let client = client(&w, sip, SessionConfig::default());
     for i in 1..=50 {
         client.send(msg(i)).unwrap();
     }
@@ -189,7 +151,7 @@ fn a_listener_that_appears_late_gets_everything_once() {
     w.run_for(Duration::from_secs(1));
     assert_eq!(client.connects(), 0);
     assert_eq!(client.held(), 50);
-    let delivered = w.server(sip);
+    let delivered = server(&w, sip);
     assert!(w.run_until(|| client.acknowledged() == 50));
     assert_eq!(seqs(&delivered.borrow()), (1..=50).collect::<Vec<_>>());
     assert_eq!(client.connects(), 1);
@@ -197,9 +159,10 @@ fn a_listener_that_appears_late_gets_everything_once() {
 
 #[test]
 fn the_high_water_mark_bounds_what_the_client_holds_and_counts_each_drop() {
-    let mut w = World::new(24);
+    let mut w = World::new(24, STEP);
     let sip = w.sim.next_host().ip();
-    let client = w.client(
+    let client = client(
+        &w,
         sip,
         SessionConfig {
             high_water: 10,
@@ -217,7 +180,7 @@ fn the_high_water_mark_bounds_what_the_client_holds_and_counts_each_drop() {
     assert_eq!(handed_back, 15);
     assert_eq!(client.dropped(), 15);
     assert_eq!(client.held(), 10);
-    let delivered = w.server(sip);
+    let delivered = server(&w, sip);
     assert!(w.run_until(|| client.acknowledged() == 10));
     assert_eq!(seqs(&delivered.borrow()), (1..=10).collect::<Vec<_>>());
     assert_eq!(client.held(), 0);
@@ -225,10 +188,10 @@ fn the_high_water_mark_bounds_what_the_client_holds_and_counts_each_drop() {
 
 #[test]
 fn messages_delivered_whose_acknowledgements_were_lost_are_not_delivered_again() {
-    let mut w = World::new(25);
+    let mut w = World::new(25, STEP);
     let sip = w.sim.next_host().ip();
-    let delivered = w.server(sip);
-    let client = w.client(sip, SessionConfig::default());
+    let delivered = server(&w, sip);
+    let client = client(&w, sip, SessionConfig::default());
     let cip = w.sim.hosts().into_iter().find(|h| *h != sip).unwrap();
     w.sim.set_link(
         sip,

@@ -6,55 +6,18 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use futures::executor::LocalPool;
 use futures::future::join_all;
-use futures::task::LocalSpawnExt;
 use futures::StreamExt;
-use netio_async::{AsyncBackend, ConnectError, SendFailed, HIGH_WATER};
+use netio_async::{ConnectError, SendFailed, HIGH_WATER};
 use netio_core::{
     BackendConfig, CloseReason, ConnectionParams, EndpointAddress, NetworkMode, RefuseReason,
 };
-use netio_sim::{Sim, SimBackend};
 
-type Node = Rc<AsyncBackend<SimBackend>>;
+mod common;
+use common::World;
 
-struct World {
-    sim: Sim,
-    pool: LocalPool,
-}
-
-impl World {
-    fn new(seed: u64) -> Self {
-        Self {
-            sim: Sim::with_seed(seed),
-            pool: LocalPool::new(),
-        }
-    }
-
-    /// A host with an async backend; its address.
-    fn node(&self, config: BackendConfig) -> (Node, std::net::IpAddr) {
-        let host = self.sim.next_host();
-        let b = AsyncBackend::new(|h| host.backend(config, h)).expect("backend");
-        (Rc::new(b), host.ip())
-    }
-
-    fn spawn(&self, f: impl std::future::Future<Output = ()> + 'static) {
-        self.pool.spawner().spawn_local(f).expect("spawn");
-    }
-
-    /// Runs tasks and virtual time until `done` holds (at most 10 virtual
-    /// seconds); returns whether it did.
-    fn run_until(&mut self, mut done: impl FnMut() -> bool) -> bool {
-        for _ in 0..100_000 {
-            self.pool.run_until_stalled();
-            if done() {
-                return true;
-            }
-            self.sim.run_for(Duration::from_micros(100));
-        }
-        false
-    }
-}
+/// Virtual time between two rounds of the executor.
+const STEP: Duration = Duration::from_micros(100);
 
 fn msg(i: usize) -> Vec<u8> {
     format!("message {i:04}").into_bytes()
@@ -69,7 +32,7 @@ fn rdma() -> BackendConfig {
 
 #[test]
 fn connect_send_and_receive_in_order_with_each_send_resolved_on_completion() {
-    let mut w = World::new(1);
+    let mut w = World::new(1, STEP);
     let (server, sip) = w.node(BackendConfig::default());
     let (client, _) = w.node(BackendConfig::default());
     let params = ConnectionParams::receive(64, 8);
@@ -100,7 +63,7 @@ fn connect_send_and_receive_in_order_with_each_send_resolved_on_completion() {
 
 #[test]
 fn sends_wait_for_room_instead_of_failing_when_the_queue_is_full() {
-    let mut w = World::new(2);
+    let mut w = World::new(2, STEP);
     let (server, sip) = w.node(rdma());
     let (client, _) = w.node(BackendConfig {
         send_queue_depth: 2,
@@ -140,7 +103,7 @@ fn sends_wait_for_room_instead_of_failing_when_the_queue_is_full() {
 
 #[test]
 fn a_reader_that_falls_behind_pauses_its_peer_and_loses_nothing() {
-    let mut w = World::new(3);
+    let mut w = World::new(3, STEP);
     let (server, sip) = w.node(rdma());
     let (client, _) = w.node(rdma());
     let params = ConnectionParams::receive(64, 8);
@@ -196,7 +159,7 @@ fn a_reader_that_falls_behind_pauses_its_peer_and_loses_nothing() {
 
 #[test]
 fn a_close_fails_the_sends_in_flight_with_its_reason_and_ends_the_peers_stream() {
-    let mut w = World::new(4);
+    let mut w = World::new(4, STEP);
     let (server, sip) = w.node(rdma());
     let (client, _) = w.node(rdma());
     let params = ConnectionParams::receive(64, 8);
@@ -260,7 +223,7 @@ fn a_close_fails_the_sends_in_flight_with_its_reason_and_ends_the_peers_stream()
 
 #[test]
 fn connecting_where_nothing_listens_fails_with_refused() {
-    let mut w = World::new(5);
+    let mut w = World::new(5, STEP);
     let (_server, sip) = w.node(BackendConfig::default());
     let (client, _) = w.node(BackendConfig::default());
     let result = Rc::new(RefCell::new(None));
@@ -288,7 +251,7 @@ fn connecting_where_nothing_listens_fails_with_refused() {
 
 /// An echo scenario: a client sends 30 messages, the server echoes each.
 fn echo_trace(seed: u64) -> (String, Vec<Vec<u8>>) {
-    let mut w = World::new(seed);
+    let mut w = World::new(seed, STEP);
     w.sim.enable_trace(true);
     let (server, sip) = w.node(BackendConfig::default());
     let (client, _) = w.node(BackendConfig::default());
@@ -332,7 +295,7 @@ fn an_async_scenario_run_twice_with_one_seed_gives_the_same_trace_byte_for_byte(
 
 #[test]
 fn sleep_follows_the_loops_clock_in_virtual_time() {
-    let mut w = World::new(6);
+    let mut w = World::new(6, STEP);
     let (node, _) = w.node(BackendConfig::default());
     let woke = Rc::new(RefCell::new(Vec::new()));
     for (i, ms) in [30u64, 10, 20].into_iter().enumerate() {
@@ -363,7 +326,7 @@ fn a_send_made_after_a_close_whose_event_has_not_arrived_fails_with_the_close() 
     // close event reaches the async state later, on the loop. A send made
     // (or woken) in between fails with the close's reason, not with the
     // provider's "unknown connection".
-    let mut w = World::new(5);
+    let mut w = World::new(5, STEP);
     let (server, sip) = w.node(rdma());
     let (client, _) = w.node(rdma());
     let params = ConnectionParams::receive(64, 8);
