@@ -525,8 +525,15 @@ impl<B: Backend + Clone> AsyncConn<B> {
 
     /// Closes the connection. Sends in flight fail with
     /// [`SendFailed::Cancelled`]; [`recv`](Self::recv) ends.
+    ///
+    /// Closing a connection that has already closed (the peer's close may
+    /// race with this one, its event still on the way) is not an error: the
+    /// connection keeps the reason it closed with.
     pub fn close(&self) -> Result<(), CloseError> {
-        self.backend.close_active_endpoint(self.id)
+        match self.backend.close_active_endpoint(self.id) {
+            Err(CloseError::UnknownConnection(_)) => Ok(()),
+            other => other,
+        }
     }
 
     /// Why the connection closed, once it has.

@@ -364,3 +364,37 @@ fn a_send_made_after_a_close_whose_event_has_not_arrived_fails_with_the_close() 
         "{got:?}"
     );
 }
+
+#[test]
+fn closing_a_connection_the_peer_already_closed_is_not_an_error_and_keeps_the_peers_reason() {
+    let mut w = World::new(6, STEP);
+    let (server, sip) = w.node(rdma());
+    let (client, _) = w.node(rdma());
+    let params = ConnectionParams::receive(64, 8);
+    let addr = server
+        .listen(EndpointAddress::new(sip, 0), params.clone())
+        .unwrap();
+    let slots = Rc::new(RefCell::new((None, None)));
+    let (s, c2) = (slots.clone(), client.clone());
+    w.spawn(async move {
+        s.borrow_mut().0 = Some(c2.connect(addr, params).await.unwrap());
+    });
+    let (s, s2) = (slots.clone(), server.clone());
+    w.spawn(async move {
+        s.borrow_mut().1 = s2.accept().await;
+    });
+    assert!(w.run_until(|| {
+        let s = slots.borrow();
+        s.0.is_some() && s.1.is_some()
+    }));
+    let (conn, accepted) = {
+        let mut s = slots.borrow_mut();
+        (s.0.take().unwrap(), s.1.take().unwrap())
+    };
+    accepted.close().unwrap();
+    assert!(w.run_until(|| conn.close_reason().is_some()));
+    conn.close().expect("closing a closed connection");
+    assert_eq!(conn.close_reason(), Some(CloseReason::PeerClosed));
+    accepted.close().expect("a second close");
+    assert_eq!(accepted.close_reason(), Some(CloseReason::Local));
+}
