@@ -33,12 +33,9 @@ fn rdma() -> BackendConfig {
 #[test]
 fn connect_send_and_receive_in_order_with_each_send_resolved_on_completion() {
     let mut w = World::new(1, STEP);
-    let (server, sip) = w.node(BackendConfig::default());
-    let (client, _) = w.node(BackendConfig::default());
     let params = ConnectionParams::receive(64, 8);
-    let addr = server
-        .listen(EndpointAddress::new(sip, 0), params.clone())
-        .unwrap();
+    let (server, client, addr) =
+        w.pair(BackendConfig::default(), BackendConfig::default(), &params);
     let got = Rc::new(RefCell::new(Vec::new()));
     let sent = Rc::new(RefCell::new(0usize));
     let (g, s2) = (got.clone(), server.clone());
@@ -64,15 +61,15 @@ fn connect_send_and_receive_in_order_with_each_send_resolved_on_completion() {
 #[test]
 fn sends_wait_for_room_instead_of_failing_when_the_queue_is_full() {
     let mut w = World::new(2, STEP);
-    let (server, sip) = w.node(rdma());
-    let (client, _) = w.node(BackendConfig {
-        send_queue_depth: 2,
-        ..rdma()
-    });
     let params = ConnectionParams::receive(64, 4);
-    let addr = server
-        .listen(EndpointAddress::new(sip, 0), params.clone())
-        .unwrap();
+    let (server, client, addr) = w.pair(
+        rdma(),
+        BackendConfig {
+            send_queue_depth: 2,
+            ..rdma()
+        },
+        &params,
+    );
     let got = Rc::new(RefCell::new(Vec::new()));
     let results = Rc::new(RefCell::new(Vec::new()));
     let (g, s2) = (got.clone(), server.clone());
@@ -104,12 +101,8 @@ fn sends_wait_for_room_instead_of_failing_when_the_queue_is_full() {
 #[test]
 fn a_reader_that_falls_behind_pauses_its_peer_and_loses_nothing() {
     let mut w = World::new(3, STEP);
-    let (server, sip) = w.node(rdma());
-    let (client, _) = w.node(rdma());
     let params = ConnectionParams::receive(64, 8);
-    let addr = server
-        .listen(EndpointAddress::new(sip, 0), params.clone())
-        .unwrap();
+    let (server, client, addr) = w.pair(rdma(), rdma(), &params);
     let n = HIGH_WATER * 4;
     let completed = Rc::new(RefCell::new(0usize));
     let (c, c2) = (completed.clone(), client.clone());
@@ -160,12 +153,8 @@ fn a_reader_that_falls_behind_pauses_its_peer_and_loses_nothing() {
 #[test]
 fn a_close_fails_the_sends_in_flight_with_its_reason_and_ends_the_peers_stream() {
     let mut w = World::new(4, STEP);
-    let (server, sip) = w.node(rdma());
-    let (client, _) = w.node(rdma());
     let params = ConnectionParams::receive(64, 8);
-    let addr = server
-        .listen(EndpointAddress::new(sip, 0), params.clone())
-        .unwrap();
+    let (server, client, addr) = w.pair(rdma(), rdma(), &params);
     let n = HIGH_WATER * 3;
     let outcomes = Rc::new(RefCell::new(Vec::new()));
     let conn_slot = Rc::new(RefCell::new(None));
@@ -253,12 +242,9 @@ fn connecting_where_nothing_listens_fails_with_refused() {
 fn echo_trace(seed: u64) -> (String, Vec<Vec<u8>>) {
     let mut w = World::new(seed, STEP);
     w.sim.enable_trace(true);
-    let (server, sip) = w.node(BackendConfig::default());
-    let (client, _) = w.node(BackendConfig::default());
     let params = ConnectionParams::receive(64, 8);
-    let addr = server
-        .listen(EndpointAddress::new(sip, 0), params.clone())
-        .unwrap();
+    let (server, client, addr) =
+        w.pair(BackendConfig::default(), BackendConfig::default(), &params);
     let s2 = server.clone();
     w.spawn(async move {
         let conn = s2.accept().await.unwrap();
@@ -327,12 +313,8 @@ fn a_send_made_after_a_close_whose_event_has_not_arrived_fails_with_the_close() 
     // (or woken) in between fails with the close's reason, not with the
     // provider's "unknown connection".
     let mut w = World::new(5, STEP);
-    let (server, sip) = w.node(rdma());
-    let (client, _) = w.node(rdma());
     let params = ConnectionParams::receive(64, 8);
-    let addr = server
-        .listen(EndpointAddress::new(sip, 0), params.clone())
-        .unwrap();
+    let (server, client, addr) = w.pair(rdma(), rdma(), &params);
     let conn_slot = Rc::new(RefCell::new(None));
     let (cs, c2) = (conn_slot.clone(), client.clone());
     w.spawn(async move {
@@ -368,12 +350,8 @@ fn a_send_made_after_a_close_whose_event_has_not_arrived_fails_with_the_close() 
 #[test]
 fn closing_a_connection_the_peer_already_closed_is_not_an_error_and_keeps_the_peers_reason() {
     let mut w = World::new(6, STEP);
-    let (server, sip) = w.node(rdma());
-    let (client, _) = w.node(rdma());
     let params = ConnectionParams::receive(64, 8);
-    let addr = server
-        .listen(EndpointAddress::new(sip, 0), params.clone())
-        .unwrap();
+    let (server, client, addr) = w.pair(rdma(), rdma(), &params);
     let slots = Rc::new(RefCell::new((None, None)));
     let (s, c2) = (slots.clone(), client.clone());
     w.spawn(async move {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::executor::LocalPool;
 use futures::task::LocalSpawnExt;
 use netio_async::AsyncBackend;
-use netio_core::BackendConfig;
+use netio_core::{BackendConfig, ConnectionParams, EndpointAddress};
 use netio_sim::{Sim, SimBackend};
 
 pub type Node = Rc<AsyncBackend<SimBackend>>;
@@ -38,6 +38,22 @@ impl World {
         let host = self.sim.next_host();
         let b = AsyncBackend::new(|h| host.backend(config, h)).expect("backend");
         (Rc::new(b), host.ip())
+    }
+
+    /// A server listening on a new host (at a port of the simulator's
+    /// choice) and a client on another; the listening address.
+    pub fn pair(
+        &self,
+        server: BackendConfig,
+        client: BackendConfig,
+        params: &ConnectionParams,
+    ) -> (Node, Node, EndpointAddress) {
+        let (s, ip) = self.node(server);
+        let (c, _) = self.node(client);
+        let addr = s
+            .listen(EndpointAddress::new(ip, 0), params.clone())
+            .expect("listen");
+        (s, c, addr)
     }
 
     /// An async backend on the host at `ip` (created or restarted).
