@@ -72,3 +72,12 @@ LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" RUSTFLAGS="--cfg loom" \
 
 step "cargo test --workspace"
 NETIO_REQUIRE_NETNS=1 cargo test --workspace --locked
+
+# The facade and the example programs select libfabric by name only when
+# built with their `libfabric` feature, which the workspace run leaves off.
+step "libfabric through the facade and the example programs (feature libfabric)"
+cargo clippy --locked -p netio -p netio-examples -p netio-perf \
+    --features netio/libfabric,netio-examples/libfabric,netio-perf/libfabric \
+    --all-targets -- -D warnings
+cargo test --locked -p netio --features libfabric --test libfabric
+cargo test --locked -p netio-examples --features libfabric --test libfabric
