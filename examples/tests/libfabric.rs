@@ -2,56 +2,29 @@
 //! name (`--provider libfabric`, the fabric provider with `--fabric`), and
 //! an unknown fabric provider is a clear error, not a crash. Built with the
 //! `libfabric` feature only (`scripts/test-all.sh` runs it). Every program
-//! is killed after a deadline.
+//! is killed after a deadline (`common::Proc`).
 #![cfg(feature = "libfabric")]
 
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+mod common;
+use common::{run_ok, Proc};
 
 const ECHO: &str = env!("CARGO_BIN_EXE_echo_tcp");
 const PINGPONG: &str = env!("CARGO_BIN_EXE_pingpong");
 
-/// Runs `exe` with `args` for at most 60 s; its exit success, stdout and
-/// stderr.
-fn run(exe: &str, args: &[&str]) -> (bool, String, String) {
-    let mut child = Command::new(exe)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the program starts");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{exe} {args:?} did not end within 60 s");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("output");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// All of `out` as one text.
+fn text(out: &[String]) -> String {
+    out.join("\n")
 }
 
 #[test]
 fn pingpong_runs_over_libfabric_tcp_and_sockets_by_name() {
     for fabric in ["tcp", "sockets"] {
-        let (ok, out, err) = run(
+        let args = ["--provider", "libfabric", "--fabric", fabric];
+        let out = text(&run_ok(
+            "pingpong",
             PINGPONG,
-            &[
-                "--provider",
-                "libfabric",
-                "--fabric",
-                fabric,
-                "--count",
-                "100",
-            ],
-        );
-        assert!(ok, "{fabric}: {out}{err}");
+            &[&args[..], &["--count", "100"]].concat(),
+        ));
         assert!(out.contains("over libfabric"), "{fabric}: {out}");
         assert!(
             out.contains("echoes intact 100, mismatched 0"),
@@ -62,29 +35,30 @@ fn pingpong_runs_over_libfabric_tcp_and_sockets_by_name() {
 
 #[test]
 fn echo_tcp_runs_over_libfabric_by_name() {
-    let (ok, out, err) = run(
+    let out = text(&run_ok(
+        "echo_tcp",
         ECHO,
-        &["--provider", "libfabric", "--count", "50", "--clients", "2"],
-    );
-    assert!(ok, "{out}{err}");
+        &["--provider", "libfabric", "--count", "50"],
+    ));
     assert!(out.contains("echoed back intact 50, mismatched 0"), "{out}");
-    assert!(out.contains("failed 0"), "{out}");
+    assert!(
+        out.contains("1 connection(s), 1 closed, echoed 50, failed 0"),
+        "{out}"
+    );
 }
 
 #[test]
 fn an_unknown_fabric_provider_is_a_clear_error() {
-    let (ok, out, err) = run(
-        PINGPONG,
-        &[
-            "--provider",
-            "libfabric",
-            "--fabric",
-            "nosuch",
-            "--count",
-            "10",
-        ],
-    );
-    assert!(!ok, "{out}");
+    let args = [
+        "--provider",
+        "libfabric",
+        "--fabric",
+        "nosuch",
+        "--count",
+        "10",
+    ];
+    let (status, out, err) = Proc::spawn("pingpong", PINGPONG, &args).finish();
+    assert!(!status.success(), "{out:#?}");
     assert!(
         err.contains("libfabric provider `nosuch`") && err.contains("unknown provider name"),
         "{err}"

@@ -654,15 +654,11 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
                 self.key = Some(key);
                 Poll::Pending
             }
-            Err(SendError::NoResources) => {
-                c.waiting.push(cx.waker().clone());
-                Poll::Pending
-            }
-            // The provider has let go of the connection (a close from any
-            // thread, or the peer's) but its close has not reached this
-            // side's state yet: it will, and then the send fails with the
-            // close's reason.
-            Err(SendError::UnknownConnection(_)) => {
+            // No room: a completion wakes the send. Unknown: the provider
+            // has let go of the connection (a close from any thread, or the
+            // peer's) but the close has not reached this side's state yet;
+            // it will, and the send then fails with the close's reason.
+            Err(SendError::NoResources | SendError::UnknownConnection(_)) => {
                 c.waiting.push(cx.waker().clone());
                 Poll::Pending
             }
