@@ -991,6 +991,20 @@ impl Inner {
     }
 
     fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
+        let mut reposted = false;
+        self.deliver_held(backend, id, &mut reposted);
+        if reposted {
+            // A provider may hold a message whose header it read while no
+            // buffer was posted (libfabric 1.17 `tcp`); posting a buffer
+            // does not complete it and `fi_trywait` does not report it, so
+            // the queue is read again now, or that message would wait for
+            // unrelated traffic.
+            let mut st = lock(&self.state);
+            self.progress_cq(&mut st, id);
+        }
+    }
+
+    fn deliver_held(&self, backend: &LibfabricBackend, id: ConnId, reposted: &mut bool) {
         for _ in 0..1024 {
             let (bytes, index) = {
                 let mut st = lock(&self.state);
@@ -1019,7 +1033,7 @@ impl Inner {
             };
             c.unposted.push(index);
             if !c.paused {
-                self.repost(&mut st, id);
+                *reposted |= self.repost(&mut st, id);
             }
         }
         let mut st = lock(&self.state);
@@ -1029,9 +1043,12 @@ impl Inner {
         self.queue_deliver(&mut st, id);
     }
 
-    fn repost(&self, st: &mut State, id: ConnId) {
+    /// Posts the receive buffers waiting to be posted again; `true` if any
+    /// was posted (the caller then reads the completion queue again before
+    /// the loop sleeps, see [`deliver`](Self::deliver)).
+    fn repost(&self, st: &mut State, id: ConnId) -> bool {
         let Some(c) = st.conns.get_mut(id) else {
-            return;
+            return false;
         };
         let mut failed = None;
         let mut posted = false;
@@ -1047,7 +1064,9 @@ impl Inner {
         }
         if let Some(e) = failed {
             self.close_conn(st, id, CloseReason::Other(e.to_string()), false);
+            return false;
         }
+        posted
     }
 
     fn on_user_timer(&self) {
@@ -1417,6 +1436,7 @@ impl Backend for LibfabricBackend {
         }
         c.paused = false;
         let pending = c.pending_close.is_some() && c.held.is_empty();
+        // The queue is read again below (posted) whatever this posted.
         inner.repost(&mut st, conn);
         if pending {
             let reason = st.conns.get_mut(conn).and_then(|c| c.pending_close.take());

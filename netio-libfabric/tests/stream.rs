@@ -1,0 +1,261 @@
+//! A stream's last message arrives with no other traffic to wake anyone:
+//! a sender streams numbered small messages to a receiver that only counts
+//! them (in order), with and without the receiver pausing at a high-water
+//! mark and resuming from another thread (the pattern `netio-async` uses).
+//!
+//! Every run must deliver every message. A run that stops making progress
+//! for [`STALL`] fails and says what it saw: messages delivered, sends
+//! completed, whether the receiver was paused. On libfabric 1.17's `tcp`
+//! a message whose header was read while no receive buffer was posted
+//! waits in the provider until the completion queue is read again, and
+//! `fi_trywait` does not report it: without a read after re-posting
+//! buffers, the last messages of a stream waited for unrelated traffic.
+//!
+//! `NETIO_LF_STREAM_RUNS` sets the number of runs per test (default 10).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::Running;
+use netio_core::{
+    Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
+    Handler, SendError,
+};
+use netio_libfabric::{LibfabricBackend, LibfabricConfig};
+
+/// Messages per run.
+const MESSAGES: u64 = 20_000;
+/// No progress for this long fails the run.
+const STALL: Duration = Duration::from_secs(5);
+/// The receiver pauses with this many messages unread, resumes at half.
+const HIGH_WATER: usize = 64;
+
+fn runs() -> usize {
+    std::env::var("NETIO_LF_STREAM_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10)
+}
+
+#[derive(Default)]
+struct Counts {
+    delivered: AtomicU64,
+    completed: AtomicU64,
+    out_of_order: AtomicU64,
+    closed: AtomicU64,
+}
+
+/// The receiving side's unread queue (pause mode).
+#[derive(Default)]
+struct Unread {
+    queued: usize,
+    paused: bool,
+    conn: Option<ConnId>,
+    pauses: u64,
+}
+
+#[derive(Clone)]
+struct Side {
+    counts: Arc<Counts>,
+    next: Arc<Mutex<u64>>,
+    expected: Arc<Mutex<u64>>,
+    unread: Option<Arc<Mutex<Unread>>>,
+    sender: bool,
+}
+
+impl Side {
+    fn fill(&self, b: &LibfabricBackend, conn: ConnId) {
+        let mut next = self.next.lock().unwrap();
+        while *next < MESSAGES {
+            let seq = (*next as u32).to_le_bytes();
+            match b.send_data_copy(conn, &[&seq, &[0u8; 28]], &[], *next) {
+                Ok(()) => *next += 1,
+                Err(SendError::NoResources) => return,
+                Err(e) => panic!("send {} failed: {e}", *next),
+            }
+        }
+    }
+}
+
+impl Handler<LibfabricBackend> for Side {
+    fn on_connection_established(
+        &mut self,
+        b: &LibfabricBackend,
+        conn: ConnId,
+        _r: EndpointAddress,
+        _c: Capabilities,
+    ) {
+        if self.sender {
+            self.fill(b, conn);
+        } else if let Some(u) = &self.unread {
+            u.lock().unwrap().conn = Some(conn);
+        }
+    }
+
+    fn on_connection_closed(
+        &mut self,
+        _b: &LibfabricBackend,
+        _c: ConnId,
+        _r: EndpointAddress,
+        _why: &CloseReason,
+        _keys: &[u64],
+    ) {
+        self.counts.closed.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn on_data(&mut self, b: &LibfabricBackend, conn: ConnId, data: &[u8]) {
+        let seq = u32::from_le_bytes(data[..4].try_into().unwrap()) as u64;
+        let mut expected = self.expected.lock().unwrap();
+        if seq != *expected {
+            self.counts.out_of_order.fetch_add(1, Ordering::SeqCst);
+        }
+        *expected = seq + 1;
+        self.counts.delivered.fetch_add(1, Ordering::SeqCst);
+        if let Some(u) = &self.unread {
+            let mut u = u.lock().unwrap();
+            u.queued += 1;
+            if u.queued >= HIGH_WATER && !u.paused {
+                b.pause_receive(conn).expect("pause on the loop thread");
+                u.paused = true;
+                u.pauses += 1;
+            }
+        }
+    }
+
+    fn on_sends_completed(&mut self, b: &LibfabricBackend, conn: ConnId, keys: &[u64]) {
+        self.counts
+            .completed
+            .fetch_add(keys.len() as u64, Ordering::SeqCst);
+        self.fill(b, conn);
+    }
+}
+
+fn side(sender: bool, pause: bool) -> Side {
+    Side {
+        counts: Arc::default(),
+        next: Arc::default(),
+        expected: Arc::default(),
+        unread: pause.then(Arc::default),
+        sender,
+    }
+}
+
+fn stream(provider: &str, pause: bool) {
+    let rx_loop = Running::start();
+    let tx_loop = Running::start();
+    let lf = LibfabricConfig::provider(provider);
+    for run in 0..runs() {
+        let rx = side(false, pause);
+        let tx = side(true, false);
+        let receiver = LibfabricBackend::new(
+            &rx_loop.lp,
+            BackendConfig::default(),
+            lf.clone(),
+            rx.clone(),
+        )
+        .expect("the receiving backend");
+        let sender = LibfabricBackend::new(
+            &tx_loop.lp,
+            BackendConfig::default(),
+            lf.clone(),
+            tx.clone(),
+        )
+        .expect("the sending backend");
+        // Few receive buffers: they run out often.
+        let listen = receiver
+            .open_listen_endpoint(
+                "127.0.0.1:0".parse().unwrap(),
+                ConnectionParams::receive(64, 8),
+            )
+            .unwrap();
+        let conn = sender
+            .open_active_endpoint(listen, ConnectionParams::default())
+            .unwrap();
+        // The consumer of the unread queue, on a thread of its own.
+        let done = Arc::new(AtomicBool::new(false));
+        let consumer = rx.unread.clone().map(|u| {
+            let receiver = receiver.clone();
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                while !done.load(Ordering::SeqCst) {
+                    {
+                        let mut u = u.lock().unwrap();
+                        u.queued = u.queued.saturating_sub(4);
+                        if u.paused && u.queued <= HIGH_WATER / 2 {
+                            if let Some(c) = u.conn {
+                                receiver
+                                    .resume_receive(c)
+                                    .expect("resume from another thread");
+                            }
+                            u.paused = false;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            })
+        });
+        let mut last = (u64::MAX, u64::MAX);
+        let mut since = Instant::now();
+        loop {
+            let now = (
+                rx.counts.delivered.load(Ordering::SeqCst),
+                tx.counts.completed.load(Ordering::SeqCst),
+            );
+            if now.0 == MESSAGES && now.1 == MESSAGES {
+                break;
+            }
+            if now != last {
+                last = now;
+                since = Instant::now();
+            } else if since.elapsed() > STALL {
+                done.store(true, Ordering::SeqCst);
+                let paused = rx.unread.as_ref().map(|u| {
+                    let u = u.lock().unwrap();
+                    (u.paused, u.queued, u.pauses)
+                });
+                panic!(
+                    "{provider}, run {run} of {}: no progress for {STALL:?} with {} of {MESSAGES} \
+                     messages delivered, {} of {} sends completed, {} closes seen; receiver \
+                     (paused, unread, pauses so far): {paused:?}",
+                    runs(),
+                    now.0,
+                    now.1,
+                    tx.next.lock().unwrap(),
+                    rx.counts.closed.load(Ordering::SeqCst)
+                        + tx.counts.closed.load(Ordering::SeqCst),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        done.store(true, Ordering::SeqCst);
+        if let Some(t) = consumer {
+            t.join().unwrap();
+        }
+        assert_eq!(
+            rx.counts.out_of_order.load(Ordering::SeqCst),
+            0,
+            "{provider}, run {run}: messages out of order"
+        );
+        if let Some(u) = &rx.unread {
+            assert!(
+                u.lock().unwrap().pauses > 0,
+                "{provider}, run {run}: the receiver never paused (the test is not testing pauses)"
+            );
+        }
+        sender.close_active_endpoint(conn).unwrap();
+        receiver.close_listen_endpoint(listen).unwrap();
+    }
+}
+
+#[test]
+fn a_stream_to_a_counting_receiver_delivers_every_message() {
+    stream("tcp", false);
+}
+
+#[test]
+fn a_stream_to_a_receiver_paused_and_resumed_from_another_thread_delivers_every_message() {
+    stream("tcp", true);
+}
