@@ -4,6 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 use std::time::Duration;
 
@@ -19,8 +20,10 @@ use netio_core::{
 
 use crate::config::LibfabricConfig;
 use crate::ffi::{
-    self, Completion, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError, Query,
+    self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError,
+    Query,
 };
+use crate::listen::{GuardSettings, KnownPeer, ListenWorker};
 
 /// Size of the one receive buffer posted on a connection without receive
 /// capability, to notice (and refuse) a message sent to it.
@@ -107,6 +110,12 @@ struct Conn {
     sources: Option<(SourceId, SourceId)>,
     fds: (RawFd, RawFd),
     order: u64,
+    /// When the connection was opened (loop clock), for the set-up
+    /// deadline.
+    opened_at: Duration,
+    /// An accepted connection's peer, known to the listener's handshake
+    /// guard while the connection lives.
+    _known: Option<KnownPeer>,
 }
 
 /// A locally closed connection whose sends are still with the provider:
@@ -120,14 +129,21 @@ struct Lingering {
     deadline: Duration,
     source: Option<SourceId>,
     cq_fd: RawFd,
+    _known: Option<KnownPeer>,
 }
 
+// Field order: the threads stop (and let go of the passive endpoint) before
+// this copy is dropped, so that the endpoint is closed, and its port free,
+// when the listener is dropped (unless a peer holds the thread inside
+// libfabric: then it closes when that thread lets go).
 struct Listener {
-    pep: ffi::PassiveEp,
+    /// Stops the listener's threads when dropped.
+    _worker: ListenWorker,
+    /// Shared with the listener thread, which reads its event queue.
+    _pep: Arc<ffi::PassiveEp>,
     /// Accepted endpoints open on the listener's domain (a connection
     /// request's entry may name another fabric: `sockets` does).
     domain: Arc<Domain>,
-    source: Option<SourceId>,
     params: ConnectionParams,
 }
 
@@ -151,6 +167,8 @@ struct State {
     next_order: u64,
     lingering: HashMap<u64, Lingering>,
     next_linger: u64,
+    /// The earliest set-up deadline the set-up timer is started for.
+    setup_deadline: Option<Duration>,
 }
 
 struct FabricSettings {
@@ -184,6 +202,10 @@ struct Inner {
     timers: Mutex<TimerQueue>,
     user_timer: MioTimer,
     linger_timer: MioTimer,
+    setup_timer: MioTimer,
+    /// Connections refused by a listener: over a limit, past the handshake
+    /// deadline, or failing to open.
+    refused: Arc<AtomicU64>,
 }
 
 impl Drop for Inner {
@@ -192,12 +214,8 @@ impl Drop for Inner {
             Ok(s) => s,
             Err(p) => p.into_inner(),
         };
-        for (_, mut l) in st.listeners.drain() {
-            if let Some(src) = l.source.take() {
-                let fd = l.pep.eq().fd();
-                let _ = self.lp.deregister(&mut SourceFd(&fd), src);
-            }
-        }
+        // Each listener's threads stop as it is dropped.
+        st.listeners.clear();
         for (_, mut c) in st.conns.drain() {
             deregister_conn(&self.lp, &mut c);
             self.fabric.shutdown(&mut c.link);
@@ -265,6 +283,17 @@ impl LibfabricBackend {
         if lf.cq_size == 0 {
             return Err(CreateError::InvalidConfig("cq_size of 0".into()));
         }
+        if lf.handshake_timeout.is_zero() {
+            return Err(CreateError::InvalidConfig(
+                "a handshake_timeout of 0 would refuse every connection".into(),
+            ));
+        }
+        if lf.max_pending_handshakes == 0 || lf.max_connections_per_listener == 0 {
+            return Err(CreateError::InvalidConfig(
+                "max_pending_handshakes and max_connections_per_listener must be at least 1"
+                    .into(),
+            ));
+        }
         if let Some(w) = lf.sockets_pe_waittime {
             ENV_ONCE.call_once(|| ffi::default_env("FI_SOCKETS_PE_WAITTIME", &w.to_string()));
         }
@@ -285,6 +314,12 @@ impl LibfabricBackend {
                     i.on_linger_timer();
                 }
             });
+            let w = weak.clone();
+            let setup_timer = lp.timer(move || {
+                if let Some(i) = w.upgrade() {
+                    i.on_setup_timer();
+                }
+            });
             Inner {
                 lp,
                 config,
@@ -299,6 +334,8 @@ impl LibfabricBackend {
                 timers: Mutex::new(TimerQueue::new()),
                 user_timer,
                 linger_timer,
+                setup_timer,
+                refused: Arc::new(AtomicU64::new(0)),
             }
         });
         Ok(Self { inner })
@@ -312,6 +349,15 @@ impl LibfabricBackend {
     /// The libfabric settings of this backend.
     pub fn libfabric_config(&self) -> &LibfabricConfig {
         &self.inner.fabric.lf
+    }
+
+    /// Connections this backend's listeners refused or ended before they
+    /// were accepted: over [`LibfabricConfig::max_connections_per_listener`]
+    /// or [`LibfabricConfig::max_pending_handshakes`], past
+    /// [`LibfabricConfig::handshake_timeout`], or failing to open an
+    /// endpoint. None of them reaches the handler.
+    pub fn refused_connections(&self) -> u64 {
+        self.inner.refused.load(Ordering::Relaxed)
     }
 }
 
@@ -489,7 +535,7 @@ impl Inner {
             let mut dropped = Vec::new();
             let polled = c.link.poll(&mut dropped);
             if polled.is_ok() && !c.link.sends_done() {
-                self.linger(st, id, c.link, c.remote, reason);
+                self.linger(st, id, c.link, c.remote, reason, c._known);
                 return;
             }
             self.finish_close(st, id, c.link, c.remote, reason, true);
@@ -536,6 +582,7 @@ impl Inner {
         link: Link,
         remote: EndpointAddress,
         reason: CloseReason,
+        known: Option<KnownPeer>,
     ) {
         let serial = st.next_linger;
         st.next_linger += 1;
@@ -567,6 +614,7 @@ impl Inner {
                 deadline,
                 source: Some(source),
                 cq_fd,
+                _known: known,
             },
         );
         if first.is_none_or(|d| deadline < d) {
@@ -861,45 +909,58 @@ impl Inner {
         }
     }
 
-    fn on_listener(&self, addr: EndpointAddress) {
+    /// A connection request read by the listener thread of `addr`
+    /// (on the loop thread).
+    fn on_request(
+        &self,
+        addr: EndpointAddress,
+        pep: &ffi::PassiveEp,
+        req: ConnRequest,
+        known: KnownPeer,
+    ) {
         let mut st = lock(&self.state);
-        for _ in 0..TRYWAIT_ROUNDS {
-            loop {
-                let Some(l) = st.listeners.get(&addr) else {
-                    return;
-                };
-                match l.pep.eq().read() {
-                    Ok(Some(EqEvent::ConnReq(info))) => {
-                        let params = l.params.clone();
-                        self.accept(&mut st, addr, params, info);
-                    }
-                    Ok(Some(_)) => {}
-                    Ok(None) | Err(_) => break,
-                }
-            }
-            let Some(l) = st.listeners.get(&addr) else {
-                return;
-            };
-            if l.pep.eq().trywait() {
-                return;
-            }
+        let Some(l) = st.listeners.get(&addr) else {
+            // Closed meanwhile: the peer sees its connection refused.
+            pep.reject(req);
+            return;
+        };
+        let params = l.params.clone();
+        let held = st
+            .conns
+            .iter()
+            .filter(|(_, c)| c.listener == Some(addr))
+            .count();
+        if held >= self.fabric.lf.max_connections_per_listener {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            pep.reject(req);
+            return;
         }
-        self.post_with(move |i| i.on_listener(addr));
+        if !self.accept(&mut st, addr, params, req, known) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    /// Opens and accepts an endpoint for a connection request; failures
-    /// leave the request unanswered (the peer sees it refused).
-    fn accept(&self, st: &mut State, addr: EndpointAddress, params: ConnectionParams, info: Info) {
-        let Some(remote) = info.dest_addr() else {
-            return;
+    /// Opens and accepts an endpoint for a connection request; `false` if
+    /// that failed (the request is then left to the provider, and the peer
+    /// sees its connection end).
+    fn accept(
+        &self,
+        st: &mut State,
+        addr: EndpointAddress,
+        params: ConnectionParams,
+        req: ConnRequest,
+        known: KnownPeer,
+    ) -> bool {
+        let Some(remote) = req.peer() else {
+            return false;
         };
         let domain = match st.listeners.get(&addr) {
             Some(l) => Arc::clone(&l.domain),
-            None => return,
+            None => return false,
         };
         let (spec, receive, limit) = self.link_spec(&params);
-        let Ok(mut link) = Link::open(&domain, info, spec) else {
-            return;
+        let Ok(mut link) = Link::open(&domain, req.into_info(), spec) else {
+            return false;
         };
         if let Some(p) = self.send_pool_for(&params) {
             link.keep_pool(p);
@@ -926,18 +987,69 @@ impl Inner {
             sources: None,
             fds,
             order,
+            opened_at: self.lp.now(),
+            _known: Some(known),
         });
         if self.register_conn(st, id).is_err() {
             if let Some(c) = st.conns.remove(id) {
                 let _ = c.link.close();
             }
-            return;
+            return false;
         }
         let c = st.conns.get_mut(id).expect("just inserted");
         if c.link.accept().is_err() {
             let mut c = st.conns.remove(id).expect("just inserted");
             deregister_conn(&self.lp, &mut c);
             let _ = c.link.close();
+            return false;
+        }
+        self.watch_setup(st);
+        true
+    }
+
+    /// Starts the set-up deadline's timer for a connection just opened
+    /// (if it is not running for an earlier one).
+    fn watch_setup(&self, st: &mut State) {
+        let timeout = self.fabric.lf.handshake_timeout;
+        let deadline = self.lp.now().saturating_add(timeout);
+        if st.setup_deadline.is_none_or(|d| deadline < d) {
+            st.setup_deadline = Some(deadline);
+            self.setup_timer.start(timeout.max(Duration::from_micros(1)));
+        }
+    }
+
+    /// Ends the connections still opening after `handshake_timeout`: an
+    /// initiated one is refused (`Unreachable`), an accepted one closed
+    /// unreported (its peer sees the connection end).
+    fn on_setup_timer(&self) {
+        let mut st = lock(&self.state);
+        let now = self.lp.now();
+        let timeout = self.fabric.lf.handshake_timeout;
+        let mut next: Option<Duration> = None;
+        let mut late = Vec::new();
+        for (id, c) in st.conns.iter() {
+            if c.phase != Phase::Opening {
+                continue;
+            }
+            let deadline = c.opened_at.saturating_add(timeout);
+            if deadline <= now {
+                late.push(id);
+            } else {
+                next = Some(next.map_or(deadline, |n| n.min(deadline)));
+            }
+        }
+        for id in late {
+            if st.conns.get(id).is_some_and(|c| !c.initiator) {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            self.refuse_conn(&mut st, id, RefuseReason::Unreachable);
+        }
+        st.setup_deadline = next;
+        match next {
+            Some(n) => self
+                .setup_timer
+                .start(n.saturating_sub(now).max(Duration::from_micros(1))),
+            None => self.setup_timer.stop(),
         }
     }
 
@@ -1156,30 +1268,41 @@ impl Backend for LibfabricBackend {
         if st.listeners.contains_key(&bound) {
             return Err(OpenListenError::ListenEndpointAlreadyExists(bound));
         }
-        let fd = pep.eq().fd();
+        let pep = Arc::new(pep);
+        let guard = (inner.fabric.provider == "tcp").then_some(GuardSettings {
+            timeout: inner.fabric.lf.handshake_timeout,
+            max_pending: inner.fabric.lf.max_pending_handshakes,
+        });
         let w = inner.weak.clone();
-        let source = inner
-            .lp
-            .register(&mut SourceFd(&fd), Interest::READABLE, move |_| {
-                if let Some(i) = w.upgrade() {
-                    i.on_listener(bound);
-                }
-            })
-            .map_err(|e| OpenListenError::FailedOpenListenEndpoint {
-                address,
-                source: Box::new(e),
-            })?;
+        let lp = inner.lp.clone();
+        let p = Arc::clone(&pep);
+        let worker = ListenWorker::spawn(
+            Arc::clone(&pep),
+            socket_addr(bound),
+            guard,
+            Arc::clone(&inner.refused),
+            move |req, known| {
+                let w = w.clone();
+                let p = Arc::clone(&p);
+                lp.post(move || match w.upgrade() {
+                    Some(i) => i.on_request(bound, &p, req, known),
+                    None => p.reject(req),
+                });
+            },
+        )
+        .map_err(|e| OpenListenError::FailedOpenListenEndpoint {
+            address,
+            source: Box::new(e),
+        })?;
         st.listeners.insert(
             bound,
             Listener {
-                pep,
+                _worker: worker,
+                _pep: pep,
                 domain,
-                source: Some(source),
                 params,
             },
         );
-        // Requests that came before the registration.
-        inner.post_with(move |i| i.on_listener(bound));
         Ok(bound)
     }
 
@@ -1239,6 +1362,8 @@ impl Backend for LibfabricBackend {
             sources: None,
             fds,
             order,
+            opened_at: inner.lp.now(),
+            _known: None,
         });
         if let Err(e) = inner.register_conn(&mut st, id) {
             if let Some(c) = st.conns.remove(id) {
@@ -1258,6 +1383,8 @@ impl Backend for LibfabricBackend {
                 _ => RefuseReason::Other(e.to_string()),
             };
             inner.refuse_conn(&mut st, id, reason);
+        } else {
+            inner.watch_setup(&mut st);
         }
         Ok(id)
     }
@@ -1268,13 +1395,11 @@ impl Backend for LibfabricBackend {
             return Err(CloseError::WrongThread);
         }
         let mut st = lock(&inner.state);
-        let Some(mut l) = st.listeners.remove(&address) else {
+        let Some(l) = st.listeners.remove(&address) else {
             return Err(CloseError::UnknownListenEndpoint(address));
         };
-        if let Some(src) = l.source.take() {
-            let fd = l.pep.eq().fd();
-            let _ = inner.lp.deregister(&mut SourceFd(&fd), src);
-        }
+        // Stops the listener's threads; the passive endpoint closes when
+        // the last of them lets go.
         drop(l);
         let ids: Vec<ConnId> = st
             .conns

@@ -36,6 +36,21 @@ pub struct LibfabricConfig {
     /// thread (`sockets`) may still be writing a send some milliseconds
     /// after it was posted.
     pub close_linger: std::time::Duration,
+    /// How long a connection may take to be set up: an initiated one not
+    /// established by then is refused (`RefuseReason::Unreachable`), an
+    /// accepted one is ended unreported. On `tcp`, a connection accepted by
+    /// a listener whose connection request has not arrived whole by then
+    /// is shut down (see `max_pending_handshakes`).
+    pub handshake_timeout: std::time::Duration,
+    /// On `tcp`: connections one listener holds whose connection request
+    /// has not arrived whole (silent or half-sent). Beyond it the newest
+    /// are shut down, each counted in
+    /// [`refused_connections`](crate::LibfabricBackend::refused_connections).
+    pub max_pending_handshakes: usize,
+    /// Connections one listener holds at once (opening or established);
+    /// requests beyond it are rejected (the peer sees a refusal) and
+    /// counted.
+    pub max_connections_per_listener: usize,
 }
 
 impl Default for LibfabricConfig {
@@ -49,6 +64,9 @@ impl Default for LibfabricConfig {
             max_poll: 0,
             sockets_pe_waittime: Some(0),
             close_linger: std::time::Duration::from_millis(500),
+            handshake_timeout: std::time::Duration::from_secs(10),
+            max_pending_handshakes: 1024,
+            max_connections_per_listener: 4096,
         }
     }
 }

@@ -577,6 +577,30 @@ pub struct PassiveEp {
 
 // SAFETY: see Fabric.
 unsafe impl Send for PassiveEp {}
+// SAFETY: libfabric objects opened with FI_THREAD_SAFE may be used from
+// several threads at once (the listener thread reads the event queue while
+// the loop rejects a request); nothing here mutates Rust-side state.
+unsafe impl Sync for PassiveEp {}
+
+/// A connection request read from a passive endpoint's event queue: the
+/// entry to open the accepting endpoint with, or to reject.
+pub struct ConnRequest {
+    info: Info,
+    /// The passive endpoint it came from (checked by `reject`).
+    pep: usize,
+}
+
+impl ConnRequest {
+    /// The peer's address.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        self.info.dest_addr()
+    }
+
+    /// The entry, to open the accepting endpoint with.
+    pub fn into_info(self) -> Info {
+        self.info
+    }
+}
 
 impl Drop for PassiveEp {
     fn drop(&mut self) {
@@ -610,6 +634,37 @@ impl PassiveEp {
     /// The event queue.
     pub fn eq(&self) -> &EventQueue {
         &self.eq
+    }
+
+    /// Reads one event of the event queue: `Ok(Some(Some(request)))` for a
+    /// connection request, `Ok(Some(None))` for another event, `Ok(None)`
+    /// when there is none.
+    pub fn read_request(&self) -> Result<Option<Option<ConnRequest>>, FiError> {
+        Ok(self.eq.read()?.map(|ev| match ev {
+            EqEvent::ConnReq(info) => Some(ConnRequest {
+                info,
+                pep: self.ptr as usize,
+            }),
+            _ => None,
+        }))
+    }
+
+    /// Rejects a request read from this endpoint (the peer sees its
+    /// connection refused, the provider frees what it held for it). A
+    /// request of another endpoint is only dropped.
+    pub fn reject(&self, req: ConnRequest) {
+        if req.pep != self.ptr as usize {
+            return;
+        }
+        // SAFETY: the pep is open; `handle` comes from a CONNREQ entry of
+        // this pep's event queue (checked above) and is answered once (the
+        // request is consumed).
+        unsafe {
+            let handle = (*req.info.ptr).handle;
+            if !handle.is_null() {
+                sys::fi_reject(self.ptr, handle, ptr::null(), 0);
+            }
+        }
     }
 }
 

@@ -68,6 +68,8 @@
 mod backend;
 mod config;
 mod ffi;
+mod listen;
+mod os;
 
 pub use backend::{LibfabricBackend, LibfabricProvider};
 pub use config::LibfabricConfig;
