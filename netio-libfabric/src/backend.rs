@@ -20,8 +20,7 @@ use netio_core::{
 
 use crate::config::LibfabricConfig;
 use crate::ffi::{
-    self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError,
-    Query,
+    self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError, Query,
 };
 use crate::listen::{GuardSettings, KnownPeer, ListenWorker};
 
@@ -290,8 +289,7 @@ impl LibfabricBackend {
         }
         if lf.max_pending_handshakes == 0 || lf.max_connections_per_listener == 0 {
             return Err(CreateError::InvalidConfig(
-                "max_pending_handshakes and max_connections_per_listener must be at least 1"
-                    .into(),
+                "max_pending_handshakes and max_connections_per_listener must be at least 1".into(),
             ));
         }
         if let Some(w) = lf.sockets_pe_waittime {
@@ -1014,7 +1012,8 @@ impl Inner {
         let deadline = self.lp.now().saturating_add(timeout);
         if st.setup_deadline.is_none_or(|d| deadline < d) {
             st.setup_deadline = Some(deadline);
-            self.setup_timer.start(timeout.max(Duration::from_micros(1)));
+            self.setup_timer
+                .start(timeout.max(Duration::from_micros(1)));
         }
     }
 

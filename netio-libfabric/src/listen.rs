@@ -66,7 +66,11 @@ pub struct KnownPeer {
 impl KnownPeer {
     /// Marks `peer` known until the value is dropped.
     pub fn new(shared: &Arc<ListenShared>, peer: SocketAddr) -> Self {
-        shared.known.lock().unwrap_or_else(|p| p.into_inner()).insert(peer);
+        shared
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(peer);
         Self {
             shared: Arc::clone(shared),
             peer,

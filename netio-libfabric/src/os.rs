@@ -28,9 +28,8 @@ impl WakeFd {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: `fd` is a fresh descriptor owned by nobody else.
-        Ok(WakeFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(WakeFd { fd })
     }
 
     /// Signals it (it stays readable from then on).
@@ -77,7 +76,8 @@ fn sockaddr_of(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option
         libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
             // SAFETY: the family says this storage holds a sockaddr_in,
             // and `len` covers it; sockaddr_storage is aligned for it.
-            let a = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let a =
+                unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             Some(SocketAddr::V4(SocketAddrV4::new(
                 Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
                 u16::from_be(a.sin_port),
@@ -85,7 +85,9 @@ fn sockaddr_of(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option
         }
         libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
             // SAFETY: as above, for sockaddr_in6.
-            let a = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let a = unsafe {
+                &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
             Some(SocketAddr::V6(SocketAddrV6::new(
                 Ipv6Addr::from(a.sin6_addr.s6_addr),
                 u16::from_be(a.sin6_port),
