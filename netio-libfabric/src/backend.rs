@@ -357,6 +357,16 @@ impl LibfabricBackend {
     pub fn refused_connections(&self) -> u64 {
         self.inner.refused.load(Ordering::Relaxed)
     }
+
+    /// Memory registrations (`fi_mr_reg`) made so far on the domains this
+    /// backend opened: each connection's receive memory, each send buffer
+    /// and zero-copy region once, and copy sends' registered memory once
+    /// per size class in use (reused afterwards). A steady stream of sends
+    /// makes none.
+    pub fn memory_registrations(&self) -> u64 {
+        let st = lock(&self.inner.state);
+        st.domains.values().map(|d| d.registrations()).sum()
+    }
 }
 
 fn fi_source(e: FiError) -> netio_core::Source {

@@ -358,6 +358,10 @@ impl Drop for Fabric {
 /// An open domain (and its fabric).
 pub struct Domain {
     ptr: *mut sys::fid_domain,
+    /// Registered send memory kept for reuse (closed before the domain).
+    bounces: Arc<BouncePool>,
+    /// Memory registrations made on this domain so far.
+    registrations: AtomicU64,
     fabric: Arc<Fabric>,
 }
 
@@ -368,12 +372,240 @@ unsafe impl Sync for Domain {}
 
 impl Drop for Domain {
     fn drop(&mut self) {
+        // The cached registrations are children of the domain: closed
+        // first. (Memory in flight holds the domain, so none is out now.)
+        self.bounces.clear();
         // SAFETY: opened by fi_domain, closed once, after its children.
         unsafe { sys::fi_close(&mut (*self.ptr).fid) };
     }
 }
 
+/// Smallest size class of registered send memory.
+const BOUNCE_MIN: usize = 256;
+/// Largest size class kept for reuse; larger copies are registered per
+/// send.
+const BOUNCE_MAX_CLASS: usize = 64 << 20;
+/// Registered send memory one domain keeps for reuse, in bytes.
+const BOUNCE_CACHE_BYTES: usize = 64 << 20;
+
+/// Bytes registered at once for the slots of one small size class.
+const BOUNCE_CHUNK: usize = 64 << 10;
+
+/// One registration covering the memory of several [`Slot`]s.
+struct Chunk {
+    mr: *mut sys::fid_mr,
+    desc: *mut c_void,
+    mem: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a registration handle and heap memory whose slots are written
+// only by their exclusive owners (`Slot`).
+unsafe impl Send for Chunk {}
+// SAFETY: as above; the chunk itself is never written through `&Chunk`.
+unsafe impl Sync for Chunk {}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: `mr` was opened by fi_mr_reg on a domain that is still
+        // open (a chunk lives in slots of its domain's pool, cleared before
+        // the domain closes, or of a `Pooled` that holds the domain) and is
+        // closed once, before the memory it covers is freed; `mem`/`len`
+        // come from `Box::into_raw` of a boxed slice of that length.
+        unsafe {
+            sys::fi_close(&mut (*self.mr).fid);
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(
+                self.mem, self.len,
+            )));
+        }
+    }
+}
+
+impl Chunk {
+    /// Registers `len` zeroed bytes on `domain`.
+    fn register(domain: &Domain, len: usize) -> Result<Arc<Chunk>, FiError> {
+        let mem = Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>();
+        let mut mr: *mut sys::fid_mr = ptr::null_mut();
+        let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the domain is open; `mem` is valid for `len` bytes and
+        // freed only after the registration is closed (Drop); out pointer
+        // valid.
+        let rc = unsafe {
+            sys::fi_mr_reg(
+                domain.ptr,
+                mem.cast::<c_void>(),
+                len,
+                sys::FI_SEND | sys::FI_RECV,
+                0,
+                key,
+                0,
+                &mut mr,
+                ptr::null_mut(),
+            )
+        };
+        if rc != 0 {
+            // SAFETY: not registered; `mem` came from Box::into_raw above.
+            drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(mem, len)) });
+            return Err(FiError::new("fi_mr_reg", rc as isize));
+        }
+        domain.registrations.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `mr` is open.
+        let desc = unsafe { sys::fi_mr_desc(mr) };
+        Ok(Arc::new(Chunk { mr, desc, mem, len }))
+    }
+}
+
+/// Registered memory of one size class: a range of a [`Chunk`] that this
+/// slot alone writes, owned by a [`BouncePool`] or a send in flight
+/// ([`Pooled`]).
+struct Slot {
+    chunk: Arc<Chunk>,
+    offset: usize,
+    size: usize,
+}
+
+impl Slot {
+    /// Copies `parts` to the start of the slot (they fit: checked by the
+    /// caller's size class).
+    fn fill(&mut self, parts: &[&[u8]]) -> *const u8 {
+        // SAFETY: `offset..offset + size` lies inside the chunk and belongs
+        // to this slot alone (slots of a chunk are disjoint, and a slot is
+        // owned by one pool entry or one send); `&mut self` excludes other
+        // writers; the provider reads it only while the send that owns the
+        // slot is in flight, which is not the case while it is filled.
+        let base = unsafe { self.chunk.mem.add(self.offset) };
+        let mut at = 0;
+        for p in parts {
+            assert!(at + p.len() <= self.size, "a copy larger than its slot");
+            // SAFETY: in bounds (asserted); `p` does not overlap the slot
+            // (it is caller memory, not registered send memory).
+            unsafe { ptr::copy_nonoverlapping(p.as_ptr(), base.add(at), p.len()) };
+            at += p.len();
+        }
+        base
+    }
+}
+
+/// Registered send memory kept for reuse, by size class (powers of two
+/// from [`BOUNCE_MIN`]): after warm-up a copy send registers nothing.
+#[derive(Default)]
+struct BouncePool {
+    free: std::sync::Mutex<(Vec<Vec<Slot>>, usize)>,
+}
+
+impl BouncePool {
+    fn class(n: usize) -> Option<(usize, usize)> {
+        let size = n.max(BOUNCE_MIN).checked_next_power_of_two()?;
+        if size > BOUNCE_MAX_CLASS {
+            return None;
+        }
+        Some(((size / BOUNCE_MIN).trailing_zeros() as usize, size))
+    }
+
+    fn take(&self, class: usize) -> Option<Slot> {
+        let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = g.0.get_mut(class)?.pop()?;
+        g.1 -= slot.size;
+        Some(slot)
+    }
+
+    fn give(&self, class: usize, slot: Slot) {
+        let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if g.1 + slot.size > BOUNCE_CACHE_BYTES {
+            return;
+        }
+        if g.0.len() <= class {
+            g.0.resize_with(class + 1, Vec::new);
+        }
+        g.1 += slot.size;
+        g.0[class].push(slot);
+    }
+
+    fn clear(&self) {
+        let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        g.0.clear();
+        g.1 = 0;
+    }
+}
+
+/// Registered send memory taken from a domain's pool for one send; it goes
+/// back to the pool when dropped (after the send's completion, or after
+/// its endpoint was closed).
+struct Pooled {
+    slot: Option<Slot>,
+    class: Option<usize>,
+    pool: Arc<BouncePool>,
+    // Keeps the domain (and so the registration) open; dropped last.
+    _domain: Arc<Domain>,
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let (Some(slot), Some(class)) = (self.slot.take(), self.class) {
+            self.pool.give(class, slot);
+        }
+    }
+}
+
+impl Pooled {
+    /// Registered memory holding `parts` one after the other: from the
+    /// pool, or registered now (the first use of a size class, or a size
+    /// beyond the largest class). Returns it with the address, length and
+    /// descriptor to send.
+    fn copy_of(
+        domain: &Arc<Domain>,
+        parts: &[&[u8]],
+    ) -> Result<(Pooled, *const u8, usize, *mut c_void), FiError> {
+        let n: usize = parts.iter().map(|p| p.len()).sum();
+        let class = BouncePool::class(n);
+        let slot = match class.and_then(|(c, _)| domain.bounces.take(c)) {
+            Some(slot) => slot,
+            None => {
+                let size = class.map_or(n.max(1), |(_, size)| size);
+                // Small classes register a chunk of slots at once; the
+                // slots beyond the first go to the pool.
+                let count = (BOUNCE_CHUNK / size).max(1);
+                let chunk = Chunk::register(domain, size * count)?;
+                if let Some((c, _)) = class {
+                    for i in 1..count {
+                        domain.bounces.give(
+                            c,
+                            Slot {
+                                chunk: Arc::clone(&chunk),
+                                offset: i * size,
+                                size,
+                            },
+                        );
+                    }
+                }
+                Slot {
+                    chunk,
+                    offset: 0,
+                    size,
+                }
+            }
+        };
+        let mut pooled = Pooled {
+            slot: Some(slot),
+            class: class.map(|(c, _)| c),
+            pool: Arc::clone(&domain.bounces),
+            _domain: Arc::clone(domain),
+        };
+        let slot = pooled.slot.as_mut().expect("just set");
+        let ptr = slot.fill(parts);
+        let desc = slot.chunk.desc;
+        Ok((pooled, ptr, n, desc))
+    }
+}
+
 impl Domain {
+    /// Memory registrations made on this domain so far (receive memory,
+    /// send buffers, zero-copy regions, and send memory for copies, which
+    /// is registered once per size class and reused).
+    pub fn registrations(&self) -> u64 {
+        self.registrations.load(Ordering::Relaxed)
+    }
+
     /// Opens the fabric and domain of `info`.
     pub fn open(info: &Info) -> Result<Arc<Domain>, FiError> {
         let mut fabric: *mut sys::fid_fabric = ptr::null_mut();
@@ -387,6 +619,8 @@ impl Domain {
         check("fi_domain", rc)?;
         Ok(Arc::new(Domain {
             ptr: domain,
+            bounces: Arc::default(),
+            registrations: AtomicU64::new(0),
             fabric,
         }))
     }
@@ -715,6 +949,7 @@ impl Mr {
             )
         };
         check("fi_mr_reg", rc)?;
+        domain.registrations.fetch_add(1, Ordering::Relaxed);
         // SAFETY: `mr` is open.
         let desc = unsafe { sys::fi_mr_desc(mr) };
         Ok(Mr {
@@ -725,38 +960,11 @@ impl Mr {
     }
 }
 
-/// Registered memory owned by a send in flight (dropped after its
-/// completion or after the endpoint is closed).
-struct Bounce {
-    // Field order: the registration is closed before the memory is freed.
-    mr: Mr,
-    _mem: Box<[u8]>,
-}
-
-impl Bounce {
-    fn new(
-        domain: &Arc<Domain>,
-        mut bytes: Vec<u8>,
-    ) -> Result<(Bounce, *const u8, usize), FiError> {
-        let n = bytes.len();
-        if n == 0 {
-            // Never register an empty (dangling) allocation.
-            bytes.push(0);
-        }
-        let mem = bytes.into_boxed_slice();
-        let p = mem.as_ptr();
-        // SAFETY: `mem` is stored next to the registration and freed after
-        // it (field order).
-        let mr = unsafe { Mr::register(domain, p, n) }?;
-        Ok((Bounce { mr, _mem: mem }, p, n))
-    }
-}
-
 /// What a send in flight keeps alive.
 enum TxData {
     Buffer(#[allow(dead_code)] NetworkBuffer),
-    Bounce(#[allow(dead_code)] Bounce),
-    ZeroCopy(#[allow(dead_code)] Option<Bounce>, #[allow(dead_code)] Lent),
+    Bounce(#[allow(dead_code)] Pooled),
+    ZeroCopy(#[allow(dead_code)] Option<Pooled>, #[allow(dead_code)] Lent),
 }
 
 struct TxOp {
@@ -1296,14 +1504,10 @@ impl Link {
         if !self.ledger.has_room() {
             return Err(PostError::Again);
         }
-        let total = header.len() + parts.iter().map(|p| p.len()).sum::<usize>();
-        let mut bytes = Vec::with_capacity(total);
-        bytes.extend_from_slice(header);
-        for p in parts {
-            bytes.extend_from_slice(p);
-        }
-        let (b, p, n) = Bounce::new(&self.domain, bytes).map_err(PostError::Failed)?;
-        let desc = b.mr.desc;
+        let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+        all.push(header);
+        all.extend_from_slice(parts);
+        let (b, p, n, desc) = Pooled::copy_of(&self.domain, &all).map_err(PostError::Failed)?;
         self.post(key, true, &[(p, n, desc)], TxData::Bounce(b))
             .map_err(|(e, _)| e)
     }
@@ -1335,9 +1539,9 @@ impl Link {
         let head = if header.is_empty() {
             None
         } else {
-            let (b, p, n) =
-                Bounce::new(&self.domain, header.to_vec()).map_err(PostError::Failed)?;
-            iov.push((p, n, b.mr.desc));
+            let (b, p, n, desc) =
+                Pooled::copy_of(&self.domain, &[header]).map_err(PostError::Failed)?;
+            iov.push((p, n, desc));
             Some(b)
         };
         for c in &chunks {

@@ -1,0 +1,114 @@
+//! No memory registration on the per-message path: once a connection has
+//! sent a message of each size, further copy sends (small and large) and
+//! zero-copy sends with a header register nothing; they reuse registered
+//! memory.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use common::{wait_until, Running};
+use netio_core::{
+    Backend, BackendConfig, Capabilities, ConnId, ConnectionParams, EndpointAddress, Handler,
+    MemoryRegion, RegionSlice, SendError,
+};
+use netio_libfabric::{LibfabricBackend, LibfabricConfig};
+
+#[derive(Clone, Default)]
+struct Count {
+    established: Arc<AtomicU64>,
+    completed: Arc<AtomicU64>,
+    received: Arc<AtomicU64>,
+}
+
+impl Handler<LibfabricBackend> for Count {
+    fn on_connection_established(
+        &mut self,
+        _b: &LibfabricBackend,
+        _c: ConnId,
+        _r: EndpointAddress,
+        _caps: Capabilities,
+    ) {
+        self.established.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn on_data(&mut self, _b: &LibfabricBackend, _c: ConnId, _d: &[u8]) {
+        self.received.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn on_sends_completed(&mut self, _b: &LibfabricBackend, _c: ConnId, keys: &[u64]) {
+        self.completed
+            .fetch_add(keys.len() as u64, Ordering::SeqCst);
+    }
+}
+
+/// Sends `n` messages with `send`, retrying while the queue is full, and
+/// waits for their completions and deliveries.
+fn send_all(count: &Count, n: u64, mut send: impl FnMut(u64) -> Result<(), SendError>) {
+    let (c0, r0) = (
+        count.completed.load(Ordering::SeqCst),
+        count.received.load(Ordering::SeqCst),
+    );
+    let mut i = 0;
+    while i < n {
+        match send(i) {
+            Ok(()) => i += 1,
+            Err(SendError::NoResources) => std::thread::yield_now(),
+            Err(e) => panic!("send {i}: {e}"),
+        }
+    }
+    assert!(
+        wait_until(|| count.completed.load(Ordering::SeqCst) == c0 + n
+            && count.received.load(Ordering::SeqCst) == r0 + n),
+        "{n} sends completed and delivered: {} completed, {} received",
+        count.completed.load(Ordering::SeqCst) - c0,
+        count.received.load(Ordering::SeqCst) - r0
+    );
+}
+
+#[test]
+fn copy_and_zero_copy_sends_register_no_memory_once_warmed_up() {
+    for provider in ["tcp", "sockets"] {
+        let running = Running::start();
+        let count = Count::default();
+        let b = LibfabricBackend::new(
+            &running.lp,
+            BackendConfig::default(),
+            LibfabricConfig::provider(provider),
+            count.clone(),
+        )
+        .expect("a libfabric backend");
+        let region = MemoryRegion::new(1 << 20);
+        let listen = b
+            .open_listen_endpoint(
+                "127.0.0.1:0".parse().unwrap(),
+                ConnectionParams::receive(128 * 1024, 16),
+            )
+            .unwrap();
+        let conn = b
+            .open_active_endpoint(
+                listen,
+                ConnectionParams::default().with_zero_copy(region.clone()),
+            )
+            .unwrap();
+        assert!(wait_until(|| count.established.load(Ordering::SeqCst) == 2));
+        let small = [7u8; 64];
+        let large = vec![9u8; 100 * 1024];
+        let slice: RegionSlice = region.slice(0, 4096).unwrap();
+        let round = |n: u64| {
+            send_all(&count, n, |k| b.send_data_copy(conn, &[&small], &[], k));
+            send_all(&count, n, |k| b.send_data_copy(conn, &[&large], b"head", k));
+            send_all(&count, n, |k| b.send_data(conn, &[slice], b"header", k));
+        };
+        // Warm-up: each kind fills the send queue (its depth in flight).
+        round(2000);
+        let warmed = b.memory_registrations();
+        round(2000);
+        assert_eq!(
+            b.memory_registrations(),
+            warmed,
+            "{provider}: 6000 sends after warm-up registered memory"
+        );
+    }
+}
