@@ -15,7 +15,7 @@ use netio_core::{
 };
 
 use crate::harness::{Harness, NodeId};
-use crate::recorder::{Log, PerKey, React, Recorder};
+use crate::recorder::{Event, Log, PerKey, React, Recorder};
 use crate::watch::{Watch, WatchdogGuard};
 
 /// Wall time the suite waits for a posted call to run on a loop thread.
@@ -117,6 +117,8 @@ pub struct Ctx<H: Harness> {
     pub mode: ThreadSafety,
     watch: Arc<Watch>,
     nodes: usize,
+    /// Every node's log, for the summary a timed-out wait prints.
+    logs: Vec<Log>,
     next_key: AtomicU64,
     _watchdog: WatchdogGuard,
     _turn: Turn,
@@ -155,6 +157,7 @@ impl<H: Harness> Ctx<H> {
             mode,
             watch,
             nodes: 0,
+            logs: Vec::new(),
             next_key: AtomicU64::new(KEY_BASE),
             _watchdog: watchdog,
             _turn: turn,
@@ -226,6 +229,7 @@ impl<H: Harness> Ctx<H> {
         let log = Log::default();
         let id = self.nodes;
         self.nodes += 1;
+        self.logs.push(log.clone());
         let label = format!("backend #{id}");
         let recorder = Recorder::monitored(log.clone(), react, self.watch.clone(), label);
         let handler: Box<dyn netio_core::Handler<H::Backend>> = if per_key {
@@ -369,7 +373,47 @@ impl<H: Harness> Ctx<H> {
         let ok = self.h.wait_until(&mut || watch.failing() || cond());
         self.watch.check();
         if !ok {
-            panic!("timed out waiting until {what}");
+            panic!("timed out waiting until {what}; {}", self.seen_so_far());
+        }
+    }
+
+    /// What every node recorded so far, counted by kind and connection
+    /// (for the message of a wait that timed out).
+    pub fn seen_so_far(&self) -> String {
+        use std::collections::BTreeMap;
+        let mut out = Vec::new();
+        for (id, log) in self.logs.iter().enumerate() {
+            let mut per: BTreeMap<String, [usize; 4]> = BTreeMap::new();
+            for e in log.events() {
+                let (Some(conn), slot) = (
+                    e.conn(),
+                    match e {
+                        Event::Data { .. } => 0,
+                        Event::Completed { .. } => 1,
+                        Event::Closed { .. } => 2,
+                        Event::Established { .. } | Event::Refused { .. } => 3,
+                        _ => continue,
+                    },
+                ) else {
+                    continue;
+                };
+                per.entry(format!("{conn:?}")).or_default()[slot] += 1;
+            }
+            let conns: Vec<String> = per
+                .iter()
+                .map(|(c, n)| {
+                    format!(
+                        "{c}: {} messages, {} completions, {} closes, {} set-up events",
+                        n[0], n[1], n[2], n[3]
+                    )
+                })
+                .collect();
+            out.push(format!("backend #{id} saw [{}]", conns.join("; ")));
+        }
+        if out.is_empty() {
+            "no backend made yet".into()
+        } else {
+            out.join("; ")
         }
     }
 
