@@ -8,11 +8,18 @@
 //!
 //! # How it works
 //!
-//! - A listen endpoint is a passive endpoint with its own event queue
-//!   (`FI_WAIT_FD`), whose fd is registered in the loop. A connection
-//!   request (`FI_CONNREQ`) opens an endpoint and accepts it; `FI_CONNECTED`
+//! - A listen endpoint is a passive endpoint with its own event queue, read
+//!   on a thread of its own (libfabric 1.17's `tcp` blocks inside
+//!   `fi_eq_read` on a half-sent connection request, which must not stop
+//!   the loop). A connection request (`FI_CONNREQ`) is handed to the loop,
+//!   which opens an endpoint and accepts it (or rejects it beyond
+//!   [`LibfabricConfig::max_connections_per_listener`]); `FI_CONNECTED`
 //!   establishes the connection, `FI_SHUTDOWN` closes it (`PeerClosed`), an
-//!   error event refuses (`Refused`, `Unreachable`) or resets it.
+//!   error event refuses (`Refused`, `Unreachable`) or resets it. A
+//!   connection not set up within [`LibfabricConfig::handshake_timeout`]
+//!   ends. On `tcp` a guard thread shuts down connections to a listener
+//!   whose request has not arrived in that time, and the newest beyond
+//!   [`LibfabricConfig::max_pending_handshakes`].
 //! - Every connection has its own endpoint, completion queue and event
 //!   queue; both queues' wait fds are registered in the loop. Before the
 //!   loop sleeps on them `fi_trywait` is called; when it answers
@@ -21,9 +28,11 @@
 //!   (`recv.buf_size × recv.num_buf`), all posted. A message is copied out
 //!   of its buffer for `on_data` (so no registered memory is ever lent
 //!   outside the backend's lock), and the buffer is posted again once
-//!   `on_data` returns. `pause_receive` stops posting buffers again: the
-//!   provider then stops taking the peer's data and the peer's sends back
-//!   up.
+//!   `on_data` returns; the completion queue is then read once more before
+//!   the loop sleeps (a provider may hold a message that waited for a
+//!   buffer without reporting it to `fi_trywait`). `pause_receive` stops
+//!   posting buffers again: the provider then stops taking the peer's data
+//!   and the peer's sends back up.
 //! - Messages keep their boundaries (`FI_MSG`): no length prefix. A
 //!   message larger than the receive buffer is reported by libfabric as a
 //!   truncation (`FI_ETRUNC`): the connection closes with
@@ -32,11 +41,12 @@
 //!   noticed and closes it with `CloseReason::Protocol`.
 //! - Sends: buffered sends send the pool buffer itself (registered on
 //!   first use, the registration kept as long as the connection); copy
-//!   sends copy into a freshly registered bounce buffer; zero-copy sends
-//!   send the header (copied into a registered bounce buffer) and the
+//!   sends copy into registered memory reused from a pool of the domain
+//!   (size classes, no registration per message once warmed up);
+//!   zero-copy sends send the header (copied into pooled memory) and the
 //!   region's bytes as one gathered message (`fi_sendv`, the region is
-//!   registered once per connection), or copy everything into a bounce
-//!   buffer when the provider's gather limit is too small.
+//!   registered once per connection), or copy everything into pooled
+//!   memory when the provider's gather limit is too small.
 //! - Memory is always registered and its descriptor passed, whatever the
 //!   provider's `mr_mode`, as `FI_MR_LOCAL` providers (verbs) require;
 //!   every operation gets a context of `fi_context2` size
@@ -46,6 +56,9 @@
 //!
 //! # Limits
 //!
+//! - Do not expose a `tcp` or `sockets` listener to untrusted peers:
+//!   libfabric 1.17 itself crashes on some protocol-breaking inputs (see
+//!   `docs/libfabric.md`, "Exposing a listener").
 //! - Shared receive pools are not supported (each endpoint posts its own
 //!   registered buffers; sharing them needs shared receive contexts).
 //! - A reset by the peer is reported by libfabric 1.17 (`tcp`, `sockets`)
