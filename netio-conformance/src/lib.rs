@@ -184,6 +184,7 @@ macro_rules! __behaviours {
             both connection_to_and_remote_address_name_connections_by_address [],
             both connections_are_bidirectional [],
             both reopening_after_close_works [],
+            both a_connection_with_1024_receive_buffers_opens_and_carries_1024_messages_each_way [],
             // buffered send
             both buffered_send_delivers_exact_bytes [],
             both buffered_send_completes_with_the_callers_key [],

@@ -325,6 +325,39 @@ pub fn reopening_after_close_works<H: Harness>(mode: ThreadSafety) {
     assert_eq!(p.client.log.established().len(), 2);
 }
 
+/// A connection with more receive buffers than a provider's default
+/// receive queue holds (1,024, all posted at once on RDMA providers) opens
+/// on both sides and carries 1,024 messages each way, in order.
+pub fn a_connection_with_1024_receive_buffers_opens_and_carries_1024_messages_each_way<
+    H: Harness,
+>(
+    mode: ThreadSafety,
+) {
+    const N: u64 = 1024;
+    let mut c = Ctx::<H>::new(mode);
+    let params = ConnectionParams::receive(64, N as usize);
+    let p = c.pair(params.clone(), params);
+    for i in 0..N {
+        c.send_copy(&p.client, p.to_server, i.to_le_bytes().to_vec(), i);
+        c.send_copy(&p.server, p.to_client, i.to_le_bytes().to_vec(), i);
+    }
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("1,024 messages arrive each way", || {
+        sl.data_on(p.to_client).len() == N as usize && cl.data_on(p.to_server).len() == N as usize
+    });
+    let expected: Vec<Vec<u8>> = (0..N).map(|i| i.to_le_bytes().to_vec()).collect();
+    assert_eq!(
+        p.server.log.data_on(p.to_client),
+        expected,
+        "client to server"
+    );
+    assert_eq!(
+        p.client.log.data_on(p.to_server),
+        expected,
+        "server to client"
+    );
+}
+
 // -------------------------------------------------------------- buffered send
 
 /// A buffered send delivers exactly the bytes written, including an empty

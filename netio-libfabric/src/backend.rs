@@ -30,6 +30,9 @@ const SENTINEL_RECV: usize = 64;
 /// How many times a queue is read again when `fi_trywait` says events are
 /// pending, before the rest is left to a posted callback.
 const TRYWAIT_ROUNDS: usize = 16;
+/// Receive queue entries below which the provider's default queue size is
+/// kept (every provider's default holds this many).
+const DEFAULT_RX_QUEUE: usize = 256;
 /// How long a close forced by the connection's end (peer close, reset,
 /// error) waits for completions of sends already handed to the provider
 /// (so that a send whose bytes left is not reported cancelled). Local
@@ -391,7 +394,8 @@ impl fmt::Display for FabricError {
         if self.error.call == "fi_getinfo" && self.error.errno == netio_libfabric_sys::FI_ENODATA {
             f.write_str(
                 " (unknown provider name, a capability it lacks (FI_EP_MSG, FI_MSG), \
-                 or an address on none of its interfaces)",
+                 an address on none of its interfaces, or a receive queue of one entry \
+                 per receive buffer beyond its limit)",
             )?;
         }
         Ok(())
@@ -414,15 +418,40 @@ impl Inner {
         self.config.thread_safety == ThreadSafety::Safe || self.lp.on_loop_thread()
     }
 
-    fn query(&self, addr: SocketAddr, source: bool) -> Query<'_> {
+    /// The `fi_getinfo` query for `addr`; `rx_buffers`: the receive
+    /// buffers the endpoint posts at once (its receive queue holds them).
+    fn query(&self, addr: SocketAddr, source: bool, rx_buffers: usize) -> Query<'_> {
         let lf = &self.fabric.lf;
+        let rx_size = match lf.rx_size {
+            Some(n) => Some(n.max(rx_buffers)),
+            None if rx_buffers > DEFAULT_RX_QUEUE => Some(rx_buffers),
+            None => None,
+        };
         Query {
             provider: &lf.provider,
             domain: lf.domain.as_deref(),
             addr,
             source,
             tx_size: lf.tx_size,
-            rx_size: lf.rx_size,
+            rx_size,
+        }
+    }
+
+    /// `fi_getinfo` for `addr`, asking for a receive queue that holds
+    /// `rx_buffers`; a provider that refuses that hint (`sockets` caps it
+    /// at 256) is asked again without it: posting more buffers than its
+    /// queue size may still work, and fails clearly where it does not.
+    fn info(&self, addr: SocketAddr, source: bool, rx_buffers: usize) -> Result<Info, FiError> {
+        let q = self.query(addr, source, rx_buffers);
+        match Info::get(&q) {
+            Err(e) if e.errno == netio_libfabric_sys::FI_ENODATA && q.rx_size.is_some() => {
+                let plain = Query {
+                    rx_size: self.fabric.lf.rx_size,
+                    ..q
+                };
+                Info::get(&plain)
+            }
+            other => other,
         }
     }
 
@@ -465,12 +494,19 @@ impl Inner {
         } else {
             (SENTINEL_RECV, 1)
         };
+        // The completion queue holds a completion of every receive buffer
+        // and of every send that may be in flight at once (a full queue
+        // is an error on verbs).
+        let sends = self.config.send_queue_depth
+            + params.send_buffered.num_buf
+            + self.config.shared_send_pool.map_or(0, |p| p.num_buf);
+        let cq_size = self.fabric.lf.cq_size.max(recv.1 + sends + 16);
         (
             LinkSpec {
                 recv,
                 zero_copy: params.send_zero_copy.clone(),
                 depth: self.config.send_queue_depth,
-                cq_size: self.fabric.lf.cq_size,
+                cq_size,
             },
             receive,
             params.recv.buf_size,
@@ -1269,7 +1305,9 @@ impl Backend for LibfabricBackend {
                 error,
             }),
         };
-        let info = Info::get(&inner.query(socket_addr(address), true)).map_err(failed)?;
+        let info = inner
+            .info(socket_addr(address), true, params.recv.num_buf)
+            .map_err(failed)?;
         let domain = inner.domain_for(&mut st, &info).map_err(failed)?;
         let pep = domain.listen(info).map_err(failed)?;
         let bound = pep.local_addr().map_err(failed)?;
@@ -1342,7 +1380,9 @@ impl Backend for LibfabricBackend {
             }),
         };
         let mut st = lock(&inner.state);
-        let info = Info::get(&inner.query(socket_addr(address), false)).map_err(failed)?;
+        let info = inner
+            .info(socket_addr(address), false, params.recv.num_buf)
+            .map_err(failed)?;
         let domain = inner.domain_for(&mut st, &info).map_err(failed)?;
         let (spec, receive, limit) = inner.link_spec(&params);
         let mut link = Link::open(&domain, info, spec).map_err(failed)?;

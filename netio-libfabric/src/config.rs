@@ -13,10 +13,15 @@ pub struct LibfabricConfig {
     /// Transmit queue size of each endpoint; `None`: the provider's
     /// default.
     pub tx_size: Option<usize>,
-    /// Receive queue size of each endpoint; `None`: the provider's default
-    /// (it must hold every receive buffer of a connection).
+    /// Receive queue size of each endpoint; `None`: the provider's default.
+    /// Either way it is raised, per connection, to the connection's number
+    /// of receive buffers (all of them are posted at once); a provider or
+    /// device that cannot hold that many makes the open fail with an error
+    /// that says so.
     pub rx_size: Option<usize>,
-    /// Completion queue size of each connection.
+    /// Completion queue size of each connection; raised, per connection,
+    /// to hold a completion of every receive buffer and every send that
+    /// may be in flight at once.
     pub cq_size: usize,
     /// How many extra times an empty completion queue is read before the
     /// loop goes to sleep on its fd (busy polling for latency, spead2's

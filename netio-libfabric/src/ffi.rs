@@ -1066,6 +1066,16 @@ impl Link {
     /// receive buffer. Connect it with [`connect`](Self::connect) or
     /// accept it with [`accept`](Self::accept).
     pub fn open(domain: &Arc<Domain>, info: Info, spec: LinkSpec) -> Result<Link, FiError> {
+        // The receive queue holds every receive buffer (all are posted at
+        // once); the entry may carry the provider's smaller default.
+        let want_rx = spec.recv.1;
+        // SAFETY: `info` is a valid entry we own; rx_attr may be null.
+        unsafe {
+            let rx = (*info.ptr).rx_attr;
+            if !rx.is_null() && (*rx).size < want_rx {
+                (*rx).size = want_rx;
+            }
+        }
         let eq = EventQueue::open(&domain.fabric)?;
         let mut attr = sys::fi_cq_attr {
             size: spec.cq_size,
@@ -1099,7 +1109,11 @@ impl Link {
         let mut ep: *mut sys::fid_ep = ptr::null_mut();
         // SAFETY: domain open, info valid, out pointer valid.
         let rc = unsafe { sys::fi_endpoint(domain.ptr, info.ptr, &mut ep, ptr::null_mut()) };
-        check("fi_endpoint", rc)?;
+        check("fi_endpoint", rc).map_err(|e| FiError {
+            call: "fi_endpoint (with a receive queue of one entry per receive buffer: fewer \
+                   receive buffers may fit the device's queue limit)",
+            ..e
+        })?;
         link.ep = ep;
         link.info = Some(info);
         // SAFETY: the endpoint, EQ and CQ are open; the CQ takes both
