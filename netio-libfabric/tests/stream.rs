@@ -12,8 +12,11 @@
 //! buffers, the last messages of a stream waited for unrelated traffic.
 //!
 //! `NETIO_LF_STREAM_RUNS` sets the number of runs per test (default 10).
+//! With the `verbs-conformance` feature the same streams run on `verbs`
+//! (in the soft-RoCE guest of `scripts/verbs-guest.sh`).
 
 mod common;
+mod harness;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -143,10 +146,10 @@ fn side(sender: bool, pause: bool) -> Side {
     }
 }
 
-fn stream(provider: &str, pause: bool) {
+fn stream(lf: LibfabricConfig, ip: std::net::IpAddr, pause: bool) {
+    let provider = lf.provider.clone();
     let rx_loop = Running::start();
     let tx_loop = Running::start();
-    let lf = LibfabricConfig::provider(provider);
     for run in 0..runs() {
         let rx = side(false, pause);
         let tx = side(true, false);
@@ -167,7 +170,7 @@ fn stream(provider: &str, pause: bool) {
         // Few receive buffers: they run out often.
         let listen = receiver
             .open_listen_endpoint(
-                "127.0.0.1:0".parse().unwrap(),
+                EndpointAddress::new(ip, 0),
                 ConnectionParams::receive(64, 8),
             )
             .unwrap();
@@ -250,12 +253,28 @@ fn stream(provider: &str, pause: bool) {
     }
 }
 
+fn localhost() -> std::net::IpAddr {
+    std::net::Ipv4Addr::LOCALHOST.into()
+}
+
 #[test]
 fn a_stream_to_a_counting_receiver_delivers_every_message() {
-    stream("tcp", false);
+    stream(LibfabricConfig::provider("tcp"), localhost(), false);
 }
 
 #[test]
 fn a_stream_to_a_receiver_paused_and_resumed_from_another_thread_delivers_every_message() {
-    stream("tcp", true);
+    stream(LibfabricConfig::provider("tcp"), localhost(), true);
+}
+
+#[cfg(feature = "verbs-conformance")]
+#[test]
+fn on_verbs_a_stream_to_a_counting_receiver_delivers_every_message() {
+    stream(harness::verbs_config(), harness::verbs_ip(), false);
+}
+
+#[cfg(feature = "verbs-conformance")]
+#[test]
+fn on_verbs_a_stream_to_a_receiver_paused_and_resumed_from_another_thread_delivers_every_message() {
+    stream(harness::verbs_config(), harness::verbs_ip(), true);
 }

@@ -43,6 +43,55 @@ pub fn reset(local: IpAddr, remote: EndpointAddress) {
     );
 }
 
+/// The address of the verbs device's interface: `NETIO_VERBS_ADDR` (set by
+/// `scripts/verbs-guest.sh`), else 127.0.0.1.
+pub fn verbs_ip() -> IpAddr {
+    std::env::var("NETIO_VERBS_ADDR")
+        .ok()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(Ipv4Addr::LOCALHOST.into())
+}
+
+/// A port on `ip` that was just free (nothing listens there).
+pub fn refusing_on(ip: IpAddr) -> EndpointAddress {
+    let l = TcpListener::bind(SocketAddr::new(ip, 0)).expect("binding a probe port");
+    EndpointAddress::from(l.local_addr().expect("probe address"))
+}
+
+/// `verbs` settings: the device from `NETIO_VERBS_DOMAIN` (if set).
+pub fn verbs_config() -> LibfabricConfig {
+    LibfabricConfig {
+        domain: std::env::var("NETIO_VERBS_DOMAIN")
+            .ok()
+            .filter(|d| !d.is_empty()),
+        ..LibfabricConfig::provider("verbs")
+    }
+}
+
+/// libfabric's `verbs` provider on the device's interface address.
+pub struct Verbs;
+
+impl MioProvider for Verbs {
+    type Backend = LibfabricBackend;
+    fn features() -> Features {
+        LibfabricBackend::FEATURES
+    }
+    fn create(
+        lp: &MioLoop,
+        config: BackendConfig,
+        handler: Box<dyn Handler<LibfabricBackend>>,
+    ) -> Result<LibfabricBackend, CreateError> {
+        LibfabricBackend::new(lp, config, verbs_config(), handler)
+    }
+    fn local_ip() -> IpAddr {
+        verbs_ip()
+    }
+    fn refusing_address() -> EndpointAddress {
+        refusing_on(verbs_ip())
+    }
+    const PUSHES_BACK: bool = true;
+}
+
 macro_rules! flavor {
     ($(#[$m:meta])* $name:ident, $prov:expr, pushes_back = $pb:expr) => {
         $(#[$m])*
