@@ -81,3 +81,21 @@ cargo clippy --locked -p netio -p netio-examples -p netio-perf \
     --all-targets -- -D warnings
 cargo test --locked -p netio --features libfabric --test libfabric
 cargo test --locked -p netio-examples --features libfabric --test libfabric
+
+# Real verbs: the conformance suite (both thread modes), the stream tests
+# and the example programs on libfabric `verbs` over soft-RoCE, inside an
+# emulated guest that scripts/verbs-guest.sh boots (it installs qemu, the
+# kernel and the RDMA user-space packages when they are missing). Test
+# binaries are built here and run in the guest.
+step "libfabric verbs on soft-RoCE in an emulated guest"
+cargo clippy --locked -p netio-libfabric --features verbs-conformance --all-targets -- -D warnings
+verbs_bins="$(cargo test --locked -p netio-libfabric --features verbs-conformance \
+    --test conformance_verbs --test stream --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')"
+verbs_suite="$(printf '%s\n' "$verbs_bins" | grep '/conformance_verbs-')"
+verbs_stream="$(printf '%s\n' "$verbs_bins" | grep '/stream-')"
+bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_suite" --test-threads=4
+NETIO_LF_STREAM_RUNS="${NETIO_LF_STREAM_RUNS_VERBS:-2}" \
+    bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_stream" on_verbs --test-threads=1
+cargo build --locked --release -p netio-examples --features libfabric --bin pingpong --bin echo_tcp
+bash scripts/verbs-guest.sh --timeout 300 -- bash scripts/verbs-examples.sh target/release

@@ -185,8 +185,13 @@ fn stream(lf: LibfabricConfig, ip: std::net::IpAddr, pause: bool) {
             std::thread::spawn(move || {
                 while !done.load(Ordering::SeqCst) {
                     {
+                        // A reader slower than the stream: it reads only
+                        // while the receiver is paused, down to half the
+                        // high-water mark, then resumes it.
                         let mut u = u.lock().unwrap();
-                        u.queued = u.queued.saturating_sub(4);
+                        if u.paused {
+                            u.queued = u.queued.saturating_sub(4);
+                        }
                         if u.paused && u.queued <= HIGH_WATER / 2 {
                             if let Some(c) = u.conn {
                                 receiver
