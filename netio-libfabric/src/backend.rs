@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use mio::unix::SourceFd;
 use mio::Interest;
-use netio_core::mio_loop::{MioLoop, MioTimer, SourceId};
+use netio_core::mio_loop::{MioLoop, MioTimer, SourceId, SpinId};
 use netio_core::{
     Backend, BackendConfig, BufferError, BufferPool, Capabilities, CloseError, CloseReason,
     ConnError, ConnId, ConnTable, ConnectionParams, CreateError, EndpointAddress, EventLoop,
@@ -171,6 +171,9 @@ struct State {
     next_linger: u64,
     /// The earliest set-up deadline the set-up timer is started for.
     setup_deadline: Option<Duration>,
+    /// The connection whose completion queue had entries last (read first
+    /// by the spin callback of a busy-polling loop).
+    hot: Option<ConnId>,
 }
 
 struct FabricSettings {
@@ -205,6 +208,9 @@ struct Inner {
     user_timer: MioTimer,
     linger_timer: MioTimer,
     setup_timer: MioTimer,
+    /// On a busy-polling loop: the spin callback reading the hot
+    /// connection's completion queue.
+    spin: Option<SpinId>,
     /// Connections refused by a listener: over a limit, past the handshake
     /// deadline, or failing to open.
     refused: Arc<AtomicU64>,
@@ -212,6 +218,9 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if let Some(spin) = self.spin.take() {
+            self.lp.remove_spin(spin);
+        }
         let st = match self.state.get_mut() {
             Ok(s) => s,
             Err(p) => p.into_inner(),
@@ -321,6 +330,14 @@ impl LibfabricBackend {
                     i.on_setup_timer();
                 }
             });
+            let spin = lp.is_busy_polling().then(|| {
+                let w = weak.clone();
+                lp.add_spin(move || {
+                    if let Some(i) = w.upgrade() {
+                        i.spin();
+                    }
+                })
+            });
             Inner {
                 lp,
                 config,
@@ -336,6 +353,7 @@ impl LibfabricBackend {
                 user_timer,
                 linger_timer,
                 setup_timer,
+                spin,
                 refused: Arc::new(AtomicU64::new(0)),
             }
         });
@@ -761,88 +779,16 @@ impl Inner {
 
     // -- progress (loop thread) -------------------------------------------
 
-    /// Reads the completion queue of `id`; returns `false` if the
-    /// connection ended.
+    /// Reads the completion queue of `id` until `fi_trywait` lets the loop
+    /// sleep; returns `false` if the connection ended.
     fn progress_cq(&self, st: &mut State, id: ConnId) -> bool {
         let mut out = Vec::new();
         for _ in 0..TRYWAIT_ROUNDS {
-            let Some(c) = st.conns.get_mut(id) else {
-                return false;
-            };
-            if c.phase != Phase::Established {
-                return true;
+            match self.read_cq(st, id, &mut out, self.fabric.lf.max_poll) {
+                None => return false,
+                Some(false) => return true,
+                Some(true) => {}
             }
-            out.clear();
-            let mut polls = 0;
-            let read = loop {
-                match c.link.poll(&mut out) {
-                    Ok(true) => break Ok(()),
-                    Ok(false) if polls < self.fabric.lf.max_poll => polls += 1,
-                    Ok(false) => break Ok(()),
-                    Err(e) => break Err(e),
-                }
-            };
-            if let Err(e) = read {
-                self.close_conn(st, id, CloseReason::Other(e.to_string()), false);
-                return false;
-            }
-            let mut ending: Option<CloseReason> = None;
-            for comp in out.drain(..) {
-                match comp {
-                    Completion::Received { index, len } => {
-                        if !c.receive {
-                            ending.get_or_insert(CloseReason::Protocol(
-                                "a message arrived on a connection without receive buffers".into(),
-                            ));
-                            continue;
-                        }
-                        if len > c.recv_limit {
-                            ending.get_or_insert(CloseReason::MessageTooLarge {
-                                size: len as u64,
-                                limit: c.recv_limit,
-                            });
-                            continue;
-                        }
-                        let bytes = c.link.received(index, len).to_vec();
-                        c.held.push_back((bytes, index));
-                    }
-                    Completion::Truncated { size, .. } => {
-                        if c.receive {
-                            // Without an overflow length from the provider the
-                            // size is known to exceed the buffer (limit + 1
-                            // bytes) at least.
-                            let at_least = c.recv_limit as u64 + 2;
-                            ending.get_or_insert(CloseReason::MessageTooLarge {
-                                size: size.max(at_least),
-                                limit: c.recv_limit,
-                            });
-                        } else {
-                            ending.get_or_insert(CloseReason::Protocol(
-                                "a message arrived on a connection without receive buffers".into(),
-                            ));
-                        }
-                    }
-                    Completion::SendFailed(errno) | Completion::RecvFailed(errno) => {
-                        if errno != libc::ECANCELED && errno != netio_libfabric_sys::FI_ECANCELED {
-                            ending.get_or_insert(CloseReason::Reset);
-                        }
-                    }
-                }
-            }
-            let done = c.link.drain_completed();
-            if !done.is_empty() {
-                st.events.push_back(Ev::Completed(id, done));
-            }
-            if let Some(reason) = ending {
-                match reason {
-                    CloseReason::Reset => self.close_after_held(st, id, reason),
-                    other => self.close_conn(st, id, other, false),
-                }
-                self.post_dispatch(st);
-                return false;
-            }
-            self.queue_deliver(st, id);
-            self.post_dispatch(st);
             let Some(c) = st.conns.get_mut(id) else {
                 return false;
             };
@@ -860,6 +806,122 @@ impl Inner {
         }
         self.post_with(move |i| i.on_cq(id));
         true
+    }
+
+    /// Reads the completion queue of `id` once (again up to `extra` times
+    /// while it is empty) and handles what it held. `None` if the
+    /// connection ended, `Some(false)` if it is not established (nothing
+    /// to read), `Some(true)` after a read.
+    fn read_cq(
+        &self,
+        st: &mut State,
+        id: ConnId,
+        out: &mut Vec<Completion>,
+        extra: u32,
+    ) -> Option<bool> {
+        let c = st.conns.get_mut(id)?;
+        if c.phase != Phase::Established {
+            return Some(false);
+        }
+        out.clear();
+        let mut polls = 0;
+        let read = loop {
+            match c.link.poll(out) {
+                Ok(true) => break Ok(true),
+                Ok(false) if polls < extra => polls += 1,
+                Ok(false) => break Ok(false),
+                Err(e) => break Err(e),
+            }
+        };
+        let any = match read {
+            Ok(any) => any,
+            Err(e) => {
+                self.close_conn(st, id, CloseReason::Other(e.to_string()), false);
+                return None;
+            }
+        };
+        if any {
+            st.hot = Some(id);
+        }
+        let c = st.conns.get_mut(id)?;
+        let mut ending: Option<CloseReason> = None;
+        for comp in out.drain(..) {
+            match comp {
+                Completion::Received { index, len } => {
+                    if !c.receive {
+                        ending.get_or_insert(CloseReason::Protocol(
+                            "a message arrived on a connection without receive buffers".into(),
+                        ));
+                        continue;
+                    }
+                    if len > c.recv_limit {
+                        ending.get_or_insert(CloseReason::MessageTooLarge {
+                            size: len as u64,
+                            limit: c.recv_limit,
+                        });
+                        continue;
+                    }
+                    let bytes = c.link.received(index, len).to_vec();
+                    c.held.push_back((bytes, index));
+                }
+                Completion::Truncated { size, .. } => {
+                    if c.receive {
+                        // Without an overflow length from the provider the
+                        // size is known to exceed the buffer (limit + 1
+                        // bytes) at least.
+                        let at_least = c.recv_limit as u64 + 2;
+                        ending.get_or_insert(CloseReason::MessageTooLarge {
+                            size: size.max(at_least),
+                            limit: c.recv_limit,
+                        });
+                    } else {
+                        ending.get_or_insert(CloseReason::Protocol(
+                            "a message arrived on a connection without receive buffers".into(),
+                        ));
+                    }
+                }
+                Completion::SendFailed(errno) | Completion::RecvFailed(errno) => {
+                    if errno != libc::ECANCELED && errno != netio_libfabric_sys::FI_ECANCELED {
+                        ending.get_or_insert(CloseReason::Reset);
+                    }
+                }
+            }
+        }
+        let done = c.link.drain_completed();
+        if !done.is_empty() {
+            st.events.push_back(Ev::Completed(id, done));
+        }
+        if let Some(reason) = ending {
+            match reason {
+                CloseReason::Reset => self.close_after_held(st, id, reason),
+                other => self.close_conn(st, id, other, false),
+            }
+            self.post_dispatch(st);
+            return None;
+        }
+        self.queue_deliver(st, id);
+        self.post_dispatch(st);
+        Some(true)
+    }
+
+    /// The spin callback of a busy-polling loop: reads the completion queue
+    /// of the connection that had completions last, as its fd's readiness
+    /// would, and dispatches what it found at once.
+    fn spin(&self) {
+        let found = {
+            let mut st = lock(&self.state);
+            let Some(id) = st.hot else {
+                return;
+            };
+            let mut out = Vec::new();
+            if self.read_cq(&mut st, id, &mut out, 0) != Some(true) && st.hot == Some(id) {
+                st.hot = None;
+            }
+            !st.events.is_empty()
+        };
+        if found {
+            self.dispatch();
+        }
     }
 
     fn on_cq(&self, id: ConnId) {
