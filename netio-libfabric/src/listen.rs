@@ -33,9 +33,13 @@ const IDLE_WAIT: Duration = Duration::from_millis(200);
 /// descriptors, must not spin a core).
 const EMPTY_ROUNDS: u32 = 64;
 /// How long a listener stopping waits for its thread to let go of the
-/// passive endpoint (so that it is closed, and its port free, when the
-/// close returns); a thread held inside libfabric by a peer lets go later.
-const STOP_WAIT: Duration = Duration::from_millis(500);
+/// passive endpoint, so that the endpoint is closed, and its port free,
+/// when the close returns (a listener opened again on that port right
+/// after must not fail). The thread answers its wake-up at once; a peer
+/// holding it inside libfabric (`tcp`) holds it only until the guard's
+/// stop pass ends that peer's connection, also at once. The bound is for a
+/// provider that blocks elsewhere: its thread then lets go later.
+const STOP_WAIT: Duration = Duration::from_secs(10);
 
 /// The handshake guard's settings.
 #[derive(Debug, Clone, Copy)]
