@@ -1218,8 +1218,15 @@ impl Inner {
             // does not complete it and `fi_trywait` does not report it, so
             // the queue is read again now, or that message would wait for
             // unrelated traffic.
+            // A busy-polling loop never sleeps on the queue's fd: one read
+            // is enough, without `fi_trywait`.
             let mut st = lock(&self.state);
-            self.progress_cq(&mut st, id);
+            if self.spin.is_some() {
+                let mut out = Vec::new();
+                self.read_cq(&mut st, id, &mut out, 0);
+            } else {
+                self.progress_cq(&mut st, id);
+            }
         }
     }
 
