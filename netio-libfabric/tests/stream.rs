@@ -256,7 +256,10 @@ fn stream(lf: LibfabricConfig, ip: std::net::IpAddr, pause: bool) {
         sender.close_active_endpoint(conn).unwrap();
         receiver.close_listen_endpoint(listen).unwrap();
         if (run + 1) % 10 == 0 {
-            eprintln!("{provider}, pause {pause}: {} runs delivered everything", run + 1);
+            eprintln!(
+                "{provider}, pause {pause}: {} runs delivered everything",
+                run + 1
+            );
         }
     }
 }

@@ -6,11 +6,13 @@ use std::net::SocketAddr;
 use clap::{Parser, ValueEnum};
 
 /// Benchmarks of netio-rs providers, each run alternated with the same test
-/// over plain `std::net` TCP in the same process (`--baseline`).
+/// over plain `std::net` TCP in the same process (`--baseline`), or, for
+/// the libfabric provider's ping-pong, with libfabric's own `fi_pingpong`
+/// (`--fi-baseline`).
 ///
 /// By default server and client run in this process, on separate event
 /// loops and separate threads, over 127.0.0.1. With no test named, every
-/// test runs with small defaults.
+/// test runs with small defaults (with --fi-baseline: pingpong).
 #[derive(Debug, Parser)]
 #[command(name = "netio-perf", version, about, long_about = None)]
 #[command(after_help = "\
@@ -19,6 +21,8 @@ Examples:
   netio-perf pingpong --sizes 64 --baseline --busy-poll
   netio-perf bw --sizes 1m --mode zero-copy --baseline
   netio-perf rate --provider sim                        simulated deliveries per real second
+  netio-perf pingpong --provider libfabric --fi-baseline --sizes 64,1m
+                                                        libfabric provider against fi_pingpong
   netio-perf --listen 0.0.0.0:7000 [--baseline]         server only (another host)
   netio-perf pingpong --connect HOST:7000 [--baseline]  client only")]
 pub struct Cli {
@@ -77,6 +81,20 @@ pub struct Cli {
     #[arg(long)]
     pub baseline: bool,
 
+    /// With --provider libfabric, pingpong only: alternate every run with
+    /// libfabric's own fi_pingpong (server and client processes over
+    /// 127.0.0.1, the same fabric provider: NETIO_LIBFABRIC_PROVIDER,
+    /// default tcp; `-e msg`, the same size `-S` and count `-I`, a fresh
+    /// control port per run) and print each figure as a ratio
+    /// libfabric/fi_pingpong. fi_pingpong polls its completion queues in a
+    /// tight loop, so this implies --busy-poll. It reports only the mean of
+    /// a one-way transfer (usec/xfer); its round trip is taken as 2 ×
+    /// usec/xfer and compared with netio-perf's mean round trip. Needs
+    /// fi_pingpong on PATH (Debian/Ubuntu package libfabric-bin); a run
+    /// longer than --timeout is killed.
+    #[arg(long, conflicts_with_all = ["baseline", "duration", "listen", "connect"])]
+    pub fi_baseline: bool,
+
     /// Write machine-readable results to FILE ("-": stdout, instead of the
     /// table).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
@@ -98,7 +116,8 @@ pub struct Cli {
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(2..=5000))]
     pub connections: u32,
 
-    /// Give up a single run after this many seconds.
+    /// Give up a single run after this many seconds (with --fi-baseline,
+    /// fi_pingpong's processes are killed after it).
     #[arg(long, default_value_t = 120.0, value_parser = parse_duration, value_name = "SECS")]
     pub timeout: f64,
 

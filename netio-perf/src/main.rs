@@ -5,12 +5,22 @@
 //! netio-perf [pingpong] [bw] [rate] [conns] [--provider sim|tcp|libfabric] [--baseline] [--busy-poll]
 //!            [--sizes 64,1k,64k,1m] [--mode buffered,zero-copy,copy] [--count N | --duration SECS]
 //!            [--warmup N] [--runs N] [--json [FILE]] [--listen ADDR | --connect ADDR]
+//! netio-perf pingpong --provider libfabric --fi-baseline [--sizes ...] [--count N] [--runs N] [--json [FILE]]
 //! ```
+//!
+//! `--fi-baseline` alternates the libfabric provider's ping-pong with
+//! libfabric's own `fi_pingpong` (server and client processes over
+//! 127.0.0.1, the same fabric provider, `FI_EP_MSG` endpoints, the same
+//! size and count); `fi_pingpong` busy-polls its completion queues, so the
+//! option implies `--busy-poll`. `fi_pingpong` reports the mean time of a
+//! one-way transfer (`usec/xfer`): its round trip is 2 × `usec/xfer`,
+//! compared with netio-perf's mean round trip (see the `fi` module).
 //!
 //! See `docs/benchmarks.md` for the method and the results.
 
 mod cli;
 mod conns;
+mod fi;
 mod metrics;
 mod plain;
 mod proto;
@@ -26,7 +36,7 @@ use serde_json::json;
 
 use cli::{Cli, SendMode, SizeLabel, TestKind};
 use provider::{RunError, Spec};
-use report::{Progress, Row, Setup, Status};
+use report::{Baseline, Progress, Row, Setup, Status};
 
 /// Exit code for usage errors.
 const USAGE: u8 = 2;
@@ -49,6 +59,35 @@ fn validate(cli: &Cli) -> Result<(), String> {
             "send mode `async` is not available in this version of netio: the contract has no asynchronous send yet (use buffered, zero-copy or copy)"
                 .into(),
         );
+    }
+    if cli.fi_baseline {
+        if cli.provider != "libfabric" {
+            return Err(format!(
+                "--fi-baseline compares the libfabric provider with libfabric's fi_pingpong: \
+                 use it with --provider libfabric (not `{}`)",
+                cli.provider
+            ));
+        }
+        if let Some(t) = cli
+            .tests
+            .iter()
+            .chain(&cli.test_opt)
+            .find(|t| **t != TestKind::Pingpong)
+        {
+            return Err(format!(
+                "--fi-baseline compares ping-pong only, not `{}`: fi_pingpong has no one-way \
+                 stream test (its MB/sec is the ping-pong's bytes of both directions over its \
+                 time); run {} without --fi-baseline",
+                t.name(),
+                t.name()
+            ));
+        }
+        if cli.count.is_some_and(|c| c > i32::MAX as u64) {
+            return Err(format!(
+                "--count is at most {} with --fi-baseline (fi_pingpong's -I)",
+                i32::MAX
+            ));
+        }
     }
     if cli.provider == "libfabric" && !netio::providers().contains(&"libfabric") {
         return Err(format!(
@@ -104,6 +143,14 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     let mut tests: Vec<TestKind> = cli.tests.iter().chain(&cli.test_opt).copied().collect();
     tests.sort();
     tests.dedup();
+    let fi = if cli.fi_baseline {
+        Some(fi_pingpong()?)
+    } else {
+        None
+    };
+    if tests.is_empty() && fi.is_some() {
+        tests = vec![TestKind::Pingpong];
+    }
     if tests.is_empty() {
         tests = vec![
             TestKind::Pingpong,
@@ -123,7 +170,16 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             "the conns test runs in one process; name the other tests with --connect".into(),
         );
     }
-    let baseline = cli.baseline && !sim;
+    let baseline = if fi.is_some() {
+        Some(Baseline::FiPingpong)
+    } else if cli.baseline && !sim {
+        Some(Baseline::PlainTcp)
+    } else {
+        None
+    };
+    // fi_pingpong polls its completion queues without sleeping: netio's
+    // loops do the same for a like-for-like comparison.
+    let busy_poll = cli.busy_poll || fi.is_some();
     let layout = match cli.connect {
         Some(a) => format!("client only, server at {a}"),
         None if sim => "two virtual hosts of one simulated world".into(),
@@ -133,7 +189,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     };
     let setup = Setup {
         provider: cli.provider.clone(),
-        busy_poll: cli.busy_poll,
+        busy_poll,
         thread_unsafe: cli.thread_unsafe,
         runs: cli.runs,
         baseline,
@@ -179,11 +235,19 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                         None => Some(cli.count.unwrap_or(count)),
                     },
                     duration,
-                    busy_poll: cli.busy_poll,
+                    busy_poll,
                     thread_unsafe: cli.thread_unsafe,
                     timeout,
                 };
-                rows.push(run_row(&cli, &spec, baseline, &mut progress));
+                rows.push(match &fi {
+                    Some(fi) => run_fi_row(&cli, &spec, fi, &mut progress),
+                    None => run_row(
+                        &cli,
+                        &spec,
+                        baseline == Some(Baseline::PlainTcp),
+                        &mut progress,
+                    ),
+                });
             }
         }
     }
@@ -202,6 +266,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         "warmup": cli.warmup,
         "connections": cli.connections,
         "connect": cli.connect.map(|a| a.to_string()),
+        "fi_pingpong": fi.as_ref().map(|f| json!({
+            "program": f.program.display().to_string(),
+            "fabric_provider": f.fabric,
+            "domain": f.domain,
+            "environment": f.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        })),
     });
     let doc = report::to_json(&setup, settings, &rows);
     match cli.json.as_deref() {
@@ -300,6 +370,84 @@ fn run_row(cli: &Cli, spec: &Spec, baseline: bool, progress: &mut Progress) -> R
             _ => "deliveries per real second: how fast the simulator delivers; (virtual): the modelled link".into(),
         });
     }
+    row
+}
+
+/// `fi_pingpong` for `--fi-baseline`, over the libfabric provider's fabric
+/// provider and domain.
+fn fi_pingpong() -> Result<fi::FiPingpong, String> {
+    let program = fi::locate()?;
+    let (fabric, domain, sockets_pe_waittime) = fabric_settings()?;
+    Ok(fi::FiPingpong::new(
+        program,
+        &fabric,
+        domain,
+        sockets_pe_waittime,
+    ))
+}
+
+/// The libfabric provider's fabric provider, domain and
+/// `FI_SOCKETS_PE_WAITTIME` setting, as its backends read them.
+#[cfg(feature = "libfabric")]
+fn fabric_settings() -> Result<(String, Option<String>, Option<u32>), String> {
+    let c = netio::libfabric::LibfabricConfig::from_env();
+    Ok((c.provider, c.domain, c.sockets_pe_waittime))
+}
+
+/// Without the libfabric provider there is nothing to compare.
+#[cfg(not(feature = "libfabric"))]
+fn fabric_settings() -> Result<(String, Option<String>, Option<u32>), String> {
+    Err("--fi-baseline needs the libfabric provider, which is not built in".into())
+}
+
+/// Runs one `--fi-baseline` row: `runs` runs of the provider's ping-pong,
+/// each followed by a run of `fi_pingpong` with the same size and count.
+fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progress) -> Row {
+    let mut row = Row::new(spec.test, Some(spec.size), Some(spec.mode));
+    let label = format!(
+        "{} {} {}",
+        spec.test.name(),
+        SizeLabel(spec.size),
+        spec.mode.name()
+    );
+    let count = spec.count.unwrap_or(1);
+    for i in 0..cli.runs {
+        progress.update(&format!(
+            "{label}: run {}/{} {}",
+            i + 1,
+            cli.runs,
+            cli.provider
+        ));
+        match provider::run_socket(&cli.provider, spec, None) {
+            Ok(f) => row.provider_runs.push(metrics::with_means(f, spec.size)),
+            Err(RunError::Unsupported(m)) => {
+                row.status = Status::Unsupported(m);
+                return row;
+            }
+            Err(RunError::Failed(m)) => {
+                row.status = Status::Failed(format!("{} run {}: {m}", cli.provider, i + 1));
+                return row;
+            }
+        }
+        progress.update(&format!("{label}: run {}/{} fi_pingpong", i + 1, cli.runs));
+        match fi.run(spec.size, count, spec.timeout) {
+            Ok(s) => row.baseline_runs.push(s.figures()),
+            Err(e) => {
+                row.status = Status::Failed(format!("fi_pingpong run {}: {e}", i + 1));
+                row.provider_runs.truncate(row.baseline_runs.len());
+                return row;
+            }
+        }
+    }
+    row.notes.push(format!(
+        "fi_pingpong: {} (fabric provider `{}`); it times all {count} iterations with no warm-up, netio-perf times {count} after {} unmeasured",
+        fi.command_lines(spec.size, count),
+        fi.fabric,
+        spec.warmup
+    ));
+    row.notes.push(
+        "mean round trip: fi_pingpong's 2 × usec/xfer, netio-perf's measured time / round trips; bytes, both directions: 2 × size × round trips/s (fi_pingpong's MB/sec)".into(),
+    );
     row
 }
 

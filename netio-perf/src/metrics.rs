@@ -141,6 +141,14 @@ metric!(
     PerSec,
     Higher
 );
+metric!(MEAN, "mean_rtt", "mean round trip", Micros, Lower);
+metric!(
+    PP_THROUGHPUT,
+    "pingpong_bytes_per_s",
+    "bytes, both directions",
+    BytesPerSec,
+    Higher
+);
 metric!(
     V_MEDIAN,
     "virtual_median_rtt",
@@ -244,6 +252,23 @@ pub fn pingpong(samples: &mut [u64], virtual_samples: &mut [u64], elapsed: Durat
     f
 }
 
+/// The figures of a ping-pong run (`figures`, from [`pingpong`]) that
+/// compare with `fi_pingpong`'s, first: the mean round trip (the measured
+/// time over the round trips) and the bytes of both directions per second;
+/// then the others.
+pub fn with_means(figures: Figures, size: usize) -> Figures {
+    let Some(&(_, per_s)) = figures.iter().find(|(m, _)| *m == ROUND_TRIPS) else {
+        return figures;
+    };
+    let mut f = vec![
+        (MEAN, 1e6 / per_s),
+        (ROUND_TRIPS, per_s),
+        (PP_THROUGHPUT, 2.0 * size as f64 * per_s),
+    ];
+    f.extend(figures.into_iter().filter(|(m, _)| *m != ROUND_TRIPS));
+    f
+}
+
 /// Figures of a one-way run (`bw` or `rate`) from the receiver's report;
 /// `sim`: the report holds virtual time too.
 pub fn one_way(bw: bool, r: &Report, sim: bool) -> Result<Figures, String> {
@@ -284,5 +309,33 @@ mod tests {
         assert_eq!(Unit::PerSec.format(2_500_000.0), "2.50 M/s");
         assert_eq!(Unit::Bytes.format(2048.0), "2.00 KiB");
         assert_eq!(Unit::Micros.format(f64::NAN), "n/a");
+    }
+
+    #[test]
+    fn means_come_first_and_follow_from_the_rate() {
+        let mut samples = vec![10_000u64; 100];
+        let f = with_means(
+            pingpong(&mut samples, &mut [], Duration::from_millis(2)),
+            64,
+        );
+        let keys: Vec<_> = f.iter().map(|(m, _)| m.key).collect();
+        assert_eq!(
+            &keys[..4],
+            [
+                "mean_rtt",
+                "round_trips_per_s",
+                "pingpong_bytes_per_s",
+                "median_rtt"
+            ]
+        );
+        assert_eq!(
+            keys.iter().filter(|k| **k == "round_trips_per_s").count(),
+            1
+        );
+        // 100 round trips in 2 ms: 20 µs each, 50 k/s, 128 bytes each.
+        assert!((f[0].1 - 20.0).abs() < 1e-9);
+        assert!((f[1].1 - 50_000.0).abs() < 1e-6);
+        assert!((f[2].1 - 6.4e6).abs() < 1e-3);
+        assert!(with_means(Vec::new(), 64).is_empty());
     }
 }

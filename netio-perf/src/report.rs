@@ -138,18 +138,37 @@ pub struct Setup {
     pub thread_unsafe: bool,
     /// Runs per row.
     pub runs: u32,
-    /// Baseline alternated.
-    pub baseline: bool,
+    /// The baseline alternated with the provider, if any.
+    pub baseline: Option<Baseline>,
     /// Where the server runs.
     pub layout: String,
 }
 
+/// What the provider's runs are alternated with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Baseline {
+    /// The same test over plain `std::net` TCP in this process
+    /// (`--baseline`).
+    PlainTcp,
+    /// libfabric's `fi_pingpong`, server and client processes
+    /// (`--fi-baseline`).
+    FiPingpong,
+}
+
 impl Setup {
     fn baseline_name(&self) -> &'static str {
-        if self.busy_poll {
-            "plain busy-polling TCP"
-        } else {
-            "plain blocking TCP"
+        match self.baseline {
+            Some(Baseline::FiPingpong) => "fi_pingpong",
+            _ if self.busy_poll => "plain busy-polling TCP",
+            _ => "plain blocking TCP",
+        }
+    }
+
+    /// The baseline's column heading and its name in the ratio.
+    fn baseline_short(&self) -> &'static str {
+        match self.baseline {
+            Some(Baseline::FiPingpong) => "fi_pingpong",
+            _ => "plain TCP",
         }
     }
 }
@@ -171,6 +190,10 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
         setup.provider,
         if sim {
             "virtual time, driven on one thread".to_string()
+        } else if setup.baseline == Some(Baseline::FiPingpong) {
+            "busy-polling loops (--fi-baseline: fi_pingpong polls its completion queues)"
+                .to_string()
+                + unsafe_note(setup)
         } else if setup.busy_poll {
             "busy-polling loops".to_string() + unsafe_note(setup)
         } else {
@@ -178,7 +201,18 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
         },
         setup.layout
     )?;
-    if setup.baseline {
+    if setup.baseline == Some(Baseline::FiPingpong) {
+        writeln!(
+            out,
+            "each figure: median of {} runs, each run alternated with libfabric's fi_pingpong (server and client processes over 127.0.0.1, same fabric provider, FI_EP_MSG) (A B A B ...); ratio = {}/fi_pingpong of the same pair of runs, median (min–max)",
+            setup.runs,
+            setup.provider
+        )?;
+        writeln!(
+            out,
+            "fi_pingpong reports one time for all its iterations: usec/xfer = elapsed / (2 × iterations), one transfer each way; its mean round trip is 2 × usec/xfer, compared with netio-perf's measured time / round trips; median and percentiles are netio-perf's only"
+        )?;
+    } else if setup.baseline.is_some() {
         writeln!(
             out,
             "each figure: median of {} runs, each run alternated with {} (A B A B ...); ratio = {}/plain of the same pair of runs, median (min–max)",
@@ -213,7 +247,9 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
                 writeln!(
                     out,
                     "  {:<30} {:>22} {:>22}   ratio (min–max)",
-                    "", setup.provider, "plain TCP"
+                    "",
+                    setup.provider,
+                    setup.baseline_short()
                 )?;
             } else {
                 writeln!(out, "  {:<30} {:>22}", "", setup.provider)?;
@@ -305,7 +341,7 @@ pub fn to_json(setup: &Setup, settings: Value, rows: &[Row]) -> Value {
         "provider": setup.provider,
         "busy_poll": setup.busy_poll,
         "thread_unsafe": setup.thread_unsafe,
-        "baseline": if setup.baseline { json!(setup.baseline_name()) } else { Value::Null },
+        "baseline": if setup.baseline.is_some() { json!(setup.baseline_name()) } else { Value::Null },
         "runs": setup.runs,
         "layout": setup.layout,
         "results": results,

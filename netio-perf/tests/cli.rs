@@ -63,7 +63,15 @@ fn help_and_version() {
     let out = perf(&["--help"]);
     assert!(out.status.success());
     let help = text(&out.stdout);
-    for word in ["pingpong", "--baseline", "--sizes", "--busy-poll", "--json"] {
+    for word in [
+        "pingpong",
+        "--baseline",
+        "--fi-baseline",
+        "fi_pingpong",
+        "--sizes",
+        "--busy-poll",
+        "--json",
+    ] {
         assert!(help.contains(word), "help lacks {word}");
     }
     assert!(perf(&["--version"]).status.success());
@@ -81,7 +89,28 @@ fn bad_input_is_rejected_clearly() {
     rejects(&["nosuchtest"], "nosuchtest");
     rejects(&["--mode", "async"], "not available in this version");
     rejects(&["--mode", "fast"], "fast");
-    rejects(&["--provider", "libfabric"], "not built in");
+    if !cfg!(feature = "libfabric") {
+        rejects(&["--provider", "libfabric"], "not built in");
+    }
+    rejects(&["--fi-baseline"], "--provider libfabric");
+    rejects(
+        &["--provider", "libfabric", "--fi-baseline", "bw"],
+        "ping-pong only",
+    );
+    rejects(
+        &["--provider", "libfabric", "--fi-baseline", "--baseline"],
+        "cannot be used with",
+    );
+    rejects(
+        &[
+            "--provider",
+            "libfabric",
+            "--fi-baseline",
+            "--duration",
+            "1",
+        ],
+        "cannot be used with",
+    );
     rejects(&["--provider", "nope"], "unknown provider `nope`");
     rejects(&["--provider", "sim", "--busy-poll"], "virtual time");
     rejects(
