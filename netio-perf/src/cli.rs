@@ -38,6 +38,12 @@ pub struct Cli {
     #[arg(long, default_value = "tcp")]
     pub provider: String,
 
+    /// With --provider libfabric: the libfabric provider (tcp, sockets,
+    /// verbs, …); default NETIO_LIBFABRIC_PROVIDER, else tcp. The domain
+    /// (device or interface) comes from NETIO_LIBFABRIC_DOMAIN.
+    #[arg(long, value_name = "NAME")]
+    pub fabric: Option<String>,
+
     /// Message sizes, comma-separated, with k/m suffixes (1k = 1024 bytes).
     /// Default: 64 for pingpong and rate, 64k,1m for bw.
     #[arg(long, value_parser = parse_sizes, value_name = "SIZES")]

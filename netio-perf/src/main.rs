@@ -43,6 +43,17 @@ const USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(f) = &cli.fabric {
+        if cli.provider != "libfabric" {
+            eprintln!(
+                "netio-perf: --fabric names a libfabric provider: use it with --provider libfabric"
+            );
+            return ExitCode::from(USAGE);
+        }
+        // Read by LibfabricConfig::from_env (and the fi_pingpong baseline)
+        // when backends are created, after this, before other threads run.
+        std::env::set_var("NETIO_LIBFABRIC_PROVIDER", f);
+    }
     match run(cli) {
         Ok(code) => code,
         Err(msg) => {

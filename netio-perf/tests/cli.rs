@@ -93,6 +93,7 @@ fn bad_input_is_rejected_clearly() {
         rejects(&["--provider", "libfabric"], "not built in");
     }
     rejects(&["--fi-baseline"], "--provider libfabric");
+    rejects(&["--fabric", "verbs"], "use it with --provider libfabric");
     rejects(
         &["--provider", "libfabric", "--fi-baseline", "bw"],
         "ping-pong only",
