@@ -10,8 +10,9 @@
 # throw-away tmpfs overlay on top, so host binaries, libraries and the work
 # tree are all there and writes vanish with the guest. COMMAND runs as root
 # in the current working directory, its standard input /dev/null; /proc,
-# /sys, /dev, /run and /tmp are the guest's own (so the working directory
-# must not be under them). --verbose reports each step's time on stderr.
+# /sys, /dev and /run are the guest's own (so the working directory must
+# not be under them); /tmp is the host's, through the overlay. --verbose
+# reports each step's time on stderr.
 #
 # In the guest: interface rxed0 (dummy) holds 169.254.77.1/16, the rxe
 # device rxe0 sits on it, `ulimit -l` is unlimited, and the environment has
@@ -84,11 +85,12 @@ elapsed() {
 note() { if [ "$VERBOSE" = 1 ]; then say "[$(elapsed) s] $*"; fi; }
 
 # The guest mounts its own filesystems over these, so a working directory
-# under them would not be the host's directory.
+# under them would not be the host's directory. (/tmp is the host's, seen
+# through the overlay: a clone there works.)
 CWD="$(pwd -P)"
 case "$CWD/" in
-/proc/* | /sys/* | /dev/* | /run/* | /tmp/*)
-    die "the working directory $CWD is under /proc, /sys, /dev, /run or /tmp, which the guest replaces with its own; cd elsewhere"
+/proc/* | /sys/* | /dev/* | /run/*)
+    die "the working directory $CWD is under /proc, /sys, /dev or /run, which the guest replaces with its own; cd elsewhere"
     ;;
 esac
 
@@ -201,7 +203,7 @@ note "kernel $(cat "$KDIR/version"), modules: $(tr '\n' ' ' <"$KDIR/modules/load
 
 # --- initramfs ------------------------------------------------------------
 # /init: load the modules, mount the host's root (9p, read-only) under a
-# tmpfs overlay, give it its own /proc /sys /dev /run /tmp, set up the rxe
+# tmpfs overlay, give it its own /proc /sys /dev /run, set up the rxe
 # device, run the command in a chroot with its output in the shared folder,
 # record the exit code, power off. Errors before the command are written to
 # /xfer/guest-error (the host reports them, exit 125).
@@ -244,9 +246,8 @@ mount -t proc proc $n/proc &&
     mount -t devpts -o newinstance,ptmxmode=0666 devpts $n/dev/pts &&
     mount -t tmpfs -o mode=1777 shm $n/dev/shm &&
     mount -t tmpfs -o mode=0755 run $n/run &&
-    mkdir -p $n/run/lock &&
-    mount -t tmpfs -o mode=1777 tmp $n/tmp ||
-    fail "mounting /proc /sys /dev /run /tmp in the new root failed"
+    mkdir -p $n/run/lock ||
+    fail "mounting /proc /sys /dev /run in the new root failed"
 chroot $n /bin/sh -s </setup.sh >/xfer/setup.log 2>&1 ||
     fail "setting up the rxe device failed: $(cat /xfer/setup.log)"
 cp /xfer/command.sh $n/run/verbs-guest-command.sh || fail "copying the command failed"
