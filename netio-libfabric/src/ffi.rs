@@ -425,33 +425,16 @@ impl Chunk {
     /// Registers `len` zeroed bytes on `domain`.
     fn register(domain: &Domain, len: usize) -> Result<Arc<Chunk>, FiError> {
         let mem = Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>();
-        let mut mr: *mut sys::fid_mr = ptr::null_mut();
-        let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the domain is open; `mem` is valid for `len` bytes and
-        // freed only after the registration is closed (Drop); out pointer
-        // valid.
-        let rc = unsafe {
-            sys::fi_mr_reg(
-                domain.ptr,
-                mem.cast::<c_void>(),
-                len,
-                sys::FI_SEND | sys::FI_RECV,
-                0,
-                key,
-                0,
-                &mut mr,
-                ptr::null_mut(),
-            )
-        };
-        if rc != 0 {
-            // SAFETY: not registered; `mem` came from Box::into_raw above.
-            drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(mem, len)) });
-            return Err(FiError::new("fi_mr_reg", rc as isize));
+        // SAFETY: `mem` is valid for `len` bytes and freed only after the
+        // registration is closed (Drop).
+        match unsafe { domain.mr_reg(mem, len) } {
+            Ok((mr, desc)) => Ok(Arc::new(Chunk { mr, desc, mem, len })),
+            Err(e) => {
+                // SAFETY: not registered; `mem` came from Box::into_raw above.
+                drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(mem, len)) });
+                Err(e)
+            }
         }
-        domain.registrations.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: `mr` is open.
-        let desc = unsafe { sys::fi_mr_desc(mr) };
-        Ok(Arc::new(Chunk { mr, desc, mem, len }))
     }
 }
 
@@ -599,6 +582,42 @@ impl Pooled {
 }
 
 impl Domain {
+    /// Registers `len` bytes at `addr` for local send and receive; returns
+    /// the registration and its descriptor.
+    ///
+    /// # Safety
+    ///
+    /// The memory stays allocated until the registration is closed, which
+    /// the caller does before the domain is closed.
+    unsafe fn mr_reg(
+        &self,
+        addr: *const u8,
+        len: usize,
+    ) -> Result<(*mut sys::fid_mr, *mut c_void), FiError> {
+        let mut mr: *mut sys::fid_mr = ptr::null_mut();
+        let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the domain is open; the memory is valid (caller); out
+        // pointer valid.
+        let rc = unsafe {
+            sys::fi_mr_reg(
+                self.ptr,
+                addr.cast::<c_void>(),
+                len,
+                sys::FI_SEND | sys::FI_RECV,
+                0,
+                key,
+                0,
+                &mut mr,
+                ptr::null_mut(),
+            )
+        };
+        check("fi_mr_reg", rc)?;
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `mr` is open.
+        let desc = unsafe { sys::fi_mr_desc(mr) };
+        Ok((mr, desc))
+    }
+
     /// Memory registrations made on this domain so far (receive memory,
     /// send buffers, zero-copy regions, and send memory for copies, which
     /// is registered once per size class and reused).
@@ -931,27 +950,9 @@ impl Mr {
     ///
     /// The memory stays allocated until the returned `Mr` is dropped.
     unsafe fn register(domain: &Arc<Domain>, addr: *const u8, len: usize) -> Result<Mr, FiError> {
-        let mut mr: *mut sys::fid_mr = ptr::null_mut();
-        let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the domain is open; the memory is valid (caller); out
-        // pointer valid.
-        let rc = unsafe {
-            sys::fi_mr_reg(
-                domain.ptr,
-                addr.cast::<c_void>(),
-                len.max(1),
-                sys::FI_SEND | sys::FI_RECV,
-                0,
-                key,
-                0,
-                &mut mr,
-                ptr::null_mut(),
-            )
-        };
-        check("fi_mr_reg", rc)?;
-        domain.registrations.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: `mr` is open.
-        let desc = unsafe { sys::fi_mr_desc(mr) };
+        // SAFETY: the memory stays allocated until the `Mr` is dropped
+        // (caller), which closes the registration first.
+        let (mr, desc) = unsafe { domain.mr_reg(addr, len.max(1)) }?;
         Ok(Mr {
             ptr: mr,
             desc,

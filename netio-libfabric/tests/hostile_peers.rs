@@ -177,6 +177,15 @@ fn request_header(data: u16) -> Vec<u8> {
     h
 }
 
+/// A connection to `listen` holding a request header that announces 256
+/// bytes of connection data, none of which follow.
+fn half_sent_request(listen: EndpointAddress) -> TcpStream {
+    let mut s = TcpStream::connect(lf_addr(listen)).unwrap();
+    s.write_all(&request_header(256)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    s
+}
+
 /// `true` once the peer ended the connection (EOF or reset) within
 /// `within`.
 fn ended_by_listener(s: &mut TcpStream, within: Duration) -> bool {
@@ -199,10 +208,7 @@ fn ended_by_listener(s: &mut TcpStream, within: Duration) -> bool {
 fn a_half_sent_connection_request_held_open_stops_neither_the_loop_nor_the_listener() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let served = Served::start();
-    let mut hostile = TcpStream::connect(lf_addr(served.listen)).unwrap();
-    // The header announces 256 bytes of connection data; none follow.
-    hostile.write_all(&request_header(256)).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    let mut hostile = half_sent_request(served.listen);
     // The loop's other connections are served while the request is held.
     for _ in 0..5 {
         served
@@ -340,9 +346,7 @@ fn connect_and_close_churn_leaves_no_descriptor_behind() {
 fn a_listener_closed_while_a_request_is_held_half_sent_closes_promptly() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let served = Served::start();
-    let mut hostile = TcpStream::connect(lf_addr(served.listen)).unwrap();
-    hostile.write_all(&request_header(256)).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    let mut hostile = half_sent_request(served.listen);
     let start = Instant::now();
     served.lf.close_listen_endpoint(served.listen).unwrap();
     let took = start.elapsed();

@@ -17,14 +17,6 @@ use netio_core::mio_loop::MioLoop;
 use netio_core::{BackendConfig, CreateError, EndpointAddress, Features, Handler};
 use netio_libfabric::{LibfabricBackend, LibfabricConfig};
 
-/// A port that was just free: nothing listens there, so the kernel answers
-/// a connect with a reset (a refusal).
-pub fn refusing() -> EndpointAddress {
-    let l = TcpListener::bind(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0))
-        .expect("binding a probe port");
-    EndpointAddress::from(l.local_addr().expect("probe address"))
-}
-
 /// Destroys the TCP sockets from `local` to `remote` (`ss -K`).
 pub fn reset(local: IpAddr, remote: EndpointAddress) {
     let out = Command::new("ss")
@@ -52,7 +44,8 @@ pub fn verbs_ip() -> IpAddr {
         .unwrap_or(Ipv4Addr::LOCALHOST.into())
 }
 
-/// A port on `ip` that was just free (nothing listens there).
+/// A port on `ip` that was just free: nothing listens there, so a connect
+/// is refused (the kernel answers with a reset; rdma_cm with a reject).
 pub fn refusing_on(ip: IpAddr) -> EndpointAddress {
     let l = TcpListener::bind(SocketAddr::new(ip, 0)).expect("binding a probe port");
     EndpointAddress::from(l.local_addr().expect("probe address"))
@@ -68,32 +61,8 @@ pub fn verbs_config() -> LibfabricConfig {
     }
 }
 
-/// libfabric's `verbs` provider on the device's interface address.
-pub struct Verbs;
-
-impl MioProvider for Verbs {
-    type Backend = LibfabricBackend;
-    fn features() -> Features {
-        LibfabricBackend::FEATURES
-    }
-    fn create(
-        lp: &MioLoop,
-        config: BackendConfig,
-        handler: Box<dyn Handler<LibfabricBackend>>,
-    ) -> Result<LibfabricBackend, CreateError> {
-        LibfabricBackend::new(lp, config, verbs_config(), handler)
-    }
-    fn local_ip() -> IpAddr {
-        verbs_ip()
-    }
-    fn refusing_address() -> EndpointAddress {
-        refusing_on(verbs_ip())
-    }
-    const PUSHES_BACK: bool = true;
-}
-
 macro_rules! flavor {
-    ($(#[$m:meta])* $name:ident, $prov:expr, pushes_back = $pb:expr) => {
+    ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr) => {
         $(#[$m])*
         pub struct $name;
         impl MioProvider for $name {
@@ -106,13 +75,13 @@ macro_rules! flavor {
                 config: BackendConfig,
                 handler: Box<dyn Handler<LibfabricBackend>>,
             ) -> Result<LibfabricBackend, CreateError> {
-                LibfabricBackend::new(lp, config, LibfabricConfig::provider($prov), handler)
+                LibfabricBackend::new(lp, config, $config, handler)
             }
             fn local_ip() -> IpAddr {
-                Ipv4Addr::LOCALHOST.into()
+                $ip
             }
             fn refusing_address() -> EndpointAddress {
-                refusing()
+                refusing_on($ip)
             }
             const PUSHES_BACK: bool = $pb;
         }
@@ -122,12 +91,21 @@ macro_rules! flavor {
 flavor!(
     /// libfabric's `tcp` provider on 127.0.0.1.
     Tcp,
-    "tcp",
+    LibfabricConfig::provider("tcp"),
+    Ipv4Addr::LOCALHOST.into(),
     pushes_back = true
 );
 flavor!(
     /// libfabric's `sockets` provider on 127.0.0.1.
     Sockets,
-    "sockets",
+    LibfabricConfig::provider("sockets"),
+    Ipv4Addr::LOCALHOST.into(),
     pushes_back = false
+);
+flavor!(
+    /// libfabric's `verbs` provider on the device's interface address.
+    Verbs,
+    verbs_config(),
+    verbs_ip(),
+    pushes_back = true
 );
