@@ -344,7 +344,9 @@ impl Proc {
                     self.describe_output()
                 ));
             }
-            thread::sleep(Duration::from_millis(2));
+            // Reading the table costs milliseconds of system time on a
+            // small VM; the server takes longer than that to start.
+            thread::sleep(Duration::from_millis(20));
         }
     }
 
