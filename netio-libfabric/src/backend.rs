@@ -18,7 +18,8 @@ use netio_core::{
     RefuseReason, RegionSlice, SendError, ThreadSafety, Timer, TimerQueue,
 };
 
-use crate::config::LibfabricConfig;
+use crate::config::{EndpointType, LibfabricConfig};
+use crate::rdm::RdmInner;
 use crate::ffi::{
     self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError, Query,
 };
@@ -50,17 +51,32 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// (provider from the environment, see [`LibfabricConfig::from_env`]).
 #[derive(Clone)]
 pub struct LibfabricBackend {
-    inner: Arc<Inner>,
+    pub(crate) kind: Kind,
+}
+
+/// The endpoint type a backend speaks.
+#[derive(Clone)]
+pub(crate) enum Kind {
+    /// Connected endpoints (`FI_EP_MSG`): an endpoint per connection.
+    Msg(Arc<Inner>),
+    /// Reliable datagrams (`FI_EP_RDM`): one endpoint per backend.
+    Rdm(Arc<RdmInner>),
 }
 
 impl fmt::Debug for LibfabricBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let st = lock(&self.inner.state);
-        f.debug_struct("LibfabricBackend")
-            .field("provider", &self.inner.fabric.provider)
-            .field("listeners", &st.listeners.len())
-            .field("connections", &st.conns.len())
-            .finish()
+        match &self.kind {
+            Kind::Msg(inner) => {
+                let st = lock(&inner.state);
+                f.debug_struct("LibfabricBackend")
+                    .field("endpoint", &"msg")
+                    .field("provider", &inner.fabric.provider)
+                    .field("listeners", &st.listeners.len())
+                    .field("connections", &st.conns.len())
+                    .finish()
+            }
+            Kind::Rdm(inner) => inner.fmt_debug(f),
+        }
     }
 }
 
@@ -196,7 +212,7 @@ impl FabricSettings {
     }
 }
 
-struct Inner {
+pub(crate) struct Inner {
     lp: MioLoop,
     config: BackendConfig,
     fabric: FabricSettings,
@@ -291,6 +307,11 @@ impl LibfabricBackend {
                 "no libfabric provider name given".into(),
             ));
         }
+        let rdm = match lf.endpoint {
+            EndpointType::Msg => false,
+            EndpointType::Rdm => true,
+            EndpointType::Auto => !ffi::offers_msg(&lf.provider),
+        };
         if lf.cq_size == 0 {
             return Err(CreateError::InvalidConfig("cq_size of 0".into()));
         }
@@ -306,6 +327,9 @@ impl LibfabricBackend {
         }
         if let Some(w) = lf.sockets_pe_waittime {
             ENV_ONCE.call_once(|| ffi::default_env("FI_SOCKETS_PE_WAITTIME", &w.to_string()));
+        }
+        if rdm {
+            return RdmInner::create(event_loop, config, lf, handler);
         }
         let shared_send = config
             .shared_send_pool
@@ -357,17 +381,41 @@ impl LibfabricBackend {
                 refused: Arc::new(AtomicU64::new(0)),
             }
         });
-        Ok(Self { inner })
+        Ok(Self {
+            kind: Kind::Msg(inner),
+        })
     }
 
     /// The loop this backend runs on.
     pub fn event_loop(&self) -> &MioLoop {
-        &self.inner.lp
+        match &self.kind {
+            Kind::Msg(inner) => &inner.lp,
+            Kind::Rdm(inner) => inner.event_loop(),
+        }
     }
 
     /// The libfabric settings of this backend.
     pub fn libfabric_config(&self) -> &LibfabricConfig {
-        &self.inner.fabric.lf
+        match &self.kind {
+            Kind::Msg(inner) => &inner.fabric.lf,
+            Kind::Rdm(inner) => inner.libfabric_config(),
+        }
+    }
+
+    /// The endpoint type this backend speaks: [`EndpointType::Msg`] or
+    /// [`EndpointType::Rdm`] (never `Auto`: that is decided at creation).
+    pub fn endpoint_type(&self) -> EndpointType {
+        match &self.kind {
+            Kind::Msg(_) => EndpointType::Msg,
+            Kind::Rdm(_) => EndpointType::Rdm,
+        }
+    }
+
+    fn ops(&self) -> &dyn Ops {
+        match &self.kind {
+            Kind::Msg(inner) => &**inner,
+            Kind::Rdm(inner) => &**inner,
+        }
     }
 
     /// Connections this backend's listeners refused or ended before they
@@ -376,7 +424,10 @@ impl LibfabricBackend {
     /// [`LibfabricConfig::handshake_timeout`], or failing to open an
     /// endpoint. None of them reaches the handler.
     pub fn refused_connections(&self) -> u64 {
-        self.inner.refused.load(Ordering::Relaxed)
+        match &self.kind {
+            Kind::Msg(inner) => inner.refused.load(Ordering::Relaxed),
+            Kind::Rdm(inner) => inner.refused_connections(),
+        }
     }
 
     /// Memory registrations (`fi_mr_reg`) made so far on the domains this
@@ -385,8 +436,13 @@ impl LibfabricBackend {
     /// per size class in use (reused afterwards). A steady stream of sends
     /// makes none.
     pub fn memory_registrations(&self) -> u64 {
-        let st = lock(&self.inner.state);
-        st.domains.values().map(|d| d.registrations()).sum()
+        match &self.kind {
+            Kind::Msg(inner) => {
+                let st = lock(&inner.state);
+                st.domains.values().map(|d| d.registrations()).sum()
+            }
+            Kind::Rdm(inner) => inner.memory_registrations(),
+        }
     }
 }
 
@@ -425,10 +481,11 @@ impl std::error::Error for FabricError {}
 impl Inner {
     fn backend(&self) -> LibfabricBackend {
         LibfabricBackend {
-            inner: self
-                .weak
-                .upgrade()
-                .expect("backend alive while dispatching"),
+            kind: Kind::Msg(
+                self.weak
+                    .upgrade()
+                    .expect("backend alive while dispatching"),
+            ),
         }
     }
 
@@ -1338,6 +1395,48 @@ fn post_error(e: PostError) -> SendError {
     }
 }
 
+/// The operations of [`Backend`], implemented by each endpoint type's
+/// connection manager; [`LibfabricBackend`] forwards to one of them.
+pub(crate) trait Ops {
+    fn open_listen_endpoint(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<EndpointAddress, OpenListenError>;
+    fn open_active_endpoint(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<ConnId, OpenActiveError>;
+    fn close_listen_endpoint(&self, address: EndpointAddress) -> Result<(), CloseError>;
+    fn close_active_endpoint(&self, conn: ConnId) -> Result<(), CloseError>;
+    fn get_buffer(&self, conn: ConnId) -> Result<Option<NetworkBuffer>, BufferError>;
+    fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64) -> Result<(), SendError>;
+    fn send_data(
+        &self,
+        conn: ConnId,
+        data: &[RegionSlice],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError>;
+    fn send_data_copy(
+        &self,
+        conn: ConnId,
+        data: &[&[u8]],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError>;
+    fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError>;
+    fn pause_receive(&self, conn: ConnId) -> Result<(), ConnError>;
+    fn resume_receive(&self, conn: ConnId) -> Result<(), ConnError>;
+    fn remote_address(&self, conn: ConnId) -> Result<EndpointAddress, ConnError>;
+    fn connection_to(&self, remote: EndpointAddress) -> Result<ConnId, ConnError>;
+    fn memory_usage(&self) -> MemoryUsage;
+    fn now(&self) -> Duration;
+    fn set_timer(&self, delay: Duration, token: u64);
+    fn wake(&self, token: u64);
+}
+
 impl Backend for LibfabricBackend {
     fn features(&self) -> Features {
         Self::FEATURES
@@ -1348,7 +1447,97 @@ impl Backend for LibfabricBackend {
         address: EndpointAddress,
         params: ConnectionParams,
     ) -> Result<EndpointAddress, OpenListenError> {
-        let inner = &self.inner;
+        self.ops().open_listen_endpoint(address, params)
+    }
+
+    fn open_active_endpoint(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<ConnId, OpenActiveError> {
+        self.ops().open_active_endpoint(address, params)
+    }
+
+    fn close_listen_endpoint(&self, address: EndpointAddress) -> Result<(), CloseError> {
+        self.ops().close_listen_endpoint(address)
+    }
+
+    fn close_active_endpoint(&self, conn: ConnId) -> Result<(), CloseError> {
+        self.ops().close_active_endpoint(conn)
+    }
+
+    fn get_buffer(&self, conn: ConnId) -> Result<Option<NetworkBuffer>, BufferError> {
+        self.ops().get_buffer(conn)
+    }
+
+    fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64) -> Result<(), SendError> {
+        self.ops().send_buffer(conn, buffer, key)
+    }
+
+    fn send_data(
+        &self,
+        conn: ConnId,
+        data: &[RegionSlice],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError> {
+        self.ops().send_data(conn, data, header, key)
+    }
+
+    fn send_data_copy(
+        &self,
+        conn: ConnId,
+        data: &[&[u8]],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError> {
+        self.ops().send_data_copy(conn, data, header, key)
+    }
+
+    fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError> {
+        self.ops().num_available_buffers(conn)
+    }
+
+    fn pause_receive(&self, conn: ConnId) -> Result<(), ConnError> {
+        self.ops().pause_receive(conn)
+    }
+
+    fn resume_receive(&self, conn: ConnId) -> Result<(), ConnError> {
+        self.ops().resume_receive(conn)
+    }
+
+    fn remote_address(&self, conn: ConnId) -> Result<EndpointAddress, ConnError> {
+        self.ops().remote_address(conn)
+    }
+
+    fn connection_to(&self, remote: EndpointAddress) -> Result<ConnId, ConnError> {
+        self.ops().connection_to(remote)
+    }
+
+    fn memory_usage(&self) -> MemoryUsage {
+        self.ops().memory_usage()
+    }
+
+    fn now(&self) -> Duration {
+        self.ops().now()
+    }
+
+    fn set_timer(&self, delay: Duration, token: u64) {
+        self.ops().set_timer(delay, token)
+    }
+
+    fn wake(&self, token: u64) {
+        self.ops().wake(token)
+    }
+}
+
+impl Ops for Inner {
+    fn open_listen_endpoint(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<EndpointAddress, OpenListenError> {
+        let inner = self;
         if !inner.thread_ok() {
             return Err(OpenListenError::WrongThread);
         }
@@ -1427,7 +1616,7 @@ impl Backend for LibfabricBackend {
         address: EndpointAddress,
         params: ConnectionParams,
     ) -> Result<ConnId, OpenActiveError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(OpenActiveError::WrongThread);
         }
@@ -1508,7 +1697,7 @@ impl Backend for LibfabricBackend {
     }
 
     fn close_listen_endpoint(&self, address: EndpointAddress) -> Result<(), CloseError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(CloseError::WrongThread);
         }
@@ -1532,7 +1721,7 @@ impl Backend for LibfabricBackend {
     }
 
     fn close_active_endpoint(&self, conn: ConnId) -> Result<(), CloseError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(CloseError::WrongThread);
         }
@@ -1550,7 +1739,7 @@ impl Backend for LibfabricBackend {
     }
 
     fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64) -> Result<(), SendError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(SendError::WrongThread);
         }
@@ -1579,7 +1768,7 @@ impl Backend for LibfabricBackend {
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(SendError::WrongThread);
         }
@@ -1620,7 +1809,7 @@ impl Backend for LibfabricBackend {
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(SendError::WrongThread);
         }
@@ -1651,7 +1840,7 @@ impl Backend for LibfabricBackend {
     }
 
     fn pause_receive(&self, conn: ConnId) -> Result<(), ConnError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(ConnError::WrongThread);
         }
@@ -1665,7 +1854,7 @@ impl Backend for LibfabricBackend {
     }
 
     fn resume_receive(&self, conn: ConnId) -> Result<(), ConnError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(ConnError::WrongThread);
         }
@@ -1696,7 +1885,7 @@ impl Backend for LibfabricBackend {
     }
 
     fn remote_address(&self, conn: ConnId) -> Result<EndpointAddress, ConnError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(ConnError::WrongThread);
         }
@@ -1708,7 +1897,7 @@ impl Backend for LibfabricBackend {
     }
 
     fn connection_to(&self, remote: EndpointAddress) -> Result<ConnId, ConnError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(ConnError::WrongThread);
         }
@@ -1722,7 +1911,7 @@ impl Backend for LibfabricBackend {
     }
 
     fn memory_usage(&self) -> MemoryUsage {
-        let inner = &self.inner;
+        let inner = self;
         let st = lock(&inner.state);
         let mut usage = MemoryUsage::default();
         for (_, c) in st.conns.iter() {
@@ -1747,11 +1936,11 @@ impl Backend for LibfabricBackend {
     }
 
     fn now(&self) -> Duration {
-        self.inner.lp.now()
+        self.lp.now()
     }
 
     fn set_timer(&self, delay: Duration, token: u64) {
-        let inner = &self.inner;
+        let inner = self;
         let mut q = lock(&inner.timers);
         let now = inner.lp.now();
         let deadline = now.saturating_add(delay);
@@ -1762,7 +1951,7 @@ impl Backend for LibfabricBackend {
     }
 
     fn wake(&self, token: u64) {
-        let inner = &self.inner;
+        let inner = self;
         let mut st = lock(&inner.state);
         st.events.push_back(Ev::Wake(token));
         inner.post_dispatch(&mut st);
@@ -1786,9 +1975,9 @@ impl Conn {
     }
 }
 
-impl LibfabricBackend {
+impl Inner {
     fn send_pool(&self, conn: ConnId) -> Result<BufferPool, BufferError> {
-        let inner = &self.inner;
+        let inner = self;
         if !inner.thread_ok() {
             return Err(BufferError::WrongThread);
         }

@@ -56,6 +56,39 @@ pub struct LibfabricConfig {
     /// requests beyond it are rejected (the peer sees a refusal) and
     /// counted.
     pub max_connections_per_listener: usize,
+    /// The kind of libfabric endpoint connections are built on.
+    pub endpoint: EndpointType,
+}
+
+/// The kind of libfabric endpoint a backend builds its connections on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EndpointType {
+    /// Connected endpoints where the fabric provider offers them (`tcp`,
+    /// `verbs`, `sockets`), else reliable datagrams.
+    #[default]
+    Auto,
+    /// Connected endpoints (`FI_EP_MSG`): an endpoint, a completion queue
+    /// and an event queue per connection, set up by the fabric provider's
+    /// connection manager.
+    Msg,
+    /// Reliable datagrams (`FI_EP_RDM`): one endpoint, completion queue
+    /// and address vector per backend, connections built over it with a
+    /// TCP control channel per connection (see `docs/libfabric.md`). The
+    /// only kind `shm`, `efa`, `cxi`, `opx` and the `;ofi_rxm`/`;ofi_rxd`
+    /// stacks offer.
+    Rdm,
+}
+
+impl EndpointType {
+    /// Parses `auto`, `msg` or `rdm` (any case).
+    pub fn parse(s: &str) -> Option<EndpointType> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Some(EndpointType::Auto),
+            "msg" => Some(EndpointType::Msg),
+            "rdm" => Some(EndpointType::Rdm),
+            _ => None,
+        }
+    }
 }
 
 impl Default for LibfabricConfig {
@@ -72,6 +105,7 @@ impl Default for LibfabricConfig {
             handshake_timeout: std::time::Duration::from_secs(10),
             max_pending_handshakes: 1024,
             max_connections_per_listener: 4096,
+            endpoint: EndpointType::Auto,
         }
     }
 }
@@ -86,7 +120,8 @@ impl LibfabricConfig {
     }
 
     /// The settings named by the environment: `NETIO_LIBFABRIC_PROVIDER`
-    /// (default `tcp`) and `NETIO_LIBFABRIC_DOMAIN`.
+    /// (default `tcp`), `NETIO_LIBFABRIC_DOMAIN` and
+    /// `NETIO_LIBFABRIC_ENDPOINT` (`auto`, `msg` or `rdm`; default `auto`).
     pub fn from_env() -> Self {
         let mut c = Self::default();
         if let Ok(p) = std::env::var("NETIO_LIBFABRIC_PROVIDER") {
@@ -97,6 +132,11 @@ impl LibfabricConfig {
         if let Ok(d) = std::env::var("NETIO_LIBFABRIC_DOMAIN") {
             if !d.is_empty() {
                 c.domain = Some(d);
+            }
+        }
+        if let Ok(e) = std::env::var("NETIO_LIBFABRIC_ENDPOINT") {
+            if let Some(t) = EndpointType::parse(&e) {
+                c.endpoint = t;
             }
         }
         c

@@ -43,7 +43,7 @@ pub struct FiError {
 }
 
 impl FiError {
-    fn new(call: &'static str, rc: isize) -> Self {
+    pub(crate) fn new(call: &'static str, rc: isize) -> Self {
         Self {
             call,
             errno: (-rc) as i32,
@@ -73,7 +73,7 @@ impl fmt::Display for FiError {
 
 impl std::error::Error for FiError {}
 
-fn check(call: &'static str, rc: c_int) -> Result<(), FiError> {
+pub(crate) fn check(call: &'static str, rc: c_int) -> Result<(), FiError> {
     if rc == 0 {
         Ok(())
     } else {
@@ -112,7 +112,7 @@ pub struct Query<'a> {
 
 /// An `fi_info` list (owned; freed with `fi_freeinfo`).
 pub struct Info {
-    ptr: *mut sys::fi_info,
+    pub(crate) ptr: *mut sys::fi_info,
 }
 
 // SAFETY: an fi_info list is plain heap data owned by this value alone.
@@ -200,12 +200,75 @@ impl Info {
                 &mut out,
             )
         };
+        Self::pick(rc, out)
+    }
+
+    /// `fi_getinfo` for a reliable-datagram (`FI_EP_RDM`) endpoint with
+    /// tagged messages sent in order (`FI_ORDER_SAS`), on the interface of
+    /// `node` when given (`FI_SOURCE`, any port). Entries whose mode or
+    /// mr_mode bits this code does not honour are skipped.
+    pub fn get_rdm(
+        provider: &str,
+        domain: Option<&str>,
+        node: Option<std::net::IpAddr>,
+    ) -> Result<Info, FiError> {
+        // SAFETY: as in `get`.
+        let hints = unsafe { sys::fi_allocinfo() };
+        if hints.is_null() {
+            return Err(FiError {
+                call: "fi_allocinfo",
+                errno: sys::FI_ENOMEM,
+            });
+        }
+        let hints = Info { ptr: hints };
+        // SAFETY: as in `get`.
+        unsafe {
+            let h = hints.ptr;
+            (*h).caps = sys::FI_MSG | sys::FI_TAGGED;
+            (*h).mode = SUPPORTED_MODE;
+            (*(*h).ep_attr).type_ = sys::FI_EP_RDM;
+            (*(*h).domain_attr).mr_mode = SUPPORTED_MR_MODE;
+            (*(*h).domain_attr).threading = sys::FI_THREAD_SAFE;
+            (*(*h).tx_attr).msg_order = sys::FI_ORDER_SAS;
+            (*(*h).rx_attr).msg_order = sys::FI_ORDER_SAS;
+            (*(*h).fabric_attr).prov_name = dup_c(provider)?;
+            if let Some(d) = domain {
+                (*(*h).domain_attr).name = dup_c(d)?;
+            }
+            if let Some(ip) = node {
+                (*h).addr_format = if ip.is_ipv4() {
+                    sys::FI_SOCKADDR_IN
+                } else {
+                    sys::FI_SOCKADDR_IN6
+                };
+            }
+        }
+        let node = node.map(|ip| CString::new(ip.to_string()).expect("an IP has no NUL"));
+        let mut out: *mut sys::fi_info = ptr::null_mut();
+        let flags = if node.is_some() { sys::FI_SOURCE } else { 0 };
+        // SAFETY: node is null or NUL-terminated and outlives the call,
+        // `hints` is valid, `out` a valid out pointer.
+        let rc = unsafe {
+            sys::fi_getinfo(
+                API_VERSION,
+                node.as_ref().map_or(ptr::null(), |n| n.as_ptr()),
+                ptr::null(),
+                flags,
+                hints.ptr,
+                &mut out,
+            )
+        };
+        Self::pick(rc, out)
+    }
+
+    /// The first entry of an `fi_getinfo` answer whose requirements are
+    /// honoured here, as a list of one.
+    fn pick(rc: c_int, out: *mut sys::fi_info) -> Result<Info, FiError> {
         check("fi_getinfo", rc)?;
         if out.is_null() {
             return Err(FiError::new("fi_getinfo", -(sys::FI_ENODATA as isize)));
         }
         let list = Info { ptr: out };
-        // Pick the first entry whose requirements are honoured here.
         let mut e = list.ptr;
         while !e.is_null() {
             // SAFETY: `e` is an entry of `list`, alive while `list` is.
@@ -338,7 +401,7 @@ unsafe fn sockaddr(p: *const c_void, len: usize) -> Option<SocketAddr> {
 
 /// An open fabric.
 pub struct Fabric {
-    ptr: *mut sys::fid_fabric,
+    pub(crate) ptr: *mut sys::fid_fabric,
 }
 
 // SAFETY: fabric objects are thread safe in libfabric; every use here is
@@ -357,12 +420,12 @@ impl Drop for Fabric {
 
 /// An open domain (and its fabric).
 pub struct Domain {
-    ptr: *mut sys::fid_domain,
+    pub(crate) ptr: *mut sys::fid_domain,
     /// Registered send memory kept for reuse (closed before the domain).
     bounces: Arc<BouncePool>,
     /// Memory registrations made on this domain so far.
     registrations: AtomicU64,
-    fabric: Arc<Fabric>,
+    pub(crate) fabric: Arc<Fabric>,
 }
 
 // SAFETY: see Fabric.
@@ -514,7 +577,7 @@ impl BouncePool {
 /// Registered send memory taken from a domain's pool for one send; it goes
 /// back to the pool when dropped (after the send's completion, or after
 /// its endpoint was closed).
-struct Pooled {
+pub(crate) struct Pooled {
     slot: Option<Slot>,
     class: Option<usize>,
     pool: Arc<BouncePool>,
@@ -535,7 +598,7 @@ impl Pooled {
     /// pool, or registered now (the first use of a size class, or a size
     /// beyond the largest class). Returns it with the address, length and
     /// descriptor to send.
-    fn copy_of(
+    pub(crate) fn copy_of(
         domain: &Arc<Domain>,
         parts: &[&[u8]],
     ) -> Result<(Pooled, *const u8, usize, *mut c_void), FiError> {
@@ -670,7 +733,7 @@ impl Domain {
 }
 
 /// The outcome of `fi_trywait`.
-fn trywait(fabric: &Fabric, fid: *mut sys::fid) -> bool {
+pub(crate) fn trywait(fabric: &Fabric, fid: *mut sys::fid) -> bool {
     let mut fids = [fid];
     // SAFETY: the fabric and the object are open; the array holds one
     // valid fid.
@@ -681,7 +744,7 @@ fn trywait(fabric: &Fabric, fid: *mut sys::fid) -> bool {
     rc != -sys::FI_EAGAIN
 }
 
-fn wait_fd(fid: *mut sys::fid) -> Result<RawFd, FiError> {
+pub(crate) fn wait_fd(fid: *mut sys::fid) -> Result<RawFd, FiError> {
     let mut fd: c_int = -1;
     // SAFETY: `fid` is an open EQ or CQ made with FI_WAIT_FD, for which
     // FI_GETWAIT writes an int.
@@ -924,7 +987,7 @@ impl PassiveEp {
 /// A memory registration.
 pub struct Mr {
     ptr: *mut sys::fid_mr,
-    desc: *mut c_void,
+    pub(crate) desc: *mut c_void,
     _domain: Arc<Domain>,
 }
 
@@ -949,7 +1012,11 @@ impl Mr {
     /// # Safety
     ///
     /// The memory stays allocated until the returned `Mr` is dropped.
-    unsafe fn register(domain: &Arc<Domain>, addr: *const u8, len: usize) -> Result<Mr, FiError> {
+    pub(crate) unsafe fn register(
+        domain: &Arc<Domain>,
+        addr: *const u8,
+        len: usize,
+    ) -> Result<Mr, FiError> {
         // SAFETY: the memory stays allocated until the `Mr` is dropped
         // (caller), which closes the registration first.
         let (mr, desc) = unsafe { domain.mr_reg(addr, len.max(1)) }?;
@@ -1607,6 +1674,47 @@ impl Link {
         let keys = |v: Vec<(u64, TxOp)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
         (keys(ended.completed), keys(ended.cancelled))
     }
+}
+
+/// `true` if fabric provider `provider` offers connected endpoints
+/// (`FI_EP_MSG` with `FI_MSG`) on this machine.
+pub fn offers_msg(provider: &str) -> bool {
+    // SAFETY: as in `Info::get`.
+    let hints = unsafe { sys::fi_allocinfo() };
+    if hints.is_null() {
+        return false;
+    }
+    let hints = Info { ptr: hints };
+    let Ok(name) = dup_c(provider) else {
+        return false;
+    };
+    // SAFETY: `hints` is a valid fi_info with its attribute structs
+    // allocated; the name is malloc'd (fi_freeinfo frees it).
+    unsafe {
+        let h = hints.ptr;
+        (*h).caps = sys::FI_MSG;
+        (*h).mode = SUPPORTED_MODE;
+        (*(*h).ep_attr).type_ = sys::FI_EP_MSG;
+        (*(*h).domain_attr).mr_mode = SUPPORTED_MR_MODE;
+        (*(*h).fabric_attr).prov_name = name;
+    }
+    let mut out: *mut sys::fi_info = ptr::null_mut();
+    // SAFETY: no node or service; `hints` valid; `out` a valid out pointer.
+    let rc = unsafe {
+        sys::fi_getinfo(
+            API_VERSION,
+            ptr::null(),
+            ptr::null(),
+            0,
+            hints.ptr,
+            &mut out,
+        )
+    };
+    if rc != 0 || out.is_null() {
+        return false;
+    }
+    drop(Info { ptr: out });
+    true
 }
 
 /// Sets `name` to `value` in the environment unless it is set already, for

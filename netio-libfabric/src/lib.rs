@@ -81,8 +81,10 @@
 mod backend;
 mod config;
 mod ffi;
+mod rdm_ffi;
 mod listen;
 mod os;
+mod rdm;
 
 pub use backend::{LibfabricBackend, LibfabricProvider};
-pub use config::LibfabricConfig;
+pub use config::{EndpointType, LibfabricConfig};

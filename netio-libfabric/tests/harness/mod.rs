@@ -15,7 +15,7 @@ use std::process::Command;
 use netio_conformance::mio::MioProvider;
 use netio_core::mio_loop::MioLoop;
 use netio_core::{BackendConfig, CreateError, EndpointAddress, Features, Handler};
-use netio_libfabric::{LibfabricBackend, LibfabricConfig};
+use netio_libfabric::{EndpointType, LibfabricBackend, LibfabricConfig};
 
 /// Destroys the TCP sockets from `local` to `remote` (`ss -K`).
 pub fn reset(local: IpAddr, remote: EndpointAddress) {
@@ -107,5 +107,43 @@ flavor!(
     Verbs,
     verbs_config(),
     verbs_ip(),
+    pushes_back = true
+);
+
+/// Reliable-datagram settings for fabric provider `name`.
+pub fn rdm_config(name: &str) -> LibfabricConfig {
+    LibfabricConfig {
+        endpoint: EndpointType::Rdm,
+        ..LibfabricConfig::provider(name)
+    }
+}
+
+flavor!(
+    /// Reliable datagrams over libfabric's `tcp;ofi_rxm` on 127.0.0.1.
+    RdmTcpRxm,
+    rdm_config("tcp;ofi_rxm"),
+    Ipv4Addr::LOCALHOST.into(),
+    pushes_back = true
+);
+flavor!(
+    /// Reliable datagrams over libfabric's `shm` (control channels on
+    /// 127.0.0.1).
+    RdmShm,
+    rdm_config("shm"),
+    Ipv4Addr::LOCALHOST.into(),
+    pushes_back = true
+);
+flavor!(
+    /// Reliable datagrams over libfabric's `sockets` on 127.0.0.1.
+    RdmSockets,
+    rdm_config("sockets"),
+    Ipv4Addr::LOCALHOST.into(),
+    pushes_back = true
+);
+flavor!(
+    /// Reliable datagrams over libfabric's `udp;ofi_rxd` on 127.0.0.1.
+    RdmUdpRxd,
+    rdm_config("udp;ofi_rxd"),
+    Ipv4Addr::LOCALHOST.into(),
     pushes_back = true
 );

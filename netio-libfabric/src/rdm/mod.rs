@@ -1,0 +1,1992 @@
+//! The reliable-datagram (`FI_EP_RDM`) connection manager behind
+//! [`LibfabricBackend`](crate::LibfabricBackend).
+//!
+//! One fabric endpoint, completion queue and address vector serve every
+//! connection of the backend. A connection is a TCP control channel
+//! between the two processes (set-up with the fabric addresses, refusal,
+//! credits, close, heartbeats: [`proto`]) plus the data messages, sent over
+//! the fabric endpoint as tagged messages whose tag names the receiving
+//! connection. The receiver grants the sender one credit per receive
+//! buffer it posts, so the fabric never has to hold a message nobody
+//! posted a buffer for.
+
+pub(crate) mod proto;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use mio::net::{TcpListener, TcpStream};
+use mio::unix::SourceFd;
+use mio::Interest;
+use netio_core::ledger::SendLedger;
+use netio_core::mio_loop::{MioLoop, MioTimer, SourceId, SpinId};
+use netio_core::{
+    BackendConfig, BufferError, BufferPool, Capabilities, CloseError, CloseReason, ConnError,
+    ConnId, ConnTable, ConnectionParams, CreateError, EndpointAddress, EventLoop, Handler,
+    MemoryUsage,
+    NetworkBuffer, OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError,
+    ThreadSafety, Timer, TimerQueue,
+};
+
+use crate::backend::{Kind, LibfabricBackend, Ops};
+use crate::config::LibfabricConfig;
+use crate::ffi::{Domain, FiError, Info, PostError};
+use crate::rdm_ffi::{BufferMr, RdmCompletion, RdmEp, RecvMem, RegionMr, Staged};
+use proto::{Decoder, Frame, Session};
+
+/// How often heartbeats, liveness and set-up deadlines are looked at.
+const TICK: Duration = Duration::from_millis(50);
+/// How long a peer's close waits for the data it announced, before the
+/// close is reported anyway.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// How long the last bytes of a closed connection's control channel (its
+/// CLOSE frame) may take to be written.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
+/// How often a completion queue without a wait fd is read (and sends the
+/// provider could not take yet are retried) on a loop that does not busy
+/// poll.
+const POLL: Duration = Duration::from_micros(500);
+/// Heartbeat interval without a peer timeout.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+/// How many times the queue is read again when `fi_trywait` says events
+/// are pending, before the rest is left to a posted callback.
+const TRYWAIT_ROUNDS: usize = 16;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Opening,
+    Established,
+}
+
+/// A send accepted but not yet handed to the fabric (no credit yet).
+struct Backlogged {
+    seq: netio_core::ledger::SendSeq,
+    staged: Staged,
+}
+
+struct Conn {
+    stream: TcpStream,
+    source: Option<SourceId>,
+    /// Control bytes not written yet.
+    out: Vec<u8>,
+    decoder: Decoder,
+    session: Session,
+    phase: Phase,
+    initiator: bool,
+    remote: EndpointAddress,
+    listener: Option<EndpointAddress>,
+    caps: Capabilities,
+    /// This side's connection tag (the peer's messages carry it).
+    tag: u32,
+    /// The peer's fabric address handle, once known.
+    peer: Option<u64>,
+    recv: Option<Arc<RecvMem>>,
+    receive: bool,
+    recv_limit: usize,
+    paused: bool,
+    /// Received messages not yet delivered: buffer index and length.
+    held: VecDeque<(usize, usize)>,
+    /// Buffers waiting to be posted again (while paused).
+    unposted: Vec<usize>,
+    pending_close: Option<CloseReason>,
+    deliver_queued: bool,
+    ledger: SendLedger<()>,
+    /// Sends reported completed or cancelled so far, in send order.
+    reported: u64,
+    backlog: VecDeque<Backlogged>,
+    pools: Vec<BufferPool>,
+    buffer_mrs: HashMap<usize, Arc<BufferMr>>,
+    region: Option<Arc<RegionMr>>,
+    order: u64,
+    opened_at: Duration,
+    /// The peer's CLOSE: why, and when it came.
+    peer_closing: Option<(CloseReason, Duration)>,
+}
+
+/// A connection accepted on a listener whose HELLO has not arrived.
+struct Pending {
+    stream: TcpStream,
+    source: Option<SourceId>,
+    listener: EndpointAddress,
+    remote: EndpointAddress,
+    decoder: Decoder,
+    since: Duration,
+}
+
+/// A closed connection's control channel with bytes still to write.
+struct Flushing {
+    stream: TcpStream,
+    out: Vec<u8>,
+    deadline: Duration,
+}
+
+struct Listener {
+    socket: TcpListener,
+    source: Option<SourceId>,
+    params: ConnectionParams,
+}
+
+enum Ev {
+    Established(ConnId, EndpointAddress, Capabilities),
+    Refused(ConnId, EndpointAddress, RefuseReason),
+    Closed(ConnId, EndpointAddress, CloseReason, Vec<u64>),
+    Completed(ConnId, Vec<u64>),
+    Deliver(ConnId),
+    Timer(u64),
+    Wake(u64),
+}
+
+#[derive(Default)]
+struct State {
+    ep: Option<RdmEp>,
+    ep_source: Option<SourceId>,
+    listeners: HashMap<EndpointAddress, Listener>,
+    conns: ConnTable<Conn>,
+    by_tag: HashMap<u32, ConnId>,
+    next_tag: u32,
+    pending: HashMap<u64, Pending>,
+    next_pending: u64,
+    flushing: Vec<Flushing>,
+    events: VecDeque<Ev>,
+    dispatch_posted: bool,
+    next_order: u64,
+    ticking: bool,
+    polling: bool,
+    /// Connections with sends the provider answered `-FI_EAGAIN` (while
+    /// it connects to a new peer, or its queue is full).
+    blocked: Vec<ConnId>,
+}
+
+pub(crate) struct RdmInner {
+    lp: MioLoop,
+    config: BackendConfig,
+    lf: LibfabricConfig,
+    handler: Mutex<Box<dyn Handler<LibfabricBackend>>>,
+    state: Mutex<State>,
+    shared_send: Option<BufferPool>,
+    weak: Weak<RdmInner>,
+    timers: Mutex<TimerQueue>,
+    user_timer: MioTimer,
+    tick_timer: MioTimer,
+    /// Reads the completion queue every [`POLL`] where it has no wait fd,
+    /// and retries sends the provider answered `-FI_EAGAIN`.
+    poll_timer: MioTimer,
+    spin: Option<SpinId>,
+    refused: AtomicU64,
+    /// Registrations of the endpoint's domain (kept after it closes).
+    domain: Mutex<Option<Arc<Domain>>>,
+}
+
+impl Drop for RdmInner {
+    fn drop(&mut self) {
+        if let Some(spin) = self.spin.take() {
+            self.lp.remove_spin(spin);
+        }
+        let st = match self.state.get_mut() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        for (_, mut l) in st.listeners.drain() {
+            if let Some(src) = l.source.take() {
+                let _ = self.lp.deregister(&mut l.socket, src);
+            }
+        }
+        for (_, mut p) in st.pending.drain() {
+            if let Some(src) = p.source.take() {
+                let _ = self.lp.deregister(&mut p.stream, src);
+            }
+        }
+        for (_, mut c) in st.conns.drain() {
+            if let Some(src) = c.source.take() {
+                let _ = self.lp.deregister(&mut c.stream, src);
+            }
+        }
+        if let (Some(fd), Some(src)) = (st.ep.as_ref().and_then(|e| e.fd()), st.ep_source.take()) {
+            let _ = self.lp.deregister(&mut SourceFd(&fd), src);
+        }
+        // The endpoint closes (and frees what its operations held) with
+        // the state.
+    }
+}
+
+fn socket_addr(a: EndpointAddress) -> SocketAddr {
+    SocketAddr::new(a.ip(), a.port())
+}
+
+/// A libfabric error with the fabric provider it concerns.
+#[derive(Debug)]
+struct FabricError {
+    provider: String,
+    error: FiError,
+}
+
+impl fmt::Display for FabricError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "libfabric provider `{}` (reliable-datagram endpoint): {}",
+            self.provider, self.error
+        )?;
+        if self.error.call == "fi_getinfo" && self.error.errno == netio_libfabric_sys::FI_ENODATA {
+            f.write_str(
+                " (unknown provider name, or one without FI_EP_RDM, FI_TAGGED and \
+                 in-order sends on this machine)",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for FabricError {}
+
+/// The CLOSE reason telling the peer about a close for `reason`.
+fn close_code(reason: &CloseReason) -> proto::CloseReason {
+    match reason {
+        CloseReason::ListenerClosed => proto::CloseReason::ListenerClosed,
+        CloseReason::MessageTooLarge { size, limit } => proto::CloseReason::MessageTooLarge {
+            size: *size,
+            limit: *limit as u64,
+        },
+        CloseReason::Protocol(_) => proto::CloseReason::Protocol,
+        _ => proto::CloseReason::Application,
+    }
+}
+
+impl RdmInner {
+    pub(crate) fn create<H: Handler<LibfabricBackend> + 'static>(
+        event_loop: &MioLoop,
+        config: BackendConfig,
+        lf: LibfabricConfig,
+        handler: H,
+    ) -> Result<LibfabricBackend, CreateError> {
+        // The fabric provider must offer reliable datagrams here: checked
+        // now, so that a missing one is a creation error.
+        Info::get_rdm(&lf.provider, lf.domain.as_deref(), None)
+            .or_else(|_| {
+                Info::get_rdm(
+                    &lf.provider,
+                    lf.domain.as_deref(),
+                    Some(IpAddr::from([127, 0, 0, 1])),
+                )
+            })
+            .map_err(|error| {
+                CreateError::Failed(Box::new(FabricError {
+                    provider: lf.provider.clone(),
+                    error,
+                }))
+            })?;
+        let shared_send = config
+            .shared_send_pool
+            .map(|p| BufferPool::new(p.buf_size, p.num_buf));
+        let lp = event_loop.clone();
+        let inner = Arc::new_cyclic(|weak: &Weak<RdmInner>| {
+            let w = weak.clone();
+            let user_timer = lp.timer(move || {
+                if let Some(i) = w.upgrade() {
+                    i.on_user_timer();
+                }
+            });
+            let w = weak.clone();
+            let tick_timer = lp.timer(move || {
+                if let Some(i) = w.upgrade() {
+                    i.on_tick();
+                }
+            });
+            let w = weak.clone();
+            let poll_timer = lp.timer(move || {
+                if let Some(i) = w.upgrade() {
+                    i.on_poll();
+                }
+            });
+            let spin = lp.is_busy_polling().then(|| {
+                let w = weak.clone();
+                lp.add_spin(move || {
+                    if let Some(i) = w.upgrade() {
+                        i.spin();
+                    }
+                })
+            });
+            RdmInner {
+                lp,
+                config,
+                lf,
+                handler: Mutex::new(Box::new(handler)),
+                state: Mutex::new(State {
+                    next_tag: 1,
+                    ..State::default()
+                }),
+                shared_send,
+                weak: weak.clone(),
+                timers: Mutex::new(TimerQueue::new()),
+                user_timer,
+                tick_timer,
+                poll_timer,
+                spin,
+                refused: AtomicU64::new(0),
+                domain: Mutex::new(None),
+            }
+        });
+        Ok(LibfabricBackend {
+            kind: Kind::Rdm(inner),
+        })
+    }
+
+    pub(crate) fn fmt_debug(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = lock(&self.state);
+        f.debug_struct("LibfabricBackend")
+            .field("endpoint", &"rdm")
+            .field("provider", &self.lf.provider)
+            .field("listeners", &st.listeners.len())
+            .field("connections", &st.conns.len())
+            .finish()
+    }
+
+    pub(crate) fn event_loop(&self) -> &MioLoop {
+        &self.lp
+    }
+
+    pub(crate) fn libfabric_config(&self) -> &LibfabricConfig {
+        &self.lf
+    }
+
+    pub(crate) fn refused_connections(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn memory_registrations(&self) -> u64 {
+        lock(&self.domain).as_ref().map_or(0, |d| d.registrations())
+    }
+
+    fn backend(&self) -> LibfabricBackend {
+        LibfabricBackend {
+            kind: Kind::Rdm(self.weak.upgrade().expect("backend alive while dispatching")),
+        }
+    }
+
+    fn thread_ok(&self) -> bool {
+        self.config.thread_safety == ThreadSafety::Safe || self.lp.on_loop_thread()
+    }
+
+    fn provider_error(&self, error: FiError) -> FabricError {
+        FabricError {
+            provider: self.lf.provider.clone(),
+            error,
+        }
+    }
+
+    /// Opens the backend's fabric endpoint if it is not open yet, on the
+    /// interface of `near` where the fabric provider takes addresses.
+    fn ensure_ep(&self, st: &mut State, near: Option<IpAddr>) -> Result<(), FiError> {
+        if st.ep.is_some() {
+            return Ok(());
+        }
+        let near = near.filter(|ip| !ip.is_unspecified());
+        let info = match near {
+            Some(ip) => Info::get_rdm(&self.lf.provider, self.lf.domain.as_deref(), Some(ip))
+                .or_else(|_| Info::get_rdm(&self.lf.provider, self.lf.domain.as_deref(), None)),
+            None => Info::get_rdm(&self.lf.provider, self.lf.domain.as_deref(), None),
+        }?;
+        let domain = Domain::open(&info)?;
+        let ep = RdmEp::open(&domain, info, self.lf.cq_size.max(1024))?;
+        if let Some(fd) = ep.fd() {
+            let w = self.weak.clone();
+            let src = self
+                .lp
+                .register(&mut SourceFd(&fd), Interest::READABLE, move |_| {
+                    if let Some(i) = w.upgrade() {
+                        i.on_cq();
+                    }
+                })
+                .map_err(|e| FiError {
+                    call: "registering the completion queue's fd",
+                    errno: e.raw_os_error().unwrap_or(libc::EIO),
+                })?;
+            st.ep_source = Some(src);
+        }
+        *lock(&self.domain) = Some(Arc::clone(&domain));
+        st.ep = Some(ep);
+        Ok(())
+    }
+
+    fn post_with(&self, f: impl FnOnce(&Arc<RdmInner>) + Send + 'static) {
+        let w = self.weak.clone();
+        self.lp.post(move || {
+            if let Some(i) = w.upgrade() {
+                f(&i);
+            }
+        });
+    }
+
+    fn post_dispatch(&self, st: &mut State) {
+        if !st.dispatch_posted && !st.events.is_empty() {
+            st.dispatch_posted = true;
+            self.post_with(|i| {
+                lock(&i.state).dispatch_posted = false;
+                i.dispatch();
+            });
+        }
+    }
+
+    fn start_tick(&self, st: &mut State) {
+        if !st.ticking {
+            st.ticking = true;
+            self.tick_timer.start(TICK);
+        }
+        self.start_poll(st);
+    }
+
+    /// Starts the poll timer where it is needed: a queue without a wait
+    /// fd while connections exist, or sends to retry.
+    fn start_poll(&self, st: &mut State) {
+        let no_fd = st.ep.as_ref().is_some_and(|e| e.fd().is_none());
+        let needed = !st.blocked.is_empty()
+            || (no_fd && (!st.conns.is_empty() || !st.pending.is_empty()));
+        if needed && !st.polling && self.spin.is_none() {
+            st.polling = true;
+            self.poll_timer.start(POLL);
+        }
+    }
+
+    fn on_poll(&self) {
+        let mut st = lock(&self.state);
+        let mut out = Vec::new();
+        self.read_cq(&mut st, &mut out);
+        self.retry_blocked(&mut st);
+        let no_fd = st.ep.as_ref().is_some_and(|e| e.fd().is_none());
+        let needed = !st.blocked.is_empty()
+            || (no_fd && (!st.conns.is_empty() || !st.pending.is_empty()));
+        if !needed {
+            st.polling = false;
+            self.poll_timer.stop();
+        }
+        self.post_dispatch(&mut st);
+    }
+
+    fn retry_blocked(&self, st: &mut State) {
+        for id in std::mem::take(&mut st.blocked) {
+            self.flush_backlog(st, id);
+        }
+    }
+
+    fn send_pool_for(&self, params: &ConnectionParams) -> Option<BufferPool> {
+        if params.send_buffered.num_buf > 0 {
+            Some(BufferPool::new(
+                params.send_buffered.buf_size,
+                params.send_buffered.num_buf,
+            ))
+        } else {
+            self.shared_send.clone()
+        }
+    }
+
+    fn heartbeat(&self) -> Duration {
+        match self.config.peer_timeout {
+            Some(t) => (t / 4).max(Duration::from_millis(10)),
+            None => HEARTBEAT,
+        }
+    }
+
+    fn new_tag(st: &mut State) -> u32 {
+        loop {
+            let t = st.next_tag;
+            st.next_tag = st.next_tag.wrapping_add(1).max(1);
+            if !st.by_tag.contains_key(&t) {
+                return t;
+            }
+        }
+    }
+
+    /// Receive memory for `params`, every buffer posted on the endpoint
+    /// for `tag`; `None` for a side without receive capability (it
+    /// announces none, and a peer that sends to it anyway closes the
+    /// connection with a protocol error).
+    fn open_receive(
+        &self,
+        st: &mut State,
+        params: &ConnectionParams,
+        tag: u32,
+    ) -> Result<Option<Arc<RecvMem>>, FiError> {
+        if params.recv.num_buf == 0 {
+            return Ok(None);
+        }
+        // The sender checks sizes against the announced one; the receive
+        // buffers hold one byte more, so that a peer that sends one byte
+        // too many anyway is caught with the message's exact size.
+        let (size, count) = (params.recv.buf_size + 1, params.recv.num_buf);
+        let ep = st.ep.as_mut().expect("endpoint open");
+        let mem = RecvMem::new(ep.domain(), size, count)?;
+        for i in 0..count {
+            if let Err(e) = ep.post_recv(&mem, i, proto::recv_tag(tag), proto::RECV_IGNORE, tag as u64)
+            {
+                ep.cancel_recvs(tag as u64);
+                return Err(e);
+            }
+        }
+        Ok(Some(mem))
+    }
+
+    fn local(&self, st: &State, tag: u32, params: &ConnectionParams) -> proto::Local {
+        proto::Local {
+            tag,
+            buf_size: params.recv.buf_size as u64,
+            credits: params.recv.num_buf as u32,
+            fabric: self.lf.provider.clone(),
+            addr: st.ep.as_ref().map(|e| e.name().to_vec()).unwrap_or_default(),
+            peer_timeout: self.config.peer_timeout,
+            heartbeat: self.heartbeat(),
+        }
+    }
+
+    fn register_stream(
+        &self,
+        stream: &mut TcpStream,
+        f: impl FnMut(&Arc<RdmInner>, &mio::event::Event) + Send + 'static,
+    ) -> io::Result<SourceId> {
+        let w = self.weak.clone();
+        let mut f = f;
+        self.lp.register(
+            stream,
+            Interest::READABLE | Interest::WRITABLE,
+            move |ev| {
+                if let Some(i) = w.upgrade() {
+                    f(&i, ev);
+                }
+            },
+        )
+    }
+
+    // -- control channel ----------------------------------------------------
+
+    /// Writes what the connection's control channel has queued; `false`
+    /// if the channel failed.
+    fn flush(c: &mut Conn) -> bool {
+        while !c.out.is_empty() {
+            match c.stream.write(&c.out) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    c.out.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Queues the control frames the session wants to send and writes.
+    fn pump(&self, st: &mut State, id: ConnId) {
+        let now = self.lp.now();
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        while let Some(f) = c.session.poll_frame(now) {
+            f.encode(&mut c.out);
+        }
+        if !Self::flush(c) {
+            self.close_after_held(st, id, CloseReason::Reset);
+        }
+    }
+
+    fn on_stream(&self, id: ConnId, ev: &mio::event::Event) {
+        let mut st = lock(&self.state);
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        if c.phase == Phase::Opening && c.initiator && ev.is_writable() {
+            // The TCP connection finished opening (or failed).
+            match c.stream.take_error() {
+                Ok(None) => {}
+                Ok(Some(e)) | Err(e) => {
+                    let why = match e.kind() {
+                        io::ErrorKind::ConnectionRefused => RefuseReason::Refused,
+                        _ => match e.raw_os_error() {
+                            Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH) => {
+                                RefuseReason::Unreachable
+                            }
+                            _ => RefuseReason::Other(e.to_string()),
+                        },
+                    };
+                    self.refuse_conn(&mut st, id, why);
+                    self.post_dispatch(&mut st);
+                    return;
+                }
+            }
+        }
+        if !Self::flush(c) {
+            self.stream_ended(&mut st, id, true);
+            self.post_dispatch(&mut st);
+            return;
+        }
+        let mut buf = [0u8; 16 * 1024];
+        let mut eof = false;
+        let mut broken = false;
+        loop {
+            let Some(c) = st.conns.get_mut(id) else {
+                break;
+            };
+            match c.stream.read(&mut buf) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => {
+                    c.decoder.push(&buf[..n]);
+                    if !self.handle_frames(&mut st, id) {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    broken = true;
+                    break;
+                }
+            }
+        }
+        if eof || broken {
+            self.stream_ended(&mut st, id, broken);
+        } else {
+            self.pump(&mut st, id);
+        }
+        self.post_dispatch(&mut st);
+    }
+
+    /// The control channel ended (end of stream, or an error).
+    fn stream_ended(&self, st: &mut State, id: ConnId, broken: bool) {
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        if let Some(src) = c.source.take() {
+            let _ = self.lp.deregister(&mut c.stream, src);
+        }
+        match c.phase {
+            Phase::Opening => {
+                if c.initiator {
+                    let why = if broken {
+                        RefuseReason::Refused
+                    } else {
+                        RefuseReason::Handshake(
+                            "the listener ended the control channel before accepting".into(),
+                        )
+                    };
+                    self.refuse_conn(st, id, why);
+                }
+            }
+            Phase::Established => {
+                if let Some((reason, _)) = c.peer_closing.clone() {
+                    // The peer closed in order; its data may still be on
+                    // the way (the tick ends the wait).
+                    if c.session.peer_done() {
+                        self.close_after_held(st, id, reason);
+                    }
+                } else {
+                    self.close_after_held(st, id, CloseReason::Reset);
+                }
+            }
+        }
+    }
+
+    /// Handles every complete frame; `false` if the connection ended.
+    fn handle_frames(&self, st: &mut State, id: ConnId) -> bool {
+        let now = self.lp.now();
+        loop {
+            let Some(c) = st.conns.get_mut(id) else {
+                return false;
+            };
+            let frame = match c.decoder.next() {
+                Ok(Some(f)) => f,
+                Ok(None) => return true,
+                Err(e) => {
+                    let reason = CloseReason::Protocol(format!("control channel: {e}"));
+                    if c.phase == Phase::Opening {
+                        if c.initiator {
+                            self.refuse_conn(st, id, RefuseReason::Other(reason.to_string()));
+                        }
+                    } else {
+                        self.close_conn(st, id, reason, true);
+                    }
+                    return false;
+                }
+            };
+            match c.session.on_frame(frame, now) {
+                None => {}
+                Some(proto::Event::Established {
+                    peer_addr, ..
+                }) => {
+                    let ep = st.ep.as_mut().expect("endpoint open");
+                    match ep.insert(&peer_addr) {
+                        Ok(a) => {
+                            let c = st.conns.get_mut(id).expect("present");
+                            c.peer = Some(a);
+                            c.phase = Phase::Established;
+                            let (remote, caps) = (c.remote, c.caps);
+                            st.events.push_back(Ev::Established(id, remote, caps));
+                        }
+                        Err(e) => {
+                            self.refuse_conn(st, id, RefuseReason::Other(e.to_string()));
+                            return false;
+                        }
+                    }
+                }
+                Some(proto::Event::Refused { reason, text }) => {
+                    let why = match reason {
+                        proto::RefuseReason::Limit => RefuseReason::Refused,
+                        _ => RefuseReason::Other(format!("{reason}: {text}")),
+                    };
+                    self.refuse_conn(st, id, why);
+                    return false;
+                }
+                Some(proto::Event::ProtocolError(violation)) => {
+                    let text = violation.to_string();
+                    if c.phase == Phase::Opening {
+                        if c.initiator {
+                            self.refuse_conn(st, id, RefuseReason::Other(text));
+                        }
+                    } else {
+                        self.close_conn(st, id, CloseReason::Protocol(text), true);
+                    }
+                    return false;
+                }
+                Some(proto::Event::PeerClosing { reason, .. }) => {
+                    let why = match reason {
+                        proto::CloseReason::MessageTooLarge { size, limit } => {
+                            CloseReason::MessageTooLarge {
+                                size,
+                                limit: limit as usize,
+                            }
+                        }
+                        proto::CloseReason::Protocol => CloseReason::Protocol(
+                            "the peer closed the connection for a protocol error".into(),
+                        ),
+                        _ => CloseReason::PeerClosed,
+                    };
+                    c.peer_closing = Some((why.clone(), now));
+                    if c.session.peer_done() {
+                        self.close_after_held(st, id, why);
+                        return false;
+                    }
+                }
+                Some(proto::Event::TimedOut) => {
+                    self.close_conn(st, id, CloseReason::TimedOut, true);
+                    return false;
+                }
+            }
+            // Credits may have arrived.
+            self.flush_backlog(st, id);
+        }
+    }
+
+    // -- listening -----------------------------------------------------------
+
+    fn on_listener(&self, addr: EndpointAddress) {
+        let mut st = lock(&self.state);
+        loop {
+            let Some(l) = st.listeners.get_mut(&addr) else {
+                return;
+            };
+            let (mut stream, peer) = match l.socket.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // Out of descriptors or a connection reset before accept:
+                // try again on the next readiness.
+                Err(_) => return,
+            };
+            let held = st.pending.values().filter(|p| p.listener == addr).count()
+                + st.conns.iter().filter(|(_, c)| c.listener == Some(addr)).count();
+            if held >= self.lf.max_connections_per_listener
+                || st.pending.len() >= self.lf.max_pending_handshakes
+            {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                let mut out = Vec::new();
+                proto::Refusal::new(
+                    proto::RefuseReason::Limit,
+                    "the listener's connection limit is reached",
+                )
+                .frame()
+                .encode(&mut out);
+                let _ = stream.write(&out);
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let key = st.next_pending;
+            st.next_pending += 1;
+            let source = match self.register_stream(&mut stream, move |i, _| i.on_pending(key)) {
+                Ok(s) => s,
+                Err(_) => continue,
+            };
+            st.pending.insert(
+                key,
+                Pending {
+                    stream,
+                    source: Some(source),
+                    listener: addr,
+                    remote: EndpointAddress::from(peer),
+                    decoder: Decoder::new(),
+                    since: self.lp.now(),
+                },
+            );
+            self.start_tick(&mut st);
+        }
+    }
+
+    fn drop_pending(&self, st: &mut State, key: u64) -> Option<Pending> {
+        let mut p = st.pending.remove(&key)?;
+        if let Some(src) = p.source.take() {
+            let _ = self.lp.deregister(&mut p.stream, src);
+        }
+        Some(p)
+    }
+
+    fn on_pending(&self, key: u64) {
+        let mut st = lock(&self.state);
+        let mut buf = [0u8; 4096];
+        let hello = loop {
+            let Some(p) = st.pending.get_mut(&key) else {
+                return;
+            };
+            match p.decoder.next() {
+                Ok(Some(Frame::Hello(h))) => break h,
+                Ok(Some(_)) | Err(_) => {
+                    self.drop_pending(&mut st, key);
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Ok(None) => {}
+            }
+            match p.stream.read(&mut buf) {
+                Ok(0) => {
+                    self.drop_pending(&mut st, key);
+                    return;
+                }
+                Ok(n) => p.decoder.push(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.drop_pending(&mut st, key);
+                    return;
+                }
+            }
+        };
+        let Some(p) = self.drop_pending(&mut st, key) else {
+            return;
+        };
+        self.accept(&mut st, p, hello);
+        self.post_dispatch(&mut st);
+    }
+
+    fn accept(&self, st: &mut State, p: Pending, hello: proto::Hello) {
+        let Pending {
+            mut stream,
+            listener,
+            remote,
+            mut decoder,
+            ..
+        } = p;
+        let refuse = |stream: &mut TcpStream, refusal: proto::Refusal| {
+            let mut out = Vec::new();
+            refusal.frame().encode(&mut out);
+            let _ = stream.write(&out);
+        };
+        let error = |e: FiError| proto::Refusal::new(proto::RefuseReason::Error, e.to_string());
+        let Some(params) = st.listeners.get(&listener).map(|l| l.params.clone()) else {
+            return;
+        };
+        if let Err(e) = self.ensure_ep(st, Some(listener.ip())) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            refuse(&mut stream, error(e));
+            return;
+        }
+        let tag = Self::new_tag(st);
+        let mem = match self.open_receive(st, &params, tag) {
+            Ok(x) => x,
+            Err(e) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                refuse(&mut stream, error(e));
+                return;
+            }
+        };
+        let local = self.local(st, tag, &params);
+        let now = self.lp.now();
+        let (session, accept) = match Session::accept(&hello, local, now) {
+            Ok(x) => x,
+            Err(refusal) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                st.ep.as_mut().expect("open").cancel_recvs(tag as u64);
+                refuse(&mut stream, refusal);
+                return;
+            }
+        };
+        let peer = match st.ep.as_mut().expect("open").insert(&hello.addr) {
+            Ok(a) => a,
+            Err(e) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                st.ep.as_mut().expect("open").cancel_recvs(tag as u64);
+                refuse(&mut stream, error(e));
+                return;
+            }
+        };
+        let mut out = Vec::new();
+        accept.encode(&mut out);
+        let pool = self.send_pool_for(&params);
+        let caps = params.capabilities(&self.config, true);
+        let order = st.next_order;
+        st.next_order += 1;
+        let region = match params.send_zero_copy.clone() {
+            Some(r) => match RegionMr::new(st.ep.as_ref().expect("open").domain(), r) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    st.ep.as_mut().expect("open").cancel_recvs(tag as u64);
+                    refuse(&mut stream, error(e));
+                    return;
+                }
+            },
+            None => None,
+        };
+        // Bytes the peer sent after its HELLO stay in the decoder.
+        let _ = &mut decoder;
+        let id = st.conns.insert(Conn {
+            stream,
+            source: None,
+            out,
+            decoder,
+            session,
+            phase: Phase::Established,
+            initiator: false,
+            remote,
+            listener: Some(listener),
+            caps,
+            tag,
+            peer: Some(peer),
+            receive: mem.is_some(),
+            recv: mem,
+            recv_limit: params.recv.buf_size,
+            paused: false,
+            held: VecDeque::new(),
+            unposted: Vec::new(),
+            pending_close: None,
+            deliver_queued: false,
+            ledger: SendLedger::new(self.config.send_queue_depth),
+            reported: 0,
+            backlog: VecDeque::new(),
+            pools: pool.into_iter().collect(),
+            buffer_mrs: HashMap::new(),
+            region,
+            order,
+            opened_at: now,
+            peer_closing: None,
+        });
+        st.by_tag.insert(tag, id);
+        let c = st.conns.get_mut(id).expect("just inserted");
+        match self.register_stream(&mut c.stream, move |i, ev| i.on_stream(id, ev)) {
+            Ok(s) => c.source = Some(s),
+            Err(_) => {
+                self.drop_conn(st, id);
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        // Established is queued before anything the peer sends can be
+        // delivered (deliveries are queued after it).
+        st.events.push_back(Ev::Established(id, remote, caps));
+        if !Self::flush(st.conns.get_mut(id).expect("present")) {
+            self.close_after_held(st, id, CloseReason::Reset);
+        }
+        // Frames that came with the HELLO.
+        self.handle_frames(st, id);
+        self.start_tick(st);
+    }
+
+    // -- ending connections (under the state lock) ---------------------------
+
+    /// Removes a connection without reporting anything: its receives are
+    /// cancelled, its sends left to end with the endpoint.
+    fn drop_conn(&self, st: &mut State, id: ConnId) -> Option<Conn> {
+        let mut c = st.conns.remove(id)?;
+        if let Some(src) = c.source.take() {
+            let _ = self.lp.deregister(&mut c.stream, src);
+        }
+        st.by_tag.remove(&c.tag);
+        if let Some(ep) = st.ep.as_mut() {
+            ep.cancel_recvs(c.tag as u64);
+        }
+        Some(c)
+    }
+
+    fn refuse_conn(&self, st: &mut State, id: ConnId, reason: RefuseReason) {
+        if let Some(c) = self.drop_conn(st, id) {
+            st.events.push_back(Ev::Refused(id, c.remote, reason));
+        }
+    }
+
+    /// Closes a connection and reports it; `notify`: tell the peer with a
+    /// CLOSE frame.
+    fn close_conn(&self, st: &mut State, id: ConnId, reason: CloseReason, notify: bool) {
+        let Some(mut c) = self.drop_conn(st, id) else {
+            return;
+        };
+        let ended = c.ledger.cancel_all();
+        let completed: Vec<u64> = ended.completed.into_iter().map(|(k, _)| k).collect();
+        let cancelled: Vec<u64> = ended.cancelled.into_iter().map(|(k, _)| k).collect();
+        let deliver = c.reported + completed.len() as u64;
+        if notify && c.phase == Phase::Established {
+            let frame = c
+                .session
+                .close(close_code(&reason), deliver, self.lp.now());
+            frame.encode(&mut c.out);
+        }
+        if !c.out.is_empty() && Self::flush(&mut c) && !c.out.is_empty() {
+            st.flushing.push(Flushing {
+                stream: c.stream,
+                out: c.out,
+                deadline: self.lp.now() + FLUSH_WAIT,
+            });
+            self.start_tick(st);
+        } else {
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
+        if c.phase == Phase::Opening {
+            if c.initiator {
+                st.events.push_back(Ev::Refused(id, c.remote, RefuseReason::Cancelled));
+            }
+            return;
+        }
+        if !completed.is_empty() {
+            st.events.push_back(Ev::Completed(id, completed));
+        }
+        st.events.push_back(Ev::Closed(id, c.remote, reason, cancelled));
+    }
+
+    /// Closes once the held messages are delivered.
+    fn close_after_held(&self, st: &mut State, id: ConnId, reason: CloseReason) {
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        if c.held.is_empty() {
+            self.close_conn(st, id, reason, false);
+        } else {
+            c.pending_close.get_or_insert(reason);
+            self.queue_deliver(st, id);
+        }
+    }
+
+    fn queue_deliver(&self, st: &mut State, id: ConnId) {
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        if c.phase == Phase::Established && !c.paused && !c.held.is_empty() && !c.deliver_queued {
+            c.deliver_queued = true;
+            st.events.push_back(Ev::Deliver(id));
+            self.post_dispatch(st);
+        }
+    }
+
+    // -- sending ---------------------------------------------------------------
+
+    /// Hands queued sends to the fabric while credits last.
+    fn flush_backlog(&self, st: &mut State, id: ConnId) {
+        let State {
+            ep, conns, blocked, ..
+        } = st;
+        let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
+            return;
+        };
+        let Some(dest) = c.peer else {
+            return;
+        };
+        let mut failed = None;
+        while !c.backlog.is_empty() {
+            let Some(tag) = c.session.on_send() else {
+                break;
+            };
+            let b = c.backlog.pop_front().expect("not empty");
+            match ep.post(dest, tag, c.tag as u64, b.seq, b.staged) {
+                Ok(()) => {}
+                Err((PostError::Again, staged)) => {
+                    c.session.on_send_failed(tag);
+                    c.backlog.push_front(Backlogged { seq: b.seq, staged });
+                    if !blocked.contains(&id) {
+                        blocked.push(id);
+                    }
+                    break;
+                }
+                Err((PostError::Failed(e), _)) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            self.close_conn(st, id, CloseReason::Other(e.to_string()), true);
+        }
+        self.start_poll(st);
+    }
+
+    /// Accepts a staged send of `len` bytes: records it and hands it to
+    /// the fabric when a credit allows.
+    ///
+    /// A message the peer cannot take (larger than the buffer size it
+    /// announced, or sent to a peer without receive buffers) is accepted
+    /// and never sent: it closes the connection at once, on both sides, as
+    /// the receiver would on a connected endpoint (`MessageTooLarge`,
+    /// `Protocol`), its key cancelled. Fabric providers differ on an
+    /// oversized message (`tcp;ofi_rxm` drops the connection under it,
+    /// `udp;ofi_rxd` truncates it silently), so it never reaches them.
+    fn submit(
+        &self,
+        st: &mut State,
+        id: ConnId,
+        key: u64,
+        counted: bool,
+        staged: Staged,
+        len: usize,
+    ) -> Result<(), SendError> {
+        let c = st.conns.get_mut(id).expect("checked");
+        let seq = match c.ledger.accept(key, counted, ()) {
+            Ok(seq) => seq,
+            Err(_) => return Err(SendError::NoResources),
+        };
+        let limit = c.session.peer_buf_size();
+        if limit == 0 || len as u64 > limit {
+            drop(staged);
+            let reason = if limit == 0 {
+                CloseReason::Protocol("a message was sent to a peer without receive buffers".into())
+            } else {
+                CloseReason::MessageTooLarge {
+                    size: len as u64,
+                    limit: limit as usize,
+                }
+            };
+            self.close_conn(st, id, reason, true);
+            return Ok(());
+        }
+        c.backlog.push_back(Backlogged { seq, staged });
+        self.flush_backlog(st, id);
+        Ok(())
+    }
+
+    fn check_send(&self, st: &State, conn: ConnId, header: &[u8]) -> Result<(), SendError> {
+        if !self.thread_ok() {
+            return Err(SendError::WrongThread);
+        }
+        if header.len() > netio_core::MAX_HEADER_LEN {
+            return Err(SendError::HeaderTooLong {
+                len: header.len(),
+                max: netio_core::MAX_HEADER_LEN,
+            });
+        }
+        match st.conns.get(conn) {
+            Some(c) if c.phase == Phase::Established => Ok(()),
+            _ => Err(SendError::UnknownConnection(conn)),
+        }
+    }
+
+    fn max_msg(st: &State) -> usize {
+        st.ep.as_ref().map_or(usize::MAX, |e| e.max_msg_size())
+    }
+
+    // -- progress (loop thread) ------------------------------------------------
+
+    fn on_cq(&self) {
+        let mut st = lock(&self.state);
+        self.progress(&mut st);
+    }
+
+    fn progress(&self, st: &mut State) {
+        let mut out = Vec::new();
+        for _ in 0..TRYWAIT_ROUNDS {
+            self.read_cq(st, &mut out);
+            match st.ep.as_ref() {
+                Some(ep) if !ep.trywait() => continue,
+                _ => {
+                    self.post_dispatch(st);
+                    return;
+                }
+            }
+        }
+        self.post_with(|i| i.on_cq());
+        self.post_dispatch(st);
+    }
+
+    /// Reads the completion queue once and handles what it held; `true`
+    /// if anything was read.
+    fn read_cq(&self, st: &mut State, out: &mut Vec<RdmCompletion>) -> bool {
+        out.clear();
+        let Some(ep) = st.ep.as_mut() else {
+            return false;
+        };
+        let any = match ep.poll(out) {
+            Ok(any) => any,
+            Err(_) => return false,
+        };
+        let now = self.lp.now();
+        let mut touched: Vec<ConnId> = Vec::new();
+        for comp in out.drain(..) {
+            match comp {
+                RdmCompletion::Sent { owner, seq } => {
+                    let Some(&id) = st.by_tag.get(&(owner as u32)) else {
+                        continue;
+                    };
+                    if let Some(c) = st.conns.get_mut(id) {
+                        c.ledger.mark_done(seq);
+                        if !touched.contains(&id) {
+                            touched.push(id);
+                        }
+                    }
+                }
+                RdmCompletion::SendFailed { owner, .. } => {
+                    if let Some(&id) = st.by_tag.get(&(owner as u32)) {
+                        self.close_after_held(st, id, CloseReason::Reset);
+                    }
+                }
+                RdmCompletion::Received {
+                    owner,
+                    index,
+                    len,
+                    tag,
+                } => {
+                    let Some(&id) = st.by_tag.get(&(owner as u32)) else {
+                        continue;
+                    };
+                    let Some(c) = st.conns.get_mut(id) else {
+                        continue;
+                    };
+                    let seq = match c.session.on_received(tag, now) {
+                        Ok(seq) => seq,
+                        Err(violation) => {
+                            let reason = CloseReason::Protocol(violation.to_string());
+                            self.close_conn(st, id, reason, true);
+                            continue;
+                        }
+                    };
+                    if !c.session.should_deliver(seq) {
+                        c.unposted.push(index);
+                    } else if !c.receive {
+                        self.close_conn(
+                            st,
+                            id,
+                            CloseReason::Protocol(
+                                "a message arrived on a connection without receive buffers"
+                                    .into(),
+                            ),
+                            true,
+                        );
+                        continue;
+                    } else if len > c.recv_limit {
+                        let limit = c.recv_limit;
+                        self.close_conn(
+                            st,
+                            id,
+                            CloseReason::MessageTooLarge {
+                                size: len as u64,
+                                limit,
+                            },
+                            true,
+                        );
+                        continue;
+                    } else {
+                        c.held.push_back((index, len));
+                    }
+                    if !touched.contains(&id) {
+                        touched.push(id);
+                    }
+                }
+                RdmCompletion::Truncated { owner, size, .. } => {
+                    let Some(&id) = st.by_tag.get(&(owner as u32)) else {
+                        continue;
+                    };
+                    let Some(c) = st.conns.get(id) else {
+                        continue;
+                    };
+                    let reason = if c.receive {
+                        let limit = c.recv_limit;
+                        CloseReason::MessageTooLarge {
+                            size: size.max(limit as u64 + 2),
+                            limit,
+                        }
+                    } else {
+                        CloseReason::Protocol(
+                            "a message arrived on a connection without receive buffers".into(),
+                        )
+                    };
+                    self.close_conn(st, id, reason, true);
+                }
+                RdmCompletion::RecvEnded { .. } => {}
+            }
+        }
+        for id in touched {
+            let Some(c) = st.conns.get_mut(id) else {
+                continue;
+            };
+            let done: Vec<u64> = c.ledger.drain_completed().into_iter().map(|(k, _)| k).collect();
+            if !done.is_empty() {
+                c.reported += done.len() as u64;
+                st.events.push_back(Ev::Completed(id, done));
+            }
+            // A completion may leave room for a send refused with EAGAIN,
+            // a piggybacked grant room for backlogged sends.
+            self.flush_backlog(st, id);
+            let Some(c) = st.conns.get_mut(id) else {
+                continue;
+            };
+            if c.peer_closing.is_some() && c.session.peer_done() {
+                let reason = c.peer_closing.clone().expect("checked").0;
+                self.close_after_held(st, id, reason);
+                continue;
+            }
+            self.repost(st, id);
+            self.queue_deliver(st, id);
+        }
+        any
+    }
+
+    fn spin(&self) {
+        let found = {
+            let mut st = lock(&self.state);
+            let mut out = Vec::new();
+            self.read_cq(&mut st, &mut out);
+            if !st.blocked.is_empty() {
+                self.retry_blocked(&mut st);
+            }
+            !st.events.is_empty()
+        };
+        if found {
+            self.dispatch();
+        }
+    }
+
+    /// Posts the buffers waiting to be posted again (not while paused),
+    /// granting the peer a credit for each.
+    fn repost(&self, st: &mut State, id: ConnId) {
+        let State { ep, conns, .. } = &mut *st;
+        let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
+            return;
+        };
+        if c.paused || c.unposted.is_empty() || c.peer_closing.is_some() {
+            return;
+        }
+        let Some(mem) = c.recv.clone() else {
+            return;
+        };
+        let mut failed = None;
+        for index in std::mem::take(&mut c.unposted) {
+            match ep.post_recv(
+                &mem,
+                index,
+                proto::recv_tag(c.tag),
+                proto::RECV_IGNORE,
+                c.tag as u64,
+            ) {
+                Ok(()) => c.session.on_buffer_freed(),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            self.close_conn(st, id, CloseReason::Other(e.to_string()), true);
+            return;
+        }
+        self.pump(st, id);
+    }
+
+    fn on_tick(&self) {
+        let mut st = lock(&self.state);
+        let now = self.lp.now();
+        // Set-up deadlines of accepted connections whose HELLO is missing.
+        let late: Vec<u64> = st
+            .pending
+            .iter()
+            .filter(|(_, p)| now.saturating_sub(p.since) >= self.lf.handshake_timeout)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in late {
+            self.drop_pending(&mut st, k);
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        for id in st.conns.ids() {
+            let Some(c) = st.conns.get_mut(id) else {
+                continue;
+            };
+            if c.phase == Phase::Opening {
+                if now.saturating_sub(c.opened_at) >= self.lf.handshake_timeout {
+                    self.refuse_conn(&mut st, id, RefuseReason::Unreachable);
+                }
+                continue;
+            }
+            if let Some((reason, since)) = c.peer_closing.clone() {
+                if now.saturating_sub(since) >= CLOSE_WAIT {
+                    self.close_after_held(&mut st, id, reason);
+                }
+                continue;
+            }
+            if let Some(proto::Event::TimedOut) = c.session.on_tick(now) {
+                self.close_conn(&mut st, id, CloseReason::TimedOut, true);
+                continue;
+            }
+            self.pump(&mut st, id);
+        }
+        st.flushing.retain_mut(|f| {
+            while !f.out.is_empty() {
+                match f.stream.write(&f.out) {
+                    Ok(0) => return false,
+                    Ok(n) => {
+                        f.out.drain(..n);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        return now < f.deadline;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return false,
+                }
+            }
+            let _ = f.stream.shutdown(std::net::Shutdown::Write);
+            false
+        });
+        if st.conns.is_empty() && st.pending.is_empty() && st.flushing.is_empty() {
+            st.ticking = false;
+            self.tick_timer.stop();
+        }
+        self.post_dispatch(&mut st);
+    }
+
+    // -- dispatch (loop thread, no lock held while the handler runs) ----------
+
+    fn dispatch(&self) {
+        let backend = self.backend();
+        for _ in 0..64 {
+            let batch: Vec<Ev> = {
+                let mut st = lock(&self.state);
+                if st.events.is_empty() {
+                    return;
+                }
+                st.events.drain(..).collect()
+            };
+            for ev in batch {
+                match ev {
+                    Ev::Deliver(id) => self.deliver(&backend, id),
+                    other => {
+                        let mut h = lock(&self.handler);
+                        match other {
+                            Ev::Established(c, r, caps) => {
+                                h.on_connection_established(&backend, c, r, caps)
+                            }
+                            Ev::Refused(c, r, why) => h.on_connection_refused(&backend, c, r, &why),
+                            Ev::Closed(c, r, why, keys) => {
+                                h.on_connection_closed(&backend, c, r, &why, &keys)
+                            }
+                            Ev::Completed(c, keys) => h.on_sends_completed(&backend, c, &keys),
+                            Ev::Timer(t) => h.on_timer(&backend, t),
+                            Ev::Wake(t) => h.on_wake(&backend, t),
+                            Ev::Deliver(_) => {}
+                        }
+                    }
+                }
+            }
+        }
+        let mut st = lock(&self.state);
+        self.post_dispatch(&mut st);
+    }
+
+    fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
+        for _ in 0..1024 {
+            let (mem, index, len) = {
+                let mut st = lock(&self.state);
+                let Some(c) = st.conns.get_mut(id) else {
+                    return;
+                };
+                if c.paused {
+                    c.deliver_queued = false;
+                    return;
+                }
+                match c.held.pop_front() {
+                    Some((index, len)) => (c.recv.clone().expect("receiving"), index, len),
+                    None => {
+                        c.deliver_queued = false;
+                        if let Some(reason) = c.pending_close.take() {
+                            self.close_conn(&mut st, id, reason, false);
+                            self.post_dispatch(&mut st);
+                        }
+                        return;
+                    }
+                }
+            };
+            // The buffer is not posted again before on_data returns: its
+            // bytes stay put.
+            lock(&self.handler).on_data(backend, id, mem.bytes(index, len));
+            let mut st = lock(&self.state);
+            let Some(c) = st.conns.get_mut(id) else {
+                return;
+            };
+            c.unposted.push(index);
+            self.repost(&mut st, id);
+        }
+        let mut st = lock(&self.state);
+        if let Some(c) = st.conns.get_mut(id) {
+            c.deliver_queued = false;
+        }
+        self.queue_deliver(&mut st, id);
+    }
+
+    fn on_user_timer(&self) {
+        let now = self.lp.now();
+        let mut due = Vec::new();
+        {
+            let mut q = lock(&self.timers);
+            while let Some(t) = q.pop_due(now) {
+                due.push(t);
+            }
+            if let Some(next) = q.next_deadline() {
+                self.user_timer
+                    .start(next.saturating_sub(now).max(Duration::from_micros(1)));
+            } else {
+                self.user_timer.stop();
+            }
+        }
+        if due.is_empty() {
+            return;
+        }
+        let mut st = lock(&self.state);
+        for t in due {
+            st.events.push_back(Ev::Timer(t));
+        }
+        self.post_dispatch(&mut st);
+    }
+
+    fn send_pool(&self, conn: ConnId) -> Result<BufferPool, BufferError> {
+        if !self.thread_ok() {
+            return Err(BufferError::WrongThread);
+        }
+        let st = lock(&self.state);
+        match st.conns.get(conn) {
+            Some(c) if c.phase == Phase::Established => c
+                .pools
+                .first()
+                .cloned()
+                .ok_or(BufferError::NoBuffersAllocated(conn)),
+            _ => Err(BufferError::UnknownConnection(conn)),
+        }
+    }
+}
+
+impl Ops for RdmInner {
+    fn open_listen_endpoint(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<EndpointAddress, OpenListenError> {
+        if !self.thread_ok() {
+            return Err(OpenListenError::WrongThread);
+        }
+        address
+            .validate_listen()
+            .map_err(|reason| OpenListenError::InvalidEndpointAddress { address, reason })?;
+        params
+            .validate(&self.config)
+            .map_err(OpenListenError::InvalidConnectionParameters)?;
+        if params.recv.use_shared_pool {
+            return Err(OpenListenError::NotSupported("shared receive pools"));
+        }
+        let mut st = lock(&self.state);
+        if address.port() != 0 && st.listeners.contains_key(&address) {
+            return Err(OpenListenError::ListenEndpointAlreadyExists(address));
+        }
+        self.ensure_ep(&mut st, Some(address.ip()))
+            .map_err(|e| OpenListenError::FailedOpenListenEndpoint {
+                address,
+                source: Box::new(self.provider_error(e)),
+            })?;
+        let mut socket = TcpListener::bind(socket_addr(address)).map_err(|e| {
+            OpenListenError::FailedOpenListenEndpoint {
+                address,
+                source: Box::new(e),
+            }
+        })?;
+        let bound = socket
+            .local_addr()
+            .map_err(|e| OpenListenError::FailedOpenListenEndpoint {
+                address,
+                source: Box::new(e),
+            })?;
+        let bound = EndpointAddress::from(SocketAddr::new(address.ip(), bound.port()));
+        if st.listeners.contains_key(&bound) {
+            return Err(OpenListenError::ListenEndpointAlreadyExists(bound));
+        }
+        let w = self.weak.clone();
+        let source = self
+            .lp
+            .register(&mut socket, Interest::READABLE, move |_| {
+                if let Some(i) = w.upgrade() {
+                    i.on_listener(bound);
+                }
+            })
+            .map_err(|e| OpenListenError::FailedOpenListenEndpoint {
+                address,
+                source: Box::new(e),
+            })?;
+        st.listeners.insert(
+            bound,
+            Listener {
+                socket,
+                source: Some(source),
+                params,
+            },
+        );
+        Ok(bound)
+    }
+
+    fn open_active_endpoint(
+        &self,
+        address: EndpointAddress,
+        params: ConnectionParams,
+    ) -> Result<ConnId, OpenActiveError> {
+        if !self.thread_ok() {
+            return Err(OpenActiveError::WrongThread);
+        }
+        address
+            .validate_remote()
+            .map_err(|reason| OpenActiveError::InvalidEndpointAddress { address, reason })?;
+        params
+            .validate(&self.config)
+            .map_err(OpenActiveError::InvalidConnectionParameters)?;
+        if params.recv.use_shared_pool {
+            return Err(OpenActiveError::NotSupported("shared receive pools"));
+        }
+        let failed = |e: Box<dyn std::error::Error + Send + Sync>| {
+            OpenActiveError::FailedOpenActiveEndpoint { address, source: e }
+        };
+        let mut st = lock(&self.state);
+        let near = address.ip().is_loopback().then(|| address.ip());
+        self.ensure_ep(&mut st, near)
+            .map_err(|e| failed(Box::new(self.provider_error(e))))?;
+        let stream =
+            TcpStream::connect(socket_addr(address)).map_err(|e| failed(Box::new(e)))?;
+        let _ = stream.set_nodelay(true);
+        let tag = Self::new_tag(&mut st);
+        let mem = self
+            .open_receive(&mut st, &params, tag)
+            .map_err(|e| failed(Box::new(self.provider_error(e))))?;
+        let local = self.local(&st, tag, &params);
+        let now = self.lp.now();
+        let (session, hello) = Session::initiator(local, now);
+        let mut out = Vec::new();
+        hello.encode(&mut out);
+        let region = match params.send_zero_copy.clone() {
+            Some(r) => match RegionMr::new(st.ep.as_ref().expect("open").domain(), r) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    st.ep.as_mut().expect("open").cancel_recvs(tag as u64);
+                    return Err(failed(Box::new(self.provider_error(e))));
+                }
+            },
+            None => None,
+        };
+        let caps = params.capabilities(&self.config, true);
+        let order = st.next_order;
+        st.next_order += 1;
+        let pool = self.send_pool_for(&params);
+        let id = st.conns.insert(Conn {
+            stream,
+            source: None,
+            out,
+            decoder: Decoder::new(),
+            session,
+            phase: Phase::Opening,
+            initiator: true,
+            remote: address,
+            listener: None,
+            caps,
+            tag,
+            peer: None,
+            receive: mem.is_some(),
+            recv: mem,
+            recv_limit: params.recv.buf_size,
+            paused: false,
+            held: VecDeque::new(),
+            unposted: Vec::new(),
+            pending_close: None,
+            deliver_queued: false,
+            ledger: SendLedger::new(self.config.send_queue_depth),
+            reported: 0,
+            backlog: VecDeque::new(),
+            pools: pool.into_iter().collect(),
+            buffer_mrs: HashMap::new(),
+            region,
+            order,
+            opened_at: now,
+            peer_closing: None,
+        });
+        st.by_tag.insert(tag, id);
+        let c = st.conns.get_mut(id).expect("just inserted");
+        match self.register_stream(&mut c.stream, move |i, ev| i.on_stream(id, ev)) {
+            Ok(s) => c.source = Some(s),
+            Err(e) => {
+                self.drop_conn(&mut st, id);
+                return Err(failed(Box::new(e)));
+            }
+        }
+        self.start_tick(&mut st);
+        Ok(id)
+    }
+
+    fn close_listen_endpoint(&self, address: EndpointAddress) -> Result<(), CloseError> {
+        if !self.thread_ok() {
+            return Err(CloseError::WrongThread);
+        }
+        let mut st = lock(&self.state);
+        let Some(mut l) = st.listeners.remove(&address) else {
+            return Err(CloseError::UnknownListenEndpoint(address));
+        };
+        if let Some(src) = l.source.take() {
+            let _ = self.lp.deregister(&mut l.socket, src);
+        }
+        drop(l);
+        let pending: Vec<u64> = st
+            .pending
+            .iter()
+            .filter(|(_, p)| p.listener == address)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in pending {
+            self.drop_pending(&mut st, k);
+        }
+        let ids: Vec<ConnId> = st
+            .conns
+            .iter()
+            .filter(|(_, c)| c.listener == Some(address))
+            .map(|(id, _)| id)
+            .collect();
+        for id in ids {
+            self.close_conn(&mut st, id, CloseReason::ListenerClosed, true);
+        }
+        self.post_dispatch(&mut st);
+        Ok(())
+    }
+
+    fn close_active_endpoint(&self, conn: ConnId) -> Result<(), CloseError> {
+        if !self.thread_ok() {
+            return Err(CloseError::WrongThread);
+        }
+        let mut st = lock(&self.state);
+        if !st.conns.contains(conn) {
+            return Err(CloseError::UnknownConnection(conn));
+        }
+        self.close_conn(&mut st, conn, CloseReason::Local, true);
+        self.post_dispatch(&mut st);
+        Ok(())
+    }
+
+    fn get_buffer(&self, conn: ConnId) -> Result<Option<NetworkBuffer>, BufferError> {
+        Ok(self.send_pool(conn)?.get())
+    }
+
+    fn send_buffer(&self, conn: ConnId, buffer: NetworkBuffer, key: u64) -> Result<(), SendError> {
+        let mut st = lock(&self.state);
+        self.check_send(&st, conn, &[])?;
+        let c = st.conns.get_mut(conn).expect("checked");
+        if !c.pools.iter().any(|p| p.owns(&buffer)) {
+            return Err(SendError::ForeignBuffer);
+        }
+        let at = buffer.as_slice().as_ptr() as usize;
+        let mr = match c.buffer_mrs.get(&at) {
+            Some(mr) => Arc::clone(mr),
+            None => {
+                let ep = st.ep.as_ref().expect("open");
+                let mr = ep
+                    .register_buffer(&buffer)
+                    .map_err(|e| SendError::Failed(Box::new(e)))?;
+                let c = st.conns.get_mut(conn).expect("checked");
+                c.buffer_mrs.insert(at, Arc::clone(&mr));
+                mr
+            }
+        };
+        let len = buffer.as_slice().len();
+        let staged = Staged::buffer(buffer, mr);
+        self.submit(&mut st, conn, key, false, staged, len)?;
+        self.post_dispatch(&mut st);
+        Ok(())
+    }
+
+    fn send_data(
+        &self,
+        conn: ConnId,
+        data: &[RegionSlice],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError> {
+        let mut st = lock(&self.state);
+        self.check_send(&st, conn, header)?;
+        let max = Self::max_msg(&st);
+        let c = st.conns.get_mut(conn).expect("checked");
+        let Some(region) = c.region.clone() else {
+            return Err(SendError::NotSupported(
+                "zero-copy send on a connection without a memory region",
+            ));
+        };
+        if !c.ledger.has_room() {
+            return Err(SendError::NoResources);
+        }
+        let lent = region
+            .region()
+            .lend(data)
+            .map_err(|_| SendError::OutsideRegion)?;
+        let total = header.len() + lent.len();
+        if total > max {
+            return Err(SendError::MessageTooLarge { len: total, max });
+        }
+        let ep = st.ep.as_ref().expect("open");
+        let staged = ep
+            .stage_zero_copy(lent, header, &region)
+            .map_err(|e| SendError::Failed(Box::new(e)))?;
+        self.submit(&mut st, conn, key, true, staged, total)?;
+        self.post_dispatch(&mut st);
+        Ok(())
+    }
+
+    fn send_data_copy(
+        &self,
+        conn: ConnId,
+        data: &[&[u8]],
+        header: &[u8],
+        key: u64,
+    ) -> Result<(), SendError> {
+        let mut st = lock(&self.state);
+        self.check_send(&st, conn, header)?;
+        let max = Self::max_msg(&st);
+        let c = st.conns.get_mut(conn).expect("checked");
+        if !c.ledger.has_room() {
+            return Err(SendError::NoResources);
+        }
+        let total = header.len() + data.iter().map(|d| d.len()).sum::<usize>();
+        if total > max {
+            return Err(SendError::MessageTooLarge { len: total, max });
+        }
+        let ep = st.ep.as_ref().expect("open");
+        let staged = ep
+            .stage_copy(data, header)
+            .map_err(|e| SendError::Failed(Box::new(e)))?;
+        self.submit(&mut st, conn, key, true, staged, total)?;
+        self.post_dispatch(&mut st);
+        Ok(())
+    }
+
+    fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError> {
+        Ok(self.send_pool(conn)?.take_low_water())
+    }
+
+    fn pause_receive(&self, conn: ConnId) -> Result<(), ConnError> {
+        if !self.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let mut st = lock(&self.state);
+        let c = st
+            .conns
+            .get_mut(conn)
+            .ok_or(ConnError::UnknownConnection(conn))?;
+        c.paused = true;
+        Ok(())
+    }
+
+    fn resume_receive(&self, conn: ConnId) -> Result<(), ConnError> {
+        if !self.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let mut st = lock(&self.state);
+        let c = st
+            .conns
+            .get_mut(conn)
+            .ok_or(ConnError::UnknownConnection(conn))?;
+        if !c.paused {
+            return Ok(());
+        }
+        c.paused = false;
+        if c.held.is_empty() {
+            if let Some(reason) = c.pending_close.take() {
+                self.close_conn(&mut st, conn, reason, false);
+                self.post_dispatch(&mut st);
+                return Ok(());
+            }
+        }
+        self.repost(&mut st, conn);
+        self.queue_deliver(&mut st, conn);
+        Ok(())
+    }
+
+    fn remote_address(&self, conn: ConnId) -> Result<EndpointAddress, ConnError> {
+        if !self.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let st = lock(&self.state);
+        st.conns
+            .get(conn)
+            .map(|c| c.remote)
+            .ok_or(ConnError::UnknownConnection(conn))
+    }
+
+    fn connection_to(&self, remote: EndpointAddress) -> Result<ConnId, ConnError> {
+        if !self.thread_ok() {
+            return Err(ConnError::WrongThread);
+        }
+        let st = lock(&self.state);
+        st.conns
+            .iter()
+            .filter(|(_, c)| c.remote == remote)
+            .min_by_key(|(_, c)| c.order)
+            .map(|(id, _)| id)
+            .ok_or(ConnError::NoConnectionTo(remote))
+    }
+
+    fn memory_usage(&self) -> MemoryUsage {
+        let st = lock(&self.state);
+        let mut usage = MemoryUsage::default();
+        for (_, c) in st.conns.iter() {
+            if c.receive {
+                if let Some(m) = &c.recv {
+                    usage.receive_bytes += m.size() * m.count();
+                }
+            }
+        }
+        let mut counted: Vec<BufferPool> = Vec::new();
+        let pools = self
+            .shared_send
+            .iter()
+            .cloned()
+            .chain(st.conns.iter().flat_map(|(_, c)| c.pools.clone()));
+        for p in pools {
+            if !counted.iter().any(|q| q.same_pool(&p)) {
+                usage.send_bytes += p.bytes();
+                counted.push(p);
+            }
+        }
+        usage
+    }
+
+    fn now(&self) -> Duration {
+        self.lp.now()
+    }
+
+    fn set_timer(&self, delay: Duration, token: u64) {
+        let mut q = lock(&self.timers);
+        let now = self.lp.now();
+        let deadline = now.saturating_add(delay);
+        q.push(deadline, token);
+        if q.next_deadline() == Some(deadline) {
+            self.user_timer.start(delay.max(Duration::from_micros(1)));
+        }
+    }
+
+    fn wake(&self, token: u64) {
+        let mut st = lock(&self.state);
+        st.events.push_back(Ev::Wake(token));
+        self.post_dispatch(&mut st);
+    }
+}

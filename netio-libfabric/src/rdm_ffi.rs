@@ -1,0 +1,729 @@
+//! libfabric reliable-datagram endpoints (`FI_EP_RDM`), behind owning types
+//! whose safe methods cannot cause undefined behaviour.
+//!
+//! One [`RdmEp`] serves every connection of a backend: one endpoint, one
+//! completion queue, one address vector. Connections are told apart by
+//! the tags of their messages (see `rdm::proto`), so an operation of a
+//! connection may still be with the provider after the connection ended.
+//! The ownership rule that keeps this sound: the endpoint owns every
+//! operation the provider holds, with everything the provider may read or
+//! write for it (receive memory, send memory, registrations, the operation
+//! context), in a table keyed by the context's address. An entry leaves the
+//! table only when its completion is read, or when the endpoint is closed
+//! (`Drop` closes the endpoint before the table is freed).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::os::fd::RawFd;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use netio_core::ledger::SendSeq;
+use netio_core::{Lent, MemoryRegion, NetworkBuffer};
+use netio_libfabric_sys as sys;
+
+use crate::ffi::{check, trywait, wait_fd, Domain, FiError, Info, Mr, PostError, Pooled};
+
+/// Receive memory of one connection: `count` buffers of `size` bytes in
+/// one registered allocation, shared by the connection and the operations
+/// posted from it.
+pub struct RecvMem {
+    // Closed before the memory it covers is freed (field order).
+    mr: Mr,
+    mem: RawMem,
+    size: usize,
+    /// Which buffers are with the provider.
+    posted: Box<[AtomicBool]>,
+}
+
+/// A heap allocation written by the provider through raw pointers.
+struct RawMem {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Drop for RawMem {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` come from the boxed slice leaked in
+        // `RecvMem::new`, freed once here.
+        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
+// SAFETY: the memory is plain bytes; the provider writes a buffer only
+// while it is posted, and `RecvMem::bytes` reads only buffers that are not.
+unsafe impl Send for RecvMem {}
+// SAFETY: as above; `posted` is atomic.
+unsafe impl Sync for RecvMem {}
+
+impl RecvMem {
+    /// Allocates and registers `count` buffers of `size` bytes.
+    pub fn new(domain: &Arc<Domain>, size: usize, count: usize) -> Result<Arc<RecvMem>, FiError> {
+        let len = size.max(1) * count.max(1);
+        let ptr = Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>();
+        let mem = RawMem { ptr, len };
+        // SAFETY: `mem` lives in the RecvMem next to the registration and
+        // is freed after it (field order).
+        let mr = unsafe { Mr::register(domain, mem.ptr, len) }?;
+        Ok(Arc::new(RecvMem {
+            mr,
+            mem,
+            size: size.max(1),
+            posted: (0..count).map(|_| AtomicBool::new(false)).collect(),
+        }))
+    }
+
+    /// Buffer size.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Buffer count.
+    pub fn count(&self) -> usize {
+        self.posted.len()
+    }
+
+    /// The first `len` bytes of buffer `index`, or nothing while the
+    /// buffer is posted (or out of range).
+    pub fn bytes(&self, index: usize, len: usize) -> &[u8] {
+        if index >= self.posted.len() || self.posted[index].load(Ordering::Acquire) {
+            return &[];
+        }
+        let len = len.min(self.size);
+        // SAFETY: the range lies inside the allocation (index < count) and
+        // the buffer is not posted, so the provider does not write it.
+        unsafe { std::slice::from_raw_parts(self.mem.ptr.add(index * self.size), len) }
+    }
+}
+
+/// A registration of a zero-copy region, kept by every send from it.
+pub struct RegionMr {
+    mr: Mr,
+    region: MemoryRegion,
+}
+
+// SAFETY: a registration is a libfabric object opened with FI_THREAD_SAFE;
+// it is only read (its descriptor) and closed once, by its last owner.
+unsafe impl Send for RegionMr {}
+// SAFETY: as above.
+unsafe impl Sync for RegionMr {}
+
+impl RegionMr {
+    /// Registers `region`.
+    pub fn new(domain: &Arc<Domain>, region: MemoryRegion) -> Result<Arc<RegionMr>, FiError> {
+        // SAFETY: the region's memory lives as long as the clone kept next
+        // to the registration, dropped after it (field order).
+        let mr = unsafe { Mr::register(domain, region.as_mut_ptr(), region.len()) }?;
+        Ok(Arc::new(RegionMr { mr, region }))
+    }
+
+    /// The registered region.
+    pub fn region(&self) -> &MemoryRegion {
+        &self.region
+    }
+}
+
+/// A registration of a send pool's buffer, kept by every send of it.
+pub struct BufferMr {
+    mr: Mr,
+}
+
+/// A send ready to be handed to the provider: the memory it reads and
+/// where in it (addresses of memory `keep` owns, stable while it lives).
+pub struct Staged {
+    /// (address, length, descriptor) of each segment.
+    iov: Vec<(usize, usize, usize)>,
+    keep: TxKeep,
+}
+
+impl Staged {
+    /// The written bytes of `buf`, registered by `mr` (see
+    /// [`RdmEp::register_buffer`]).
+    pub fn buffer(buf: NetworkBuffer, mr: Arc<BufferMr>) -> Staged {
+        let data = buf.as_slice();
+        let iov = vec![(data.as_ptr() as usize, data.len(), mr.mr.desc as usize)];
+        Staged {
+            iov,
+            keep: TxKeep::Buffer(mr, buf),
+        }
+    }
+}
+
+// SAFETY: see RegionMr.
+unsafe impl Send for BufferMr {}
+// SAFETY: see RegionMr.
+unsafe impl Sync for BufferMr {}
+
+/// What a send in flight keeps alive (held, never read).
+#[allow(dead_code)]
+enum TxKeep {
+    /// A registration and the pool buffer it covers (closed before the
+    /// buffer goes back to its pool: field order).
+    Buffer(Arc<BufferMr>, NetworkBuffer),
+    /// A copy in registered memory.
+    Bounce(Pooled),
+    /// Region bytes (and a copied header), with the region's registration.
+    ZeroCopy(Option<Pooled>, Lent, Arc<RegionMr>),
+}
+
+enum Op {
+    Recv {
+        _ctx: Box<sys::fi_context2>,
+        mem: Arc<RecvMem>,
+        index: usize,
+        owner: u64,
+    },
+    Send {
+        _ctx: Box<sys::fi_context2>,
+        _keep: TxKeep,
+        owner: u64,
+        seq: Option<SendSeq>,
+    },
+}
+
+/// One completion of the endpoint's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmCompletion {
+    /// Buffer `index` of `owner`'s receive memory holds a message of `len`
+    /// bytes sent with `tag`.
+    Received {
+        /// The connection that posted the buffer.
+        owner: u64,
+        /// Buffer index.
+        index: usize,
+        /// Message length.
+        len: usize,
+        /// The sender's tag.
+        tag: u64,
+    },
+    /// A message did not fit buffer `index` of `owner`: `size` bytes in
+    /// all (0: not reported).
+    Truncated {
+        /// The connection that posted the buffer.
+        owner: u64,
+        /// Buffer index.
+        index: usize,
+        /// The message's full size, as far as the provider reports it.
+        size: u64,
+    },
+    /// A receive ended without a message (cancelled, or an error).
+    RecvEnded {
+        /// The connection that posted the buffer.
+        owner: u64,
+        /// Buffer index.
+        index: usize,
+        /// The positive error number.
+        errno: i32,
+    },
+    /// A send completed.
+    Sent {
+        /// The sending connection.
+        owner: u64,
+        /// Its ledger entry.
+        seq: SendSeq,
+    },
+    /// A send failed.
+    SendFailed {
+        /// The sending connection.
+        owner: u64,
+        /// Its ledger entry.
+        seq: SendSeq,
+        /// The positive error number.
+        errno: i32,
+    },
+}
+
+/// A reliable-datagram endpoint with its completion queue and address
+/// vector, and every operation it holds.
+pub struct RdmEp {
+    ep: *mut sys::fid_ep,
+    cq: *mut sys::fid_cq,
+    av: *mut sys::fid_av,
+    cq_fd: Option<RawFd>,
+    // Freed after the endpoint is closed (Drop).
+    ops: HashMap<usize, Op>,
+    peers: HashMap<Vec<u8>, sys::fi_addr_t>,
+    name: Vec<u8>,
+    iov_limit: usize,
+    max_msg: usize,
+    scratch: Vec<sys::fi_cq_tagged_entry>,
+    // Kept until the endpoint is closed (providers keep pointers into it).
+    info: Option<Info>,
+    domain: Arc<Domain>,
+}
+
+// SAFETY: the raw pointers are libfabric objects owned here (opened with
+// FI_THREAD_SAFE); the operations' memory is owned by `ops`.
+unsafe impl Send for RdmEp {}
+
+impl Drop for RdmEp {
+    fn drop(&mut self) {
+        // SAFETY: each object was opened here and is closed once, the
+        // endpoint first; afterwards the provider touches none of the
+        // operations' memory, freed with `ops` below.
+        unsafe {
+            if !self.ep.is_null() {
+                sys::fi_close(&mut (*self.ep).fid);
+            }
+            self.ops.clear();
+            if !self.av.is_null() {
+                sys::fi_close(&mut (*self.av).fid);
+            }
+            if !self.cq.is_null() {
+                sys::fi_close(&mut (*self.cq).fid);
+            }
+        }
+    }
+}
+
+fn zeroed_ctx() -> Box<sys::fi_context2> {
+    // SAFETY: fi_context2 is plain data; zeroed is a valid value.
+    Box::new(unsafe { std::mem::zeroed::<sys::fi_context2>() })
+}
+
+impl RdmEp {
+    /// Opens an endpoint for `info` (from [`Info::get_rdm`]) on `domain`
+    /// with a completion queue of `cq_size` entries and a table address
+    /// vector.
+    pub fn open(domain: &Arc<Domain>, info: Info, cq_size: usize) -> Result<RdmEp, FiError> {
+        let mut this = RdmEp {
+            ep: ptr::null_mut(),
+            cq: ptr::null_mut(),
+            av: ptr::null_mut(),
+            cq_fd: None,
+            ops: HashMap::new(),
+            peers: HashMap::new(),
+            name: Vec::new(),
+            iov_limit: info.iov_limit(),
+            max_msg: info.max_msg_size(),
+            scratch: Vec::with_capacity(64),
+            info: None,
+            domain: Arc::clone(domain),
+        };
+        // A wait fd where the provider has one (`tcp;ofi_rxm`, `sockets`);
+        // `shm` refuses FI_WAIT_FD and `udp;ofi_rxd` gives no fd: their
+        // queue is read without one (see `fd`).
+        for wait_obj in [sys::FI_WAIT_FD, sys::FI_WAIT_NONE] {
+            let mut cq_attr = sys::fi_cq_attr {
+                size: cq_size,
+                format: sys::FI_CQ_FORMAT_TAGGED,
+                wait_obj,
+                ..Default::default()
+            };
+            // SAFETY: the domain is open; attr and out pointer valid.
+            let rc = unsafe {
+                sys::fi_cq_open(domain.ptr, &mut cq_attr, &mut this.cq, ptr::null_mut())
+            };
+            if rc != 0 && wait_obj == sys::FI_WAIT_FD {
+                continue;
+            }
+            check("fi_cq_open", rc)?;
+            if wait_obj == sys::FI_WAIT_FD {
+                // SAFETY: the CQ is open.
+                this.cq_fd = wait_fd(unsafe { &mut (*this.cq).fid }).ok();
+            }
+            break;
+        }
+        let mut av_attr = sys::fi_av_attr {
+            type_: sys::FI_AV_TABLE,
+            ..Default::default()
+        };
+        // SAFETY: the domain is open; attr and out pointer valid.
+        let rc =
+            unsafe { sys::fi_av_open(domain.ptr, &mut av_attr, &mut this.av, ptr::null_mut()) };
+        check("fi_av_open", rc)?;
+        // SAFETY: domain open, info valid, out pointer valid.
+        let rc = unsafe { sys::fi_endpoint(domain.ptr, info.ptr, &mut this.ep, ptr::null_mut()) };
+        check("fi_endpoint", rc)?;
+        this.info = Some(info);
+        // SAFETY: endpoint, CQ and AV are open.
+        unsafe {
+            check(
+                "fi_ep_bind(av)",
+                sys::fi_ep_bind(this.ep, &mut (*this.av).fid, 0),
+            )?;
+            check(
+                "fi_ep_bind(cq)",
+                sys::fi_ep_bind(this.ep, &mut (*this.cq).fid, sys::FI_TRANSMIT | sys::FI_RECV),
+            )?;
+            check("fi_enable", sys::fi_enable(this.ep))?;
+        }
+        this.name = this.getname()?;
+        Ok(this)
+    }
+
+    fn getname(&self) -> Result<Vec<u8>, FiError> {
+        let mut len = 0usize;
+        // SAFETY: the endpoint is open; a zero length asks for the size.
+        let rc = unsafe { sys::fi_getname(&mut (*self.ep).fid, ptr::null_mut(), &mut len) };
+        if rc != 0 && rc != -(sys::FI_ETOOSMALL as i32) {
+            check("fi_getname", rc)?;
+        }
+        let mut buf = vec![0u8; len.max(1)];
+        let mut len = buf.len();
+        // SAFETY: `buf` has `len` writable bytes.
+        let rc = unsafe {
+            sys::fi_getname(
+                &mut (*self.ep).fid,
+                buf.as_mut_ptr().cast::<c_void>(),
+                &mut len,
+            )
+        };
+        check("fi_getname", rc)?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    /// The endpoint's own fabric address, for peers to insert.
+    pub fn name(&self) -> &[u8] {
+        &self.name
+    }
+
+    /// The completion queue's wait fd; `None` for a provider without one,
+    /// whose queue must be read without waiting for readiness.
+    pub fn fd(&self) -> Option<RawFd> {
+        self.cq_fd
+    }
+
+    /// `true` if the loop may sleep on the completion queue's fd.
+    pub fn trywait(&self) -> bool {
+        // SAFETY: taking the address of the open CQ's fid.
+        trywait(&self.domain.fabric, unsafe { &mut (*self.cq).fid })
+    }
+
+    /// The domain the endpoint is open on.
+    pub fn domain(&self) -> &Arc<Domain> {
+        &self.domain
+    }
+
+    /// The largest message the endpoint sends.
+    pub fn max_msg_size(&self) -> usize {
+        self.max_msg
+    }
+
+    /// The fabric address handle of a peer's raw address, inserting it
+    /// into the address vector the first time. Handles stay valid while
+    /// the endpoint is open.
+    pub fn insert(&mut self, addr: &[u8]) -> Result<sys::fi_addr_t, FiError> {
+        if let Some(&a) = self.peers.get(addr) {
+            return Ok(a);
+        }
+        if addr.is_empty() {
+            return Err(FiError {
+                call: "fi_av_insert (empty address)",
+                errno: sys::FI_EINVAL,
+            });
+        }
+        let mut out: sys::fi_addr_t = sys::FI_ADDR_NOTAVAIL;
+        // SAFETY: the AV is open; `addr` holds one address of the
+        // provider's format (a peer's fi_getname; a malformed one is
+        // rejected by the provider), `out` one handle.
+        let rc = unsafe {
+            sys::fi_av_insert(
+                self.av,
+                addr.as_ptr().cast::<c_void>(),
+                1,
+                &mut out,
+                0,
+                ptr::null_mut(),
+            )
+        };
+        if rc != 1 || out == sys::FI_ADDR_NOTAVAIL {
+            return Err(FiError {
+                call: "fi_av_insert",
+                errno: if rc < 0 { -rc } else { sys::FI_EINVAL as i32 },
+            });
+        }
+        self.peers.insert(addr.to_vec(), out);
+        Ok(out)
+    }
+
+    /// Posts buffer `index` of `mem` for messages whose tag equals `tag`
+    /// outside the bits of `ignore`, on behalf of `owner`.
+    pub fn post_recv(
+        &mut self,
+        mem: &Arc<RecvMem>,
+        index: usize,
+        tag: u64,
+        ignore: u64,
+        owner: u64,
+    ) -> Result<(), FiError> {
+        if index >= mem.count() || mem.posted[index].load(Ordering::Acquire) {
+            return Err(FiError {
+                call: "fi_trecv (no such buffer, or posted already)",
+                errno: sys::FI_EINVAL,
+            });
+        }
+        let mut ctx = zeroed_ctx();
+        let key = (&mut *ctx as *mut sys::fi_context2) as usize;
+        mem.posted[index].store(true, Ordering::Release);
+        // SAFETY: buffer `index` lies inside `mem` (checked), is not posted
+        // elsewhere, and `mem` and `ctx` are kept in `ops` until the
+        // completion is read or the endpoint is closed.
+        let rc = unsafe {
+            sys::fi_trecv(
+                self.ep,
+                mem.mem.ptr.add(index * mem.size).cast::<c_void>(),
+                mem.size,
+                mem.mr.desc,
+                sys::FI_ADDR_UNSPEC,
+                tag,
+                ignore,
+                key as *mut c_void,
+            )
+        };
+        if rc < 0 {
+            mem.posted[index].store(false, Ordering::Release);
+            return Err(FiError::new("fi_trecv", rc));
+        }
+        self.ops.insert(
+            key,
+            Op::Recv {
+                _ctx: ctx,
+                mem: Arc::clone(mem),
+                index,
+                owner,
+            },
+        );
+        Ok(())
+    }
+
+    /// Asks the provider to end every receive `owner` posted; each one
+    /// completes with `FI_ECANCELED` (or its message) later.
+    pub fn cancel_recvs(&mut self, owner: u64) {
+        for (&key, op) in &self.ops {
+            if let Op::Recv { owner: o, .. } = op {
+                if *o == owner {
+                    // SAFETY: the endpoint is open and `key` is the
+                    // context of a receive it holds.
+                    unsafe { sys::fi_cancel(&mut (*self.ep).fid, key as *mut c_void) };
+                }
+            }
+        }
+    }
+
+    /// Copies `header` then `parts` into registered memory, ready to send.
+    pub fn stage_copy(&self, parts: &[&[u8]], header: &[u8]) -> Result<Staged, FiError> {
+        let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+        all.push(header);
+        all.extend_from_slice(parts);
+        let (b, p, n, desc) = Pooled::copy_of(&self.domain, &all)?;
+        Ok(Staged {
+            iov: vec![(p as usize, n, desc as usize)],
+            keep: TxKeep::Bounce(b),
+        })
+    }
+
+    /// Registers the whole storage of `buf` (a pool buffer whose storage
+    /// never moves while its pool lives).
+    pub fn register_buffer(&self, buf: &NetworkBuffer) -> Result<Arc<BufferMr>, FiError> {
+        let p = buf.as_slice().as_ptr();
+        // SAFETY: the buffer's storage belongs to its pool and never
+        // moves; every send of the buffer keeps the buffer next to this
+        // registration, which is closed first (TxKeep::Buffer field
+        // order), and the caller keeps the pool alive while it caches the
+        // registration.
+        let mr = unsafe { Mr::register(&self.domain, p, buf.capacity()) }?;
+        Ok(Arc::new(BufferMr { mr }))
+    }
+
+    /// The header (copied into registered memory) then the lent region
+    /// bytes, ready to send without copying them when the gather limit
+    /// allows (otherwise all copied).
+    pub fn stage_zero_copy(
+        &self,
+        lent: Lent,
+        header: &[u8],
+        region: &Arc<RegionMr>,
+    ) -> Result<Staged, FiError> {
+        let chunks: Vec<&[u8]> = lent.chunks().filter(|c| !c.is_empty()).collect();
+        let segments = chunks.len() + usize::from(!header.is_empty());
+        if segments == 0 || segments > self.iov_limit {
+            let r = self.stage_copy(&chunks, header);
+            drop(chunks);
+            drop(lent);
+            return r;
+        }
+        let mut iov = Vec::with_capacity(segments);
+        let head = if header.is_empty() {
+            None
+        } else {
+            let (b, p, n, desc) = Pooled::copy_of(&self.domain, &[header])?;
+            iov.push((p as usize, n, desc as usize));
+            Some(b)
+        };
+        for c in &chunks {
+            iov.push((c.as_ptr() as usize, c.len(), region.mr.desc as usize));
+        }
+        drop(chunks);
+        Ok(Staged {
+            iov,
+            keep: TxKeep::ZeroCopy(head, lent, Arc::clone(region)),
+        })
+    }
+
+    /// Hands a staged send to the provider: to `dest` with `tag`, for
+    /// `owner`, completing ledger entry `seq`. On error it comes back.
+    #[allow(clippy::result_large_err)]
+    pub fn post(
+        &mut self,
+        dest: sys::fi_addr_t,
+        tag: u64,
+        owner: u64,
+        seq: SendSeq,
+        staged: Staged,
+    ) -> Result<(), (PostError, Staged)> {
+        let mut ctx = zeroed_ctx();
+        let key = (&mut *ctx as *mut sys::fi_context2) as usize;
+        let iov = &staged.iov;
+        let rc = if iov.len() == 1 {
+            // SAFETY: the endpoint is open; the memory is owned by
+            // `staged.keep` (registered, descriptor given), kept with `ctx`
+            // in `ops` until the completion is read or the endpoint is
+            // closed.
+            unsafe {
+                sys::fi_tsend(
+                    self.ep,
+                    iov[0].0 as *const c_void,
+                    iov[0].1,
+                    iov[0].2 as *mut c_void,
+                    dest,
+                    tag,
+                    key as *mut c_void,
+                )
+            }
+        } else {
+            let vecs: Vec<sys::iovec> = iov
+                .iter()
+                .map(|&(p, n, _)| sys::iovec {
+                    iov_base: p as *mut c_void,
+                    iov_len: n,
+                })
+                .collect();
+            let mut descs: Vec<*mut c_void> = iov.iter().map(|&(_, _, d)| d as *mut c_void).collect();
+            // SAFETY: as above; `vecs` and `descs` outlive the call.
+            unsafe {
+                sys::fi_tsendv(
+                    self.ep,
+                    vecs.as_ptr(),
+                    descs.as_mut_ptr(),
+                    vecs.len(),
+                    dest,
+                    tag,
+                    key as *mut c_void,
+                )
+            }
+        };
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Err((PostError::Again, staged));
+        }
+        if rc < 0 {
+            return Err((PostError::Failed(FiError::new("fi_tsend", rc)), staged));
+        }
+        self.ops.insert(
+            key,
+            Op::Send {
+                _ctx: ctx,
+                _keep: staged.keep,
+                owner,
+                seq: Some(seq),
+            },
+        );
+        Ok(())
+    }
+
+    /// Reads every completion into `out`. Returns `true` if anything was
+    /// read.
+    pub fn poll(&mut self, out: &mut Vec<RdmCompletion>) -> Result<bool, FiError> {
+        let mut any = false;
+        loop {
+            self.scratch.clear();
+            let cap = self.scratch.capacity();
+            // SAFETY: the CQ is open; `scratch` has room for `cap` entries
+            // of the format it was opened with (FI_CQ_FORMAT_TAGGED).
+            let rc = unsafe {
+                sys::fi_cq_read(self.cq, self.scratch.as_mut_ptr().cast::<c_void>(), cap)
+            };
+            if rc == -(sys::FI_EAGAIN as isize) {
+                return Ok(any);
+            }
+            if rc == -(sys::FI_EAVAIL as isize) {
+                any = true;
+                let mut e = sys::fi_cq_err_entry::default();
+                // SAFETY: the CQ is open; `e` is a valid entry to fill.
+                let rc = unsafe { sys::fi_cq_readerr(self.cq, &mut e, 0) };
+                if rc < 0 {
+                    if rc == -(sys::FI_EAGAIN as isize) {
+                        continue;
+                    }
+                    return Err(FiError::new("fi_cq_readerr", rc));
+                }
+                match self.ops.remove(&(e.op_context as usize)) {
+                    Some(Op::Recv {
+                        mem, index, owner, ..
+                    }) => {
+                        mem.posted[index].store(false, Ordering::Release);
+                        // `shm` reports the error number negated.
+                        if e.err.abs() == sys::FI_ETRUNC as i32 {
+                            out.push(RdmCompletion::Truncated {
+                                owner,
+                                index,
+                                size: (e.len as u64).saturating_add(e.olen as u64),
+                            });
+                        } else {
+                            out.push(RdmCompletion::RecvEnded {
+                                owner,
+                                index,
+                                errno: e.err.abs(),
+                            });
+                        }
+                    }
+                    Some(Op::Send {
+                        owner,
+                        seq: Some(seq),
+                        ..
+                    }) => out.push(RdmCompletion::SendFailed {
+                        owner,
+                        seq,
+                        errno: e.err.abs(),
+                    }),
+                    _ => {}
+                }
+                continue;
+            }
+            if rc < 0 {
+                return Err(FiError::new("fi_cq_read", rc));
+            }
+            let n = rc as usize;
+            // SAFETY: fi_cq_read wrote `n` <= cap entries.
+            unsafe { self.scratch.set_len(n) };
+            any = true;
+            for i in 0..n {
+                let e = self.scratch[i];
+                match self.ops.remove(&(e.op_context as usize)) {
+                    Some(Op::Recv {
+                        mem, index, owner, ..
+                    }) => {
+                        mem.posted[index].store(false, Ordering::Release);
+                        out.push(RdmCompletion::Received {
+                            owner,
+                            index,
+                            len: e.len,
+                            tag: e.tag,
+                        });
+                    }
+                    Some(Op::Send {
+                        owner,
+                        seq: Some(seq),
+                        ..
+                    }) => out.push(RdmCompletion::Sent { owner, seq }),
+                    _ => {}
+                }
+            }
+            if n < cap {
+                return Ok(any);
+            }
+        }
+    }
+}
