@@ -220,15 +220,15 @@ pub enum RdmCompletion {
     Sent {
         /// The sending connection.
         owner: u64,
-        /// Its ledger entry.
-        seq: SendSeq,
+        /// Its ledger entry (`None`: a send of the connection layer).
+        seq: Option<SendSeq>,
     },
     /// A send failed.
     SendFailed {
         /// The sending connection.
         owner: u64,
-        /// Its ledger entry.
-        seq: SendSeq,
+        /// Its ledger entry (`None`: a send of the connection layer).
+        seq: Option<SendSeq>,
         /// The positive error number.
         errno: i32,
     },
@@ -571,7 +571,7 @@ impl RdmEp {
         dest: sys::fi_addr_t,
         tag: u64,
         owner: u64,
-        seq: SendSeq,
+        seq: Option<SendSeq>,
         staged: Staged,
     ) -> Result<(), (PostError, Staged)> {
         let mut ctx = zeroed_ctx();
@@ -627,7 +627,7 @@ impl RdmEp {
                 _ctx: ctx,
                 _keep: staged.keep,
                 owner,
-                seq: Some(seq),
+                seq,
             },
         );
         Ok(())
@@ -679,11 +679,7 @@ impl RdmEp {
                             });
                         }
                     }
-                    Some(Op::Send {
-                        owner,
-                        seq: Some(seq),
-                        ..
-                    }) => out.push(RdmCompletion::SendFailed {
+                    Some(Op::Send { owner, seq, .. }) => out.push(RdmCompletion::SendFailed {
                         owner,
                         seq,
                         errno: e.err.abs(),
@@ -713,11 +709,9 @@ impl RdmEp {
                             tag: e.tag,
                         });
                     }
-                    Some(Op::Send {
-                        owner,
-                        seq: Some(seq),
-                        ..
-                    }) => out.push(RdmCompletion::Sent { owner, seq }),
+                    Some(Op::Send { owner, seq, .. }) => {
+                        out.push(RdmCompletion::Sent { owner, seq })
+                    }
                     _ => {}
                 }
             }

@@ -53,6 +53,17 @@ const FLUSH_WAIT: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_micros(500);
 /// Heartbeat interval without a peer timeout.
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// The tag bit of set-up probes (see [`RdmInner::send_probe`]): above
+/// every data tag, whose connection tags stay below 2^31.
+const PROBE_BIT: u64 = 1 << 47;
+/// The tag bits a data receive ignores: the sender's grant, and the probe
+/// bit (a receiving side takes the peer's probe into a data buffer and
+/// posts it again at once; see [`RdmInner::send_probe`]).
+const DATA_IGNORE: u64 = proto::RECV_IGNORE | PROBE_BIT;
+/// Marks the probe operations' owner (the connection tag below it).
+const PROBE_OWNER: u64 = 1 << 32;
+/// Connection tags stay below this (see [`PROBE_BIT`]).
+const TAG_LIMIT: u32 = 1 << 31;
 /// How many times the queue is read again when `fi_trywait` says events
 /// are pending, before the rest is left to a posted callback.
 const TRYWAIT_ROUNDS: usize = 16;
@@ -110,7 +121,15 @@ struct Conn {
     opened_at: Duration,
     /// The peer's CLOSE: why, and when it came.
     peer_closing: Option<(CloseReason, Duration)>,
+    /// The initiator's set-up probe: `Some(false)` waiting to be sent,
+    /// `Some(true)` sent and not completed.
+    probe: Option<bool>,
+    /// The peer's connection tag, once known.
+    peer_tag: u32,
+    /// Sends handed to the fabric and not completed.
+    in_flight: usize,
 }
+
 
 /// A connection accepted on a listener whose HELLO has not arrived.
 struct Pending {
@@ -249,15 +268,14 @@ impl fmt::Display for FabricError {
 impl std::error::Error for FabricError {}
 
 /// The CLOSE reason telling the peer about a close for `reason`.
-fn close_code(reason: &CloseReason) -> proto::CloseReason {
+fn close_code(reason: &CloseReason) -> (proto::CloseCode, u64, u64) {
     match reason {
-        CloseReason::ListenerClosed => proto::CloseReason::ListenerClosed,
-        CloseReason::MessageTooLarge { size, limit } => proto::CloseReason::MessageTooLarge {
-            size: *size,
-            limit: *limit as u64,
-        },
-        CloseReason::Protocol(_) => proto::CloseReason::Protocol,
-        _ => proto::CloseReason::Application,
+        CloseReason::ListenerClosed => (proto::CloseCode::ListenerClosed, 0, 0),
+        CloseReason::MessageTooLarge { size, limit } => {
+            (proto::CloseCode::TooLarge, *size, *limit as u64)
+        }
+        CloseReason::Protocol(_) => (proto::CloseCode::Protocol, 0, 0),
+        _ => (proto::CloseCode::Orderly, 0, 0),
     }
 }
 
@@ -473,7 +491,87 @@ impl RdmInner {
 
     fn retry_blocked(&self, st: &mut State) {
         for id in std::mem::take(&mut st.blocked) {
-            self.flush_backlog(st, id);
+            if st.conns.get(id).is_some_and(|c| c.probe == Some(false)) {
+                self.send_probe(st, id);
+            } else {
+                self.flush_backlog(st, id);
+            }
+        }
+    }
+
+    /// Ends every receive posted for connection tag `tag`.
+    fn cancel_tag(st: &mut State, tag: u32) {
+        if let Some(ep) = st.ep.as_mut() {
+            ep.cancel_recvs(tag as u64);
+            ep.cancel_recvs(PROBE_OWNER | tag as u64);
+        }
+    }
+
+    /// Posts again a data buffer the peer's probe took.
+    fn repost_probe_buffer(&self, st: &mut State, id: ConnId, index: usize) {
+        let State { ep, conns, .. } = &mut *st;
+        let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
+            return;
+        };
+        let Some(mem) = c.recv.clone() else {
+            return;
+        };
+        if let Err(e) = ep.post_recv(&mem, index, proto::recv_tag(c.tag), DATA_IGNORE, c.tag as u64) {
+            self.close_conn(st, id, CloseReason::Other(e.to_string()), true);
+        }
+    }
+
+    /// Posts the receive of the peer's set-up probe on a listening side
+    /// without receive buffers.
+    fn post_probe_recv(st: &mut State, tag: u32) -> Result<(), FiError> {
+        let ep = st.ep.as_mut().expect("endpoint open");
+        let mem = RecvMem::new(ep.domain(), 1, 1)?;
+        ep.post_recv(
+            &mem,
+            0,
+            PROBE_BIT | proto::recv_tag(tag),
+            proto::RECV_IGNORE,
+            PROBE_OWNER | tag as u64,
+        )
+    }
+
+    /// Sends the initiator's set-up probe: an empty message to the peer's
+    /// probe receive. Fabric providers set up their own connection to a
+    /// peer on the first message (`tcp;ofi_rxm`, `shm`), and that needs the
+    /// peer to read its completion queue; the probe makes that happen
+    /// during set-up, while both sides are reading, and the initiator
+    /// reports the connection established when it completed. Without it a
+    /// first send to a peer whose loop is busy would not complete.
+    fn send_probe(&self, st: &mut State, id: ConnId) {
+        let State {
+            ep, conns, blocked, ..
+        } = &mut *st;
+        let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
+            return;
+        };
+        let Some(dest) = c.peer else {
+            return;
+        };
+        let staged = match ep.stage_copy(&[], &[]) {
+            Ok(s) => s,
+            Err(e) => {
+                self.refuse_conn(st, id, RefuseReason::Other(e.to_string()));
+                return;
+            }
+        };
+        let tag = PROBE_BIT | proto::recv_tag(c.peer_tag);
+        match ep.post(dest, tag, PROBE_OWNER | c.tag as u64, None, staged) {
+            Ok(()) => c.probe = Some(true),
+            Err((PostError::Again, _)) => {
+                c.probe = Some(false);
+                if !blocked.contains(&id) {
+                    blocked.push(id);
+                }
+                self.start_poll(st);
+            }
+            Err((PostError::Failed(e), _)) => {
+                self.refuse_conn(st, id, RefuseReason::Other(e.to_string()));
+            }
         }
     }
 
@@ -498,7 +596,8 @@ impl RdmInner {
     fn new_tag(st: &mut State) -> u32 {
         loop {
             let t = st.next_tag;
-            st.next_tag = st.next_tag.wrapping_add(1).max(1);
+            st.next_tag = (st.next_tag + 1) % TAG_LIMIT;
+            st.next_tag = st.next_tag.max(1);
             if !st.by_tag.contains_key(&t) {
                 return t;
             }
@@ -525,7 +624,7 @@ impl RdmInner {
         let ep = st.ep.as_mut().expect("endpoint open");
         let mem = RecvMem::new(ep.domain(), size, count)?;
         for i in 0..count {
-            if let Err(e) = ep.post_recv(&mem, i, proto::recv_tag(tag), proto::RECV_IGNORE, tag as u64)
+            if let Err(e) = ep.post_recv(&mem, i, proto::recv_tag(tag), DATA_IGNORE, tag as u64)
             {
                 ep.cancel_recvs(tag as u64);
                 return Err(e);
@@ -541,7 +640,15 @@ impl RdmInner {
             credits: params.recv.num_buf as u32,
             fabric: self.lf.provider.clone(),
             addr: st.ep.as_ref().map(|e| e.name().to_vec()).unwrap_or_default(),
-            peer_timeout: self.config.peer_timeout,
+            // The peer writes at least every heartbeat (a PING when it has
+            // nothing else to say), looked at every TICK: counting the
+            // timeout from the last sign of life plus both, a connection
+            // closes no earlier than `peer_timeout` after the peer went
+            // silent.
+            peer_timeout: self
+                .config
+                .peer_timeout
+                .map(|t| t + self.heartbeat() + TICK),
             heartbeat: self.heartbeat(),
         }
     }
@@ -721,16 +828,18 @@ impl RdmInner {
             match c.session.on_frame(frame, now) {
                 None => {}
                 Some(proto::Event::Established {
-                    peer_addr, ..
+                    peer_addr,
+                    peer_tag,
+                    ..
                 }) => {
                     let ep = st.ep.as_mut().expect("endpoint open");
                     match ep.insert(&peer_addr) {
                         Ok(a) => {
                             let c = st.conns.get_mut(id).expect("present");
                             c.peer = Some(a);
-                            c.phase = Phase::Established;
-                            let (remote, caps) = (c.remote, c.caps);
-                            st.events.push_back(Ev::Established(id, remote, caps));
+                            c.peer_tag = peer_tag;
+                            c.probe = Some(false);
+                            self.send_probe(st, id);
                         }
                         Err(e) => {
                             self.refuse_conn(st, id, RefuseReason::Other(e.to_string()));
@@ -740,14 +849,13 @@ impl RdmInner {
                 }
                 Some(proto::Event::Refused { reason, text }) => {
                     let why = match reason {
-                        proto::RefuseReason::Limit => RefuseReason::Refused,
+                        proto::RefuseCode::Limit => RefuseReason::Refused,
                         _ => RefuseReason::Other(format!("{reason}: {text}")),
                     };
                     self.refuse_conn(st, id, why);
                     return false;
                 }
-                Some(proto::Event::ProtocolError(violation)) => {
-                    let text = violation.to_string();
+                Some(proto::Event::ProtocolError(text)) => {
                     if c.phase == Phase::Opening {
                         if c.initiator {
                             self.refuse_conn(st, id, RefuseReason::Other(text));
@@ -757,15 +865,18 @@ impl RdmInner {
                     }
                     return false;
                 }
-                Some(proto::Event::PeerClosing { reason, .. }) => {
+                Some(proto::Event::PeerClosing {
+                    reason,
+                    size,
+                    limit,
+                    ..
+                }) => {
                     let why = match reason {
-                        proto::CloseReason::MessageTooLarge { size, limit } => {
-                            CloseReason::MessageTooLarge {
-                                size,
-                                limit: limit as usize,
-                            }
-                        }
-                        proto::CloseReason::Protocol => CloseReason::Protocol(
+                        proto::CloseCode::TooLarge => CloseReason::MessageTooLarge {
+                            size,
+                            limit: limit as usize,
+                        },
+                        proto::CloseCode::Protocol => CloseReason::Protocol(
                             "the peer closed the connection for a protocol error".into(),
                         ),
                         _ => CloseReason::PeerClosed,
@@ -810,7 +921,7 @@ impl RdmInner {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 let mut out = Vec::new();
                 proto::Refusal::new(
-                    proto::RefuseReason::Limit,
+                    proto::RefuseCode::Limit,
                     "the listener's connection limit is reached",
                 )
                 .frame()
@@ -898,7 +1009,7 @@ impl RdmInner {
             refusal.frame().encode(&mut out);
             let _ = stream.write(&out);
         };
-        let error = |e: FiError| proto::Refusal::new(proto::RefuseReason::Error, e.to_string());
+        let error = |e: FiError| proto::Refusal::new(proto::RefuseCode::Error, e.to_string());
         let Some(params) = st.listeners.get(&listener).map(|l| l.params.clone()) else {
             return;
         };
@@ -922,16 +1033,24 @@ impl RdmInner {
             Ok(x) => x,
             Err(refusal) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                st.ep.as_mut().expect("open").cancel_recvs(tag as u64);
+                Self::cancel_tag(st, tag);
                 refuse(&mut stream, refusal);
                 return;
             }
         };
+        if mem.is_none() {
+            if let Err(e) = Self::post_probe_recv(st, tag) {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Self::cancel_tag(st, tag);
+                refuse(&mut stream, error(e));
+                return;
+            }
+        }
         let peer = match st.ep.as_mut().expect("open").insert(&hello.addr) {
             Ok(a) => a,
             Err(e) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                st.ep.as_mut().expect("open").cancel_recvs(tag as u64);
+                Self::cancel_tag(st, tag);
                 refuse(&mut stream, error(e));
                 return;
             }
@@ -947,7 +1066,7 @@ impl RdmInner {
                 Ok(r) => Some(r),
                 Err(e) => {
                     self.refused.fetch_add(1, Ordering::Relaxed);
-                    st.ep.as_mut().expect("open").cancel_recvs(tag as u64);
+                    Self::cancel_tag(st, tag);
                     refuse(&mut stream, error(e));
                     return;
                 }
@@ -986,6 +1105,9 @@ impl RdmInner {
             order,
             opened_at: now,
             peer_closing: None,
+            probe: None,
+            peer_tag: hello.tag,
+            in_flight: 0,
         });
         st.by_tag.insert(tag, id);
         let c = st.conns.get_mut(id).expect("just inserted");
@@ -1018,9 +1140,7 @@ impl RdmInner {
             let _ = self.lp.deregister(&mut c.stream, src);
         }
         st.by_tag.remove(&c.tag);
-        if let Some(ep) = st.ep.as_mut() {
-            ep.cancel_recvs(c.tag as u64);
-        }
+        Self::cancel_tag(st, c.tag);
         Some(c)
     }
 
@@ -1036,14 +1156,25 @@ impl RdmInner {
         let Some(mut c) = self.drop_conn(st, id) else {
             return;
         };
+        // A send handed to the fabric cannot be called back: it may
+        // still be delivered, so it is reported completed (its memory
+        // stays with the endpoint until the fabric is done with it, and a
+        // zero-copy range stays lent). Sends still queued for a credit are
+        // the newest ones and never reached the fabric: cancelled.
+        let queued = c.backlog.len();
+        c.backlog.clear();
         let ended = c.ledger.cancel_all();
-        let completed: Vec<u64> = ended.completed.into_iter().map(|(k, _)| k).collect();
-        let cancelled: Vec<u64> = ended.cancelled.into_iter().map(|(k, _)| k).collect();
-        let deliver = c.reported + completed.len() as u64;
+        let mut completed: Vec<u64> = ended.completed.into_iter().map(|(k, _)| k).collect();
+        let mut cancelled: Vec<u64> = ended.cancelled.into_iter().map(|(k, _)| k).collect();
+        let posted = cancelled.len().saturating_sub(queued);
+        completed.extend(cancelled.drain(..posted));
+        // Everything handed to the fabric is to be delivered.
+        let deliver = c.session.sent();
         if notify && c.phase == Phase::Established {
+            let (code, size, limit) = close_code(&reason);
             let frame = c
                 .session
-                .close(close_code(&reason), deliver, self.lp.now());
+                .close(code, deliver, size, limit, self.lp.now());
             frame.encode(&mut c.out);
         }
         if !c.out.is_empty() && Self::flush(&mut c) && !c.out.is_empty() {
@@ -1111,10 +1242,10 @@ impl RdmInner {
                 break;
             };
             let b = c.backlog.pop_front().expect("not empty");
-            match ep.post(dest, tag, c.tag as u64, b.seq, b.staged) {
-                Ok(()) => {}
+            match ep.post(dest, tag, c.tag as u64, Some(b.seq), b.staged) {
+                Ok(()) => c.in_flight += 1,
                 Err((PostError::Again, staged)) => {
-                    c.session.on_send_failed(tag);
+                    c.session.unsend(tag);
                     c.backlog.push_front(Backlogged { seq: b.seq, staged });
                     if !blocked.contains(&id) {
                         blocked.push(id);
@@ -1235,19 +1366,49 @@ impl RdmInner {
         for comp in out.drain(..) {
             match comp {
                 RdmCompletion::Sent { owner, seq } => {
-                    let Some(&id) = st.by_tag.get(&(owner as u32)) else {
+                    let tag = owner as u32;
+                    let Some(&id) = st.by_tag.get(&tag) else {
                         continue;
                     };
-                    if let Some(c) = st.conns.get_mut(id) {
-                        c.ledger.mark_done(seq);
-                        if !touched.contains(&id) {
-                            touched.push(id);
+                    let Some(c) = st.conns.get_mut(id) else {
+                        continue;
+                    };
+                    match seq {
+                        Some(seq) => {
+                            c.ledger.mark_done(seq);
+                            c.in_flight = c.in_flight.saturating_sub(1);
                         }
+                        None if owner & PROBE_OWNER != 0 && c.phase == Phase::Opening => {
+                            // The probe went through: the fabric reaches
+                            // the peer.
+                            c.probe = None;
+                            c.phase = Phase::Established;
+                            let (remote, caps) = (c.remote, c.caps);
+                            st.events.push_back(Ev::Established(id, remote, caps));
+                        }
+                        None => {}
+                    }
+                    if !touched.contains(&id) {
+                        touched.push(id);
                     }
                 }
-                RdmCompletion::SendFailed { owner, .. } => {
+                RdmCompletion::SendFailed { owner, errno, seq } => {
+                    let tag = owner as u32;
+                    if let Some(c) = st.by_tag.get(&tag).and_then(|id| st.conns.get_mut(*id)) {
+                        if seq.is_some() {
+                            c.in_flight = c.in_flight.saturating_sub(1);
+                        }
+                    }
                     if let Some(&id) = st.by_tag.get(&(owner as u32)) {
-                        self.close_after_held(st, id, CloseReason::Reset);
+                        if st.conns.get(id).is_some_and(|c| c.phase == Phase::Opening) {
+                            let why = RefuseReason::Other(format!(
+                                "the fabric did not reach the peer: {}",
+                                crate::ffi::strerror(errno)
+                            ));
+                            self.refuse_conn(st, id, why);
+                        } else {
+                            self.close_after_held(st, id, CloseReason::Reset);
+                        }
                     }
                 }
                 RdmCompletion::Received {
@@ -1256,16 +1417,25 @@ impl RdmInner {
                     len,
                     tag,
                 } => {
+                    if owner & PROBE_OWNER != 0 {
+                        continue;
+                    }
                     let Some(&id) = st.by_tag.get(&(owner as u32)) else {
                         continue;
                     };
+                    if tag & PROBE_BIT != 0 {
+                        // The peer's set-up probe took a data buffer: it
+                        // goes back at once, no credit involved.
+                        self.repost_probe_buffer(st, id, index);
+                        continue;
+                    }
                     let Some(c) = st.conns.get_mut(id) else {
                         continue;
                     };
                     let seq = match c.session.on_received(tag, now) {
                         Ok(seq) => seq,
-                        Err(violation) => {
-                            let reason = CloseReason::Protocol(violation.to_string());
+                        Err(text) => {
+                            let reason = CloseReason::Protocol(text);
                             self.close_conn(st, id, reason, true);
                             continue;
                         }
@@ -1303,6 +1473,9 @@ impl RdmInner {
                     }
                 }
                 RdmCompletion::Truncated { owner, size, .. } => {
+                    if owner & PROBE_OWNER != 0 {
+                        continue;
+                    }
                     let Some(&id) = st.by_tag.get(&(owner as u32)) else {
                         continue;
                     };
@@ -1385,7 +1558,7 @@ impl RdmInner {
                 &mem,
                 index,
                 proto::recv_tag(c.tag),
-                proto::RECV_IGNORE,
+                DATA_IGNORE,
                 c.tag as u64,
             ) {
                 Ok(()) => c.session.on_buffer_freed(),
@@ -1452,7 +1625,10 @@ impl RdmInner {
             let _ = f.stream.shutdown(std::net::Shutdown::Write);
             false
         });
-        if st.conns.is_empty() && st.pending.is_empty() && st.flushing.is_empty() {
+        if st.conns.is_empty()
+            && st.pending.is_empty()
+            && st.flushing.is_empty()
+        {
             st.ticking = false;
             self.tick_timer.stop();
         }
@@ -1684,7 +1860,7 @@ impl Ops for RdmInner {
             Some(r) => match RegionMr::new(st.ep.as_ref().expect("open").domain(), r) {
                 Ok(r) => Some(r),
                 Err(e) => {
-                    st.ep.as_mut().expect("open").cancel_recvs(tag as u64);
+                    Self::cancel_tag(&mut *st, tag);
                     return Err(failed(Box::new(self.provider_error(e))));
                 }
             },
@@ -1724,6 +1900,9 @@ impl Ops for RdmInner {
             order,
             opened_at: now,
             peer_closing: None,
+            probe: None,
+            peer_tag: 0,
+            in_flight: 0,
         });
         st.by_tag.insert(tag, id);
         let c = st.conns.get_mut(id).expect("just inserted");

@@ -50,9 +50,9 @@
 //! |------|--------|----------------------------------------------------------------------------------------|
 //! | 1    | HELLO  | `b"NRDM"`, `u16` version = 1, `u32` tag, `u64` buf_size, `u32` credits, `u16` len + UTF-8 fabric name, `u16` len + fabric address |
 //! | 2    | ACCEPT | as HELLO                                                                               |
-//! | 3    | REFUSE | `u8` reason ([`RefuseReason`]), `u16` len + UTF-8 text                                  |
+//! | 3    | REFUSE | `u8` reason ([`RefuseCode`]), `u16` len + UTF-8 text                                    |
 //! | 4    | CREDIT | `u32` n                                                                                |
-//! | 5    | CLOSE  | `u8` reason ([`CloseReason`]), `u64` deliver, `u64` size, `u64` limit                   |
+//! | 5    | CLOSE  | `u8` reason ([`CloseCode`]), `u64` deliver, `u64` size, `u64` limit                     |
 //! | 6    | PING   | empty                                                                                  |
 //!
 //! Examples (each is one whole frame):
@@ -195,7 +195,7 @@ impl fmt::Display for FrameKind {
 
 /// Why a listener refused a connection (the reason byte of a REFUSE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RefuseReason {
+pub enum RefuseCode {
     /// 1: the listener's connection limit is reached.
     Limit,
     /// 2: the HELLO names another fabric than the listener's.
@@ -206,85 +206,85 @@ pub enum RefuseReason {
     Error,
 }
 
-impl RefuseReason {
+impl RefuseCode {
     /// The reason byte on the wire.
     pub fn code(self) -> u8 {
         match self {
-            RefuseReason::Limit => 1,
-            RefuseReason::FabricMismatch => 2,
-            RefuseReason::Version => 3,
-            RefuseReason::Error => 4,
+            RefuseCode::Limit => 1,
+            RefuseCode::FabricMismatch => 2,
+            RefuseCode::Version => 3,
+            RefuseCode::Error => 4,
         }
     }
 
     /// The reason with byte `code`, if any.
-    pub fn from_code(code: u8) -> Option<RefuseReason> {
+    pub fn from_code(code: u8) -> Option<RefuseCode> {
         Some(match code {
-            1 => RefuseReason::Limit,
-            2 => RefuseReason::FabricMismatch,
-            3 => RefuseReason::Version,
-            4 => RefuseReason::Error,
+            1 => RefuseCode::Limit,
+            2 => RefuseCode::FabricMismatch,
+            3 => RefuseCode::Version,
+            4 => RefuseCode::Error,
             _ => return None,
         })
     }
 }
 
-impl fmt::Display for RefuseReason {
+impl fmt::Display for RefuseCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            RefuseReason::Limit => "connection limit reached",
-            RefuseReason::FabricMismatch => "fabric mismatch",
-            RefuseReason::Version => "unsupported protocol version",
-            RefuseReason::Error => "error",
+            RefuseCode::Limit => "connection limit reached",
+            RefuseCode::FabricMismatch => "fabric mismatch",
+            RefuseCode::Version => "unsupported protocol version",
+            RefuseCode::Error => "error",
         })
     }
 }
 
-/// Why a side closes a connection (the reason of a CLOSE). The `size` and
-/// `limit` fields of the frame are carried by
-/// [`CloseReason::MessageTooLarge`] only; for the other reasons they are 0
-/// on the wire.
+/// Why a side closes a connection (the reason byte of a CLOSE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CloseReason {
+pub enum CloseCode {
     /// 1: the application closed the connection.
-    Application,
+    Orderly,
     /// 2: the sender's listener closed.
     ListenerClosed,
     /// 3: the sender of the CLOSE received a message larger than its
-    /// receive buffers.
-    MessageTooLarge {
-        /// The size of the oversized message.
-        size: u64,
-        /// The receive buffer size.
-        limit: u64,
-    },
+    /// receive buffers; the CLOSE's `size` and `limit` say how large.
+    TooLarge,
     /// 4: the sender of the CLOSE saw a protocol error.
     Protocol,
 }
 
-impl CloseReason {
+impl CloseCode {
     /// The reason byte on the wire.
     pub fn code(self) -> u8 {
         match self {
-            CloseReason::Application => 1,
-            CloseReason::ListenerClosed => 2,
-            CloseReason::MessageTooLarge { .. } => 3,
-            CloseReason::Protocol => 4,
+            CloseCode::Orderly => 1,
+            CloseCode::ListenerClosed => 2,
+            CloseCode::TooLarge => 3,
+            CloseCode::Protocol => 4,
         }
+    }
+
+    /// The reason with byte `code`, if any.
+    pub fn from_code(code: u8) -> Option<CloseCode> {
+        Some(match code {
+            1 => CloseCode::Orderly,
+            2 => CloseCode::ListenerClosed,
+            3 => CloseCode::TooLarge,
+            4 => CloseCode::Protocol,
+            _ => return None,
+        })
     }
 }
 
-impl fmt::Display for CloseReason {
+impl fmt::Display for CloseCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CloseReason::Application => f.write_str("closed by the application"),
-            CloseReason::ListenerClosed => f.write_str("listener closed"),
-            CloseReason::MessageTooLarge { size, limit } => write!(
-                f,
-                "message of {size} bytes exceeds the receive buffer size of {limit} bytes"
-            ),
-            CloseReason::Protocol => f.write_str("protocol error"),
-        }
+        f.write_str(match self {
+            CloseCode::Orderly => "closed by the application",
+            CloseCode::ListenerClosed => "listener closed",
+            CloseCode::TooLarge => "message too large",
+            CloseCode::Protocol => "protocol error",
+        })
     }
 }
 
@@ -311,14 +311,14 @@ pub struct Hello {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     /// Why.
-    pub reason: RefuseReason,
+    pub reason: RefuseCode,
     /// A human-readable explanation.
     pub text: String,
 }
 
 impl Refusal {
     /// A refusal for `reason` with the explanation `text`.
-    pub fn new(reason: RefuseReason, text: impl Into<String>) -> Refusal {
+    pub fn new(reason: RefuseCode, text: impl Into<String>) -> Refusal {
         Refusal {
             reason,
             text: text.into(),
@@ -327,7 +327,10 @@ impl Refusal {
 
     /// The REFUSE frame that carries this refusal.
     pub fn frame(self) -> Frame {
-        Frame::Refuse(self)
+        Frame::Refuse {
+            reason: self.reason,
+            text: self.text,
+        }
     }
 }
 
@@ -347,11 +350,17 @@ impl std::error::Error for Refusal {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Close {
     /// Why.
-    pub reason: CloseReason,
+    pub reason: CloseCode,
     /// The number of data messages, counted from the first, that the
     /// receiver of the CLOSE delivers before it reports the close; it drops
     /// the messages beyond.
     pub deliver: u64,
+    /// For [`CloseCode::TooLarge`]: the size of the oversized message; for
+    /// the other reasons 0 (written as 0 whatever its value).
+    pub size: u64,
+    /// For [`CloseCode::TooLarge`]: the receive buffer size; for the other
+    /// reasons 0 (written as 0 whatever its value).
+    pub limit: u64,
 }
 
 /// A control-channel frame.
@@ -362,7 +371,12 @@ pub enum Frame {
     /// Type 2: listener to initiator, the acceptance.
     Accept(Hello),
     /// Type 3: listener to initiator, the refusal.
-    Refuse(Refusal),
+    Refuse {
+        /// Why.
+        reason: RefuseCode,
+        /// A human-readable explanation.
+        text: String,
+    },
     /// Type 4: `n` more messages granted.
     Credit(u32),
     /// Type 5: the sender closes the connection.
@@ -377,7 +391,7 @@ impl Frame {
         match self {
             Frame::Hello(_) => FrameKind::Hello,
             Frame::Accept(_) => FrameKind::Accept,
-            Frame::Refuse(_) => FrameKind::Refuse,
+            Frame::Refuse { .. } => FrameKind::Refuse,
             Frame::Credit(_) => FrameKind::Credit,
             Frame::Close(_) => FrameKind::Close,
             Frame::Ping => FrameKind::Ping,
@@ -408,14 +422,14 @@ impl Frame {
                 let addr = &hello.addr[..hello.addr.len().min(room)];
                 put_field(out, addr);
             }
-            Frame::Refuse(refusal) => {
-                out.push(refusal.reason.code());
-                put_field(out, truncate_str(&refusal.text, REFUSE_TEXT_MAX).as_bytes());
+            Frame::Refuse { reason, text } => {
+                out.push(reason.code());
+                put_field(out, truncate_str(text, REFUSE_TEXT_MAX).as_bytes());
             }
             Frame::Credit(n) => out.extend_from_slice(&n.to_le_bytes()),
             Frame::Close(close) => {
                 let (size, limit) = match close.reason {
-                    CloseReason::MessageTooLarge { size, limit } => (size, limit),
+                    CloseCode::TooLarge => (close.size, close.limit),
                     _ => (0, 0),
                 };
                 out.push(close.reason.code());
@@ -500,12 +514,12 @@ pub enum WireError {
 impl WireError {
     /// The refusal a listener answers a HELLO with that failed to decode
     /// with this error, if the error calls for one: a
-    /// [`RefuseReason::Version`] refusal for [`WireError::Version`], `None`
+    /// [`RefuseCode::Version`] refusal for [`WireError::Version`], `None`
     /// for the other errors (the listener then drops the connection).
     pub fn refusal(&self) -> Option<Refusal> {
         match self {
             WireError::Version(version) => Some(Refusal::new(
-                RefuseReason::Version,
+                RefuseCode::Version,
                 format!(
                     "protocol version {version} is not supported; this listener speaks version {VERSION}"
                 ),
@@ -656,9 +670,9 @@ pub fn decode_frame(bytes: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
         FrameKind::Refuse => {
             let code = body.u8()?;
             let reason =
-                RefuseReason::from_code(code).ok_or(WireError::BadReason { frame: kind, code })?;
+                RefuseCode::from_code(code).ok_or(WireError::BadReason { frame: kind, code })?;
             let text = body.text("text")?;
-            Frame::Refuse(Refusal { reason, text })
+            Frame::Refuse { reason, text }
         }
         FrameKind::Credit => Frame::Credit(body.u32()?),
         FrameKind::Close => {
@@ -666,17 +680,17 @@ pub fn decode_frame(bytes: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
             let deliver = body.u64()?;
             let size = body.u64()?;
             let limit = body.u64()?;
-            let reason = match code {
-                1 => CloseReason::Application,
-                2 => CloseReason::ListenerClosed,
-                3 => CloseReason::MessageTooLarge { size, limit },
-                4 => CloseReason::Protocol,
-                _ => return Err(WireError::BadReason { frame: kind, code }),
-            };
-            if code != 3 && (size != 0 || limit != 0) {
+            let reason =
+                CloseCode::from_code(code).ok_or(WireError::BadReason { frame: kind, code })?;
+            if reason != CloseCode::TooLarge && (size != 0 || limit != 0) {
                 return Err(WireError::CloseFields { code });
             }
-            Frame::Close(Close { reason, deliver })
+            Frame::Close(Close {
+                reason,
+                deliver,
+                size,
+                limit,
+            })
         }
         FrameKind::Ping => Frame::Ping,
     };
@@ -842,9 +856,9 @@ pub enum State {
 }
 
 /// A protocol error of the peer, found by [`Session::on_frame`] or
-/// [`Session::on_received`].
+/// [`Session::on_received`], which report it as text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Violation {
+enum Violation {
     /// A frame that has no place in the session's state.
     UnexpectedFrame {
         /// The frame's type.
@@ -940,7 +954,11 @@ impl fmt::Display for Violation {
     }
 }
 
-impl std::error::Error for Violation {}
+impl Violation {
+    fn event(self) -> Event {
+        Event::ProtocolError(self.to_string())
+    }
+}
 
 /// What a [`Session`] reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -959,7 +977,7 @@ pub enum Event {
     /// The listener refused; the session is [`State::Closed`].
     Refused {
         /// Why.
-        reason: RefuseReason,
+        reason: RefuseCode,
         /// The listener's explanation.
         text: String,
     },
@@ -968,13 +986,19 @@ pub enum Event {
     /// then reports the close.
     PeerClosing {
         /// Why.
-        reason: CloseReason,
+        reason: CloseCode,
         /// How many data messages, counted from the first, to deliver.
         deliver: u64,
+        /// For [`CloseCode::TooLarge`]: the size of the oversized message;
+        /// else 0.
+        size: u64,
+        /// For [`CloseCode::TooLarge`]: the peer's receive buffer size; else
+        /// 0.
+        limit: u64,
     },
-    /// The peer broke the protocol; the caller closes with
-    /// [`CloseReason::Protocol`].
-    ProtocolError(Violation),
+    /// The peer broke the protocol (the text says how); the caller closes
+    /// with [`CloseCode::Protocol`].
+    ProtocolError(String),
     /// Nothing was heard from the peer for the peer timeout.
     TimedOut,
 }
@@ -1056,14 +1080,14 @@ impl Session {
 
     /// The listener's session for a received HELLO, in [`State::Open`], and
     /// the ACCEPT to write; or the refusal to write as a REFUSE when the
-    /// HELLO names another fabric ([`RefuseReason::FabricMismatch`]) or an
-    /// inconsistent receive capability ([`RefuseReason::Error`]). A HELLO of
+    /// HELLO names another fabric ([`RefuseCode::FabricMismatch`]) or an
+    /// inconsistent receive capability ([`RefuseCode::Error`]). A HELLO of
     /// another protocol version does not decode: see
     /// [`WireError::refusal`].
     pub fn accept(hello: &Hello, local: Local, now: Duration) -> Result<(Session, Frame), Refusal> {
         if hello.fabric != local.fabric {
             return Err(Refusal::new(
-                RefuseReason::FabricMismatch,
+                RefuseCode::FabricMismatch,
                 format!(
                     "this listener uses fabric {:?}, the HELLO names {:?}",
                     local.fabric, hello.fabric
@@ -1072,7 +1096,7 @@ impl Session {
         }
         if (hello.buf_size == 0) != (hello.credits == 0) {
             return Err(Refusal::new(
-                RefuseReason::Error,
+                RefuseCode::Error,
                 Violation::ReceiveCapability {
                     buf_size: hello.buf_size,
                     credits: hello.credits,
@@ -1110,7 +1134,7 @@ impl Session {
         match self.state {
             State::Opening => match frame {
                 Frame::Accept(accept) => Some(self.on_accept(accept)),
-                Frame::Refuse(Refusal { reason, text }) => {
+                Frame::Refuse { reason, text } => {
                     self.state = State::Closed;
                     Some(Event::Refused { reason, text })
                 }
@@ -1121,19 +1145,24 @@ impl Session {
                     return Some(unexpected(&frame, "after the peer's CLOSE"));
                 }
                 match frame {
-                    Frame::Credit(n) => self.add_credits(n).err().map(Event::ProtocolError),
+                    Frame::Credit(n) => self.add_credits(n).err().map(Violation::event),
                     Frame::Close(close) => {
                         let allowed = self.allowed();
                         if close.deliver > allowed {
-                            return Some(Event::ProtocolError(Violation::DeliverBeyondCredits {
-                                deliver: close.deliver,
-                                allowed,
-                            }));
+                            return Some(
+                                Violation::DeliverBeyondCredits {
+                                    deliver: close.deliver,
+                                    allowed,
+                                }
+                                .event(),
+                            );
                         }
                         self.peer_close = Some(close);
                         Some(Event::PeerClosing {
                             reason: close.reason,
                             deliver: close.deliver,
+                            size: close.size,
+                            limit: close.limit,
                         })
                     }
                     Frame::Ping => None,
@@ -1151,13 +1180,14 @@ impl Session {
 
     fn on_accept(&mut self, accept: Hello) -> Event {
         if accept.fabric != self.fabric {
-            return Event::ProtocolError(Violation::FabricMismatch);
+            return Violation::FabricMismatch.event();
         }
         if (accept.buf_size == 0) != (accept.credits == 0) {
-            return Event::ProtocolError(Violation::ReceiveCapability {
+            return Violation::ReceiveCapability {
                 buf_size: accept.buf_size,
                 credits: accept.credits,
-            });
+            }
+            .event();
         }
         self.set_peer(&accept);
         self.state = State::Open;
@@ -1200,7 +1230,7 @@ impl Session {
     /// is not [`State::Open`], or the peer is closing: the caller answers
     /// that the send cannot proceed now. Does not allocate.
     ///
-    /// If the send then fails, [`Session::on_send_failed`] takes the credit
+    /// If the send then fails, [`Session::unsend`] takes the credit
     /// back.
     pub fn on_send(&mut self) -> Option<u64> {
         if self.state != State::Open || self.peer_close.is_some() || self.send_credits == 0 {
@@ -1218,7 +1248,7 @@ impl Session {
     /// Undoes the last [`Session::on_send`], which returned `tag`, after the
     /// send failed (e.g. `-FI_EAGAIN`): the credit and the grant are given
     /// back and the message is not counted. Does not allocate.
-    pub fn on_send_failed(&mut self, tag: u64) {
+    pub fn unsend(&mut self, tag: u64) {
         let (_, grant) = split_tag(tag);
         self.send_credits = self.send_credits.saturating_add(1);
         self.sent = self.sent.saturating_sub(1);
@@ -1234,12 +1264,17 @@ impl Session {
     /// Handles the completion of a received data message with tag `tag`:
     /// checks that the tag names this connection, that the peer had a
     /// credit for the message, and adds the grant the tag carries to the
-    /// send credits. Returns the message's sequence number, counted from 0.
-    /// Data counts as a sign of life of the peer. Does not allocate.
+    /// send credits. Returns the message's sequence number, counted from 0,
+    /// or what the peer did wrong. Data counts as a sign of life of the
+    /// peer. Does not allocate unless it returns an error.
     ///
     /// Data may arrive in [`State::Opening`] (the peer's data can overtake
     /// its ACCEPT); the caller holds it until [`Event::Established`].
-    pub fn on_received(&mut self, tag: u64, now: Duration) -> Result<u64, Violation> {
+    pub fn on_received(&mut self, tag: u64, now: Duration) -> Result<u64, String> {
+        self.check_received(tag, now).map_err(|v| v.to_string())
+    }
+
+    fn check_received(&mut self, tag: u64, now: Duration) -> Result<u64, Violation> {
         if self.state == State::Closed {
             return Err(Violation::Closed);
         }
@@ -1335,15 +1370,33 @@ impl Session {
     }
 
     /// The CLOSE frame to write, telling the peer to deliver the first
-    /// `deliver` data messages (usually [`Session::sent`]); the session
-    /// goes to [`State::Closing`] (unless [`State::Closed`]). To be called
-    /// once.
-    pub fn close(&mut self, reason: CloseReason, deliver: u64, now: Duration) -> Frame {
+    /// `deliver` data messages (usually [`Session::sent`]); `size` and
+    /// `limit` describe the oversized message for [`CloseCode::TooLarge`]
+    /// and are 0 for the other reasons. The session goes to
+    /// [`State::Closing`] (unless [`State::Closed`]). To be called once.
+    pub fn close(
+        &mut self,
+        reason: CloseCode,
+        deliver: u64,
+        size: u64,
+        limit: u64,
+        now: Duration,
+    ) -> Frame {
         if self.state != State::Closed {
             self.state = State::Closing;
         }
         self.last_written = self.last_written.max(now);
-        Frame::Close(Close { reason, deliver })
+        let (size, limit) = if reason == CloseCode::TooLarge {
+            (size, limit)
+        } else {
+            (0, 0)
+        };
+        Frame::Close(Close {
+            reason,
+            deliver,
+            size,
+            limit,
+        })
     }
 
     /// Marks the session [`State::Closed`] once the caller's cleanup is
@@ -1426,10 +1479,11 @@ impl Session {
 }
 
 fn unexpected(frame: &Frame, when: &'static str) -> Event {
-    Event::ProtocolError(Violation::UnexpectedFrame {
+    Violation::UnexpectedFrame {
         frame: frame.kind(),
         when,
-    })
+    }
+    .event()
 }
 
 #[cfg(test)]
@@ -1483,19 +1537,15 @@ mod tests {
     }
 
     fn refuse_example() -> Frame {
-        Frame::Refuse(Refusal::new(
-            RefuseReason::FabricMismatch,
-            "fabric mismatch",
-        ))
+        Refusal::new(RefuseCode::FabricMismatch, "fabric mismatch").frame()
     }
 
     fn close_example() -> Frame {
         Frame::Close(Close {
-            reason: CloseReason::MessageTooLarge {
-                size: 1_048_576,
-                limit: 65536,
-            },
+            reason: CloseCode::TooLarge,
             deliver: 10,
+            size: 1_048_576,
+            limit: 65536,
         })
     }
 
@@ -1648,26 +1698,43 @@ mod tests {
     #[test]
     fn close_reasons_round_trip() {
         for reason in [
-            CloseReason::Application,
-            CloseReason::ListenerClosed,
-            CloseReason::MessageTooLarge {
-                size: u64::MAX,
-                limit: 1,
-            },
-            CloseReason::Protocol,
+            CloseCode::Orderly,
+            CloseCode::ListenerClosed,
+            CloseCode::TooLarge,
+            CloseCode::Protocol,
         ] {
+            assert_eq!(CloseCode::from_code(reason.code()), Some(reason));
+            let (size, limit) = if reason == CloseCode::TooLarge {
+                (u64::MAX, 1)
+            } else {
+                (0, 0)
+            };
             let frame = Frame::Close(Close {
                 reason,
                 deliver: u64::MAX,
+                size,
+                limit,
             });
             assert_eq!(encode(&frame).len(), 30);
             assert_eq!(wire(&frame), frame);
+            // A size and limit are written for TooLarge only.
+            let sized = Frame::Close(Close {
+                reason,
+                deliver: 5,
+                size: 7,
+                limit: 8,
+            });
+            let Frame::Close(decoded) = wire(&sized) else {
+                panic!("not a CLOSE")
+            };
+            assert_eq!(decoded.size != 0, reason == CloseCode::TooLarge);
+            assert_eq!(decoded.limit != 0, reason == CloseCode::TooLarge);
         }
         for reason in [
-            RefuseReason::Limit,
-            RefuseReason::FabricMismatch,
-            RefuseReason::Version,
-            RefuseReason::Error,
+            RefuseCode::Limit,
+            RefuseCode::FabricMismatch,
+            RefuseCode::Version,
+            RefuseCode::Error,
         ] {
             let frame = Refusal::new(reason, "ünïcode text").frame();
             assert_eq!(wire(&frame), frame);
@@ -1767,8 +1834,8 @@ mod tests {
         let error = decode_err(&bytes);
         assert_eq!(error, WireError::Version(2));
         let refusal = error.refusal().unwrap();
-        assert_eq!(refusal.reason, RefuseReason::Version);
-        assert_eq!(wire(&refusal.clone().frame()), Frame::Refuse(refusal));
+        assert_eq!(refusal.reason, RefuseCode::Version);
+        assert_eq!(wire(&refusal.clone().frame()), refusal.frame());
         assert_eq!(WireError::BadMagic(*b"XRDM").refusal(), None);
     }
 
@@ -1920,11 +1987,11 @@ mod tests {
         assert!(decoded.fabric.chars().all(|c| c == 'é'));
         assert_eq!(decoded.addr, vec![7; 1]);
 
-        let refuse = Refusal::new(RefuseReason::Error, "x".repeat(70_000)).frame();
-        let Frame::Refuse(decoded) = wire(&refuse) else {
+        let refuse = Refusal::new(RefuseCode::Error, "x".repeat(70_000)).frame();
+        let Frame::Refuse { text, .. } = wire(&refuse) else {
             panic!("not a REFUSE")
         };
-        assert_eq!(decoded.text.len(), REFUSE_TEXT_MAX);
+        assert_eq!(text.len(), REFUSE_TEXT_MAX);
     }
 
     // --- sessions ---
@@ -2027,7 +2094,7 @@ mod tests {
         let tag = a.on_send().unwrap();
         assert_eq!(split_tag(tag), (2, 1));
         assert_eq!((a.send_credits(), a.sent(), a.pending_grant()), (3, 1, 0));
-        a.on_send_failed(tag);
+        a.unsend(tag);
         assert_eq!((a.send_credits(), a.sent(), a.pending_grant()), (4, 0, 1));
         let tag = a.on_send().unwrap();
         assert_eq!(split_tag(tag), (2, 1));
@@ -2040,11 +2107,14 @@ mod tests {
         let (mut a, mut b) = establish(8, 4);
         assert_eq!(
             a.on_frame(Frame::Credit(1), secs(0)),
-            Some(Event::ProtocolError(Violation::TooManyCredits {
-                grant: 1,
-                held: 4,
-                announced: 4
-            }))
+            Some(
+                Violation::TooManyCredits {
+                    grant: 1,
+                    held: 4,
+                    announced: 4
+                }
+                .event()
+            )
         );
         assert_eq!(a.send_credits(), 4);
         // The same in a data tag: the message is not counted.
@@ -2054,7 +2124,8 @@ mod tests {
                 grant: 1,
                 held: 4,
                 announced: 4
-            })
+            }
+            .to_string())
         );
         assert_eq!(a.received(), 0);
         // After one send, one credit may come back, not two.
@@ -2073,13 +2144,18 @@ mod tests {
             Err(Violation::WrongTag {
                 tag: data_tag(99, 0),
                 expected: 1
-            })
+            }
+            .to_string())
         );
         let high = data_tag(1, 0) | 1 << 48;
-        assert!(matches!(
+        assert_eq!(
             a.on_received(high, secs(0)),
-            Err(Violation::WrongTag { .. })
-        ));
+            Err(Violation::WrongTag {
+                tag: high,
+                expected: 1
+            }
+            .to_string())
+        );
         // b has 4 buffers and granted nothing: a fifth message is an overrun.
         for seq in 0..4 {
             assert_eq!(b.on_received(data_tag(2, 0), secs(0)), Ok(seq));
@@ -2089,7 +2165,8 @@ mod tests {
             Err(Violation::Overrun {
                 received: 5,
                 allowed: 4
-            })
+            }
+            .to_string())
         );
         // Once granted, one more fits.
         b.on_buffer_freed();
@@ -2121,7 +2198,7 @@ mod tests {
         ));
         assert_eq!(
             a.on_received(data_tag(1, 0), secs(0)),
-            Err(Violation::NoReceiveBuffers)
+            Err(Violation::NoReceiveBuffers.to_string())
         );
         assert!(a.on_send().is_some());
     }
@@ -2136,7 +2213,7 @@ mod tests {
             addr: vec![],
         };
         let refusal = Session::accept(&hello, local(2, 4), secs(0)).unwrap_err();
-        assert_eq!(refusal.reason, RefuseReason::Error);
+        assert_eq!(refusal.reason, RefuseCode::Error);
 
         let (mut a, _) = Session::initiator(local(1, 4), secs(0));
         let accept = Frame::Accept(Hello {
@@ -2146,10 +2223,13 @@ mod tests {
         });
         assert_eq!(
             a.on_frame(accept, secs(0)),
-            Some(Event::ProtocolError(Violation::ReceiveCapability {
-                buf_size: 4096,
-                credits: 0
-            }))
+            Some(
+                Violation::ReceiveCapability {
+                    buf_size: 4096,
+                    credits: 0
+                }
+                .event()
+            )
         );
         assert_eq!(a.state(), State::Opening);
     }
@@ -2161,14 +2241,14 @@ mod tests {
         let (mut a, hello) = Session::initiator(verbs, secs(0));
         let hello = hello_of(wire(&hello));
         let refusal = Session::accept(&hello, local(2, 4), secs(0)).unwrap_err();
-        assert_eq!(refusal.reason, RefuseReason::FabricMismatch);
+        assert_eq!(refusal.reason, RefuseCode::FabricMismatch);
         assert!(refusal.text.contains("verbs;ofi_rxm"));
         assert!(refusal.to_string().contains("fabric mismatch"));
         let event = a.on_frame(wire(&refusal.clone().frame()), secs(0));
         assert_eq!(
             event,
             Some(Event::Refused {
-                reason: RefuseReason::FabricMismatch,
+                reason: RefuseCode::FabricMismatch,
                 text: refusal.text
             })
         );
@@ -2187,7 +2267,7 @@ mod tests {
         let accept = Frame::Accept(other.hello());
         assert_eq!(
             a.on_frame(accept, secs(0)),
-            Some(Event::ProtocolError(Violation::FabricMismatch))
+            Some(Violation::FabricMismatch.event())
         );
         assert_eq!(a.state(), State::Opening);
     }
@@ -2204,19 +2284,25 @@ mod tests {
             let kind = frame.kind();
             assert_eq!(
                 a.on_frame(frame, secs(0)),
-                Some(Event::ProtocolError(Violation::UnexpectedFrame {
-                    frame: kind,
-                    when: "before ACCEPT"
-                }))
+                Some(
+                    Violation::UnexpectedFrame {
+                        frame: kind,
+                        when: "before ACCEPT"
+                    }
+                    .event()
+                )
             );
         }
         for frame in [hello_example(), accept_example(), refuse_example()] {
             let (mut a, mut b) = establish(4, 4);
             let kind = frame.kind();
-            let expected = Some(Event::ProtocolError(Violation::UnexpectedFrame {
-                frame: kind,
-                when: "on an open connection",
-            }));
+            let expected = Some(
+                Violation::UnexpectedFrame {
+                    frame: kind,
+                    when: "on an open connection",
+                }
+                .event(),
+            );
             assert_eq!(a.on_frame(frame.clone(), secs(0)), expected);
             assert_eq!(b.on_frame(frame, secs(0)), expected);
         }
@@ -2242,7 +2328,7 @@ mod tests {
     fn close_with_deliver_count() {
         let (mut a, mut b) = establish(8, 8);
         let tags: Vec<u64> = (0..5).map(|_| a.on_send().unwrap()).collect();
-        let close = a.close(CloseReason::Application, 3, secs(1));
+        let close = a.close(CloseCode::Orderly, 3, 0, 0, secs(1));
         assert_eq!(a.state(), State::Closing);
         assert_eq!(a.on_send(), None);
         assert_eq!(a.poll_frame(secs(9)), None);
@@ -2252,8 +2338,10 @@ mod tests {
         assert_eq!(
             b.on_frame(wire(&close), secs(1)),
             Some(Event::PeerClosing {
-                reason: CloseReason::Application,
-                deliver: 3
+                reason: CloseCode::Orderly,
+                deliver: 3,
+                size: 0,
+                limit: 0,
             })
         );
         assert!(!b.peer_done());
@@ -2273,30 +2361,35 @@ mod tests {
         assert_eq!(b.poll_frame(secs(5)), None);
         assert_eq!(
             b.on_frame(Frame::Ping, secs(1)),
-            Some(Event::ProtocolError(Violation::UnexpectedFrame {
-                frame: FrameKind::Ping,
-                when: "after the peer's CLOSE"
-            }))
+            Some(
+                Violation::UnexpectedFrame {
+                    frame: FrameKind::Ping,
+                    when: "after the peer's CLOSE"
+                }
+                .event()
+            )
         );
         assert!(b.on_frame(close.clone(), secs(1)).is_some());
 
         // The closing side ignores what the peer still writes, and records
         // its CLOSE.
-        let answer = b.close(CloseReason::Application, 0, secs(2));
+        let answer = b.close(CloseCode::Orderly, 0, 0, 0, secs(2));
         assert_eq!(a.on_frame(Frame::Credit(3), secs(2)), None);
         assert_eq!(a.on_frame(wire(&answer), secs(2)), None);
         assert_eq!(
             a.peer_close(),
             Some(Close {
-                reason: CloseReason::Application,
-                deliver: 0
+                reason: CloseCode::Orderly,
+                deliver: 0,
+                size: 0,
+                limit: 0,
             })
         );
         a.finish();
         assert_eq!(a.state(), State::Closed);
         assert_eq!(
             a.on_received(data_tag(1, 0), secs(3)),
-            Err(Violation::Closed)
+            Err(Violation::Closed.to_string())
         );
     }
 
@@ -2312,15 +2405,20 @@ mod tests {
     fn close_promising_more_than_credits_is_an_error() {
         let (_, mut b) = establish(8, 8);
         let close = Frame::Close(Close {
-            reason: CloseReason::ListenerClosed,
+            reason: CloseCode::ListenerClosed,
             deliver: 9,
+            size: 0,
+            limit: 0,
         });
         assert_eq!(
             b.on_frame(close, secs(0)),
-            Some(Event::ProtocolError(Violation::DeliverBeyondCredits {
-                deliver: 9,
-                allowed: 8
-            }))
+            Some(
+                Violation::DeliverBeyondCredits {
+                    deliver: 9,
+                    allowed: 8
+                }
+                .event()
+            )
         );
         assert_eq!(b.peer_close(), None);
     }
@@ -2328,18 +2426,30 @@ mod tests {
     #[test]
     fn close_message_too_large() {
         let (mut a, mut b) = establish(4, 4);
-        let reason = CloseReason::MessageTooLarge {
-            size: 10_000,
-            limit: 4096,
-        };
-        let close = b.close(reason, 0, secs(0));
+        let close = b.close(CloseCode::TooLarge, 0, 10_000, 4096, secs(0));
         assert_eq!(
             a.on_frame(wire(&close), secs(0)),
-            Some(Event::PeerClosing { reason, deliver: 0 })
+            Some(Event::PeerClosing {
+                reason: CloseCode::TooLarge,
+                deliver: 0,
+                size: 10_000,
+                limit: 4096,
+            })
         );
         assert!(a.peer_done());
         assert!(!a.should_deliver(0));
-        assert!(reason.to_string().contains("10000"));
+        // Other reasons carry no size or limit.
+        let (mut a, mut b) = establish(4, 4);
+        let close = b.close(CloseCode::Protocol, 0, 10_000, 4096, secs(0));
+        assert_eq!(
+            a.on_frame(wire(&close), secs(0)),
+            Some(Event::PeerClosing {
+                reason: CloseCode::Protocol,
+                deliver: 0,
+                size: 0,
+                limit: 0,
+            })
+        );
     }
 
     #[test]
@@ -2429,7 +2539,7 @@ mod tests {
         assert_eq!(a.next_deadline(), None);
         assert_eq!(a.on_tick(secs(100)), None);
         let (mut b, _) = establish(4, 4);
-        b.close(CloseReason::Application, 0, secs(0));
+        b.close(CloseCode::Orderly, 0, 0, 0, secs(0));
         assert_eq!(b.on_tick(secs(100)), None);
     }
 
@@ -2546,7 +2656,7 @@ mod tests {
             let (mut opening, _) = Session::initiator(local(1, 4), secs(0));
             let (mut open, mut peer) = establish(4, 4);
             let mut closing = peer.clone();
-            closing.close(CloseReason::Protocol, 0, secs(0));
+            closing.close(CloseCode::Protocol, 0, 0, 0, secs(0));
             let now = ms(round);
             for frame in frames {
                 for session in [&mut opening, &mut open, &mut peer, &mut closing] {

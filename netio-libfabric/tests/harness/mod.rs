@@ -63,6 +63,10 @@ pub fn verbs_config() -> LibfabricConfig {
 
 macro_rules! flavor {
     ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr) => {
+        flavor!($(#[$m])* $name, $config, $ip, pushes_back = $pb, reset = false, netns = false);
+    };
+    ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr,
+     reset = $reset:expr, netns = $netns:expr) => {
         $(#[$m])*
         pub struct $name;
         impl MioProvider for $name {
@@ -84,6 +88,14 @@ macro_rules! flavor {
                 refusing_on($ip)
             }
             const PUSHES_BACK: bool = $pb;
+            const NETNS_PARTITION: bool = $netns;
+            fn can_reset() -> bool {
+                $reset
+            }
+            fn reset(local: IpAddr, remote: EndpointAddress) {
+                assert!($reset, "this flavor's harness cannot reset connections");
+                reset(local, remote)
+            }
         }
     };
 }
@@ -123,7 +135,9 @@ flavor!(
     RdmTcpRxm,
     rdm_config("tcp;ofi_rxm"),
     Ipv4Addr::LOCALHOST.into(),
-    pushes_back = true
+    pushes_back = true,
+    reset = true,
+    netns = true
 );
 flavor!(
     /// Reliable datagrams over libfabric's `shm` (control channels on
@@ -131,19 +145,25 @@ flavor!(
     RdmShm,
     rdm_config("shm"),
     Ipv4Addr::LOCALHOST.into(),
-    pushes_back = true
+    pushes_back = true,
+    reset = true,
+    netns = true
 );
 flavor!(
     /// Reliable datagrams over libfabric's `sockets` on 127.0.0.1.
     RdmSockets,
     rdm_config("sockets"),
     Ipv4Addr::LOCALHOST.into(),
-    pushes_back = true
+    pushes_back = true,
+    reset = true,
+    netns = true
 );
 flavor!(
     /// Reliable datagrams over libfabric's `udp;ofi_rxd` on 127.0.0.1.
     RdmUdpRxd,
     rdm_config("udp;ofi_rxd"),
     Ipv4Addr::LOCALHOST.into(),
-    pushes_back = true
+    pushes_back = true,
+    reset = true,
+    netns = true
 );
