@@ -19,11 +19,11 @@ use netio_core::{
 };
 
 use crate::config::{EndpointType, LibfabricConfig};
-use crate::rdm::RdmInner;
 use crate::ffi::{
     self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError, Query,
 };
 use crate::listen::{GuardSettings, KnownPeer, ListenWorker};
+use crate::rdm::RdmInner;
 
 /// Size of the one receive buffer posted on a connection without receive
 /// capability, to notice (and refuse) a message sent to it.

@@ -81,10 +81,10 @@
 mod backend;
 mod config;
 mod ffi;
-mod rdm_ffi;
 mod listen;
 mod os;
 mod rdm;
+mod rdm_ffi;
 
 pub use backend::{LibfabricBackend, LibfabricProvider};
 pub use config::{EndpointType, LibfabricConfig};

@@ -23,7 +23,7 @@ use netio_core::ledger::SendSeq;
 use netio_core::{Lent, MemoryRegion, NetworkBuffer};
 use netio_libfabric_sys as sys;
 
-use crate::ffi::{check, trywait, wait_fd, Domain, FiError, Info, Mr, PostError, Pooled};
+use crate::ffi::{check, trywait, wait_fd, Domain, FiError, Info, Mr, Pooled, PostError};
 
 /// Receive memory of one connection: `count` buffers of `size` bytes in
 /// one registered allocation, shared by the connection and the operations
@@ -312,9 +312,8 @@ impl RdmEp {
                 ..Default::default()
             };
             // SAFETY: the domain is open; attr and out pointer valid.
-            let rc = unsafe {
-                sys::fi_cq_open(domain.ptr, &mut cq_attr, &mut this.cq, ptr::null_mut())
-            };
+            let rc =
+                unsafe { sys::fi_cq_open(domain.ptr, &mut cq_attr, &mut this.cq, ptr::null_mut()) };
             if rc != 0 && wait_obj == sys::FI_WAIT_FD {
                 continue;
             }
@@ -345,7 +344,11 @@ impl RdmEp {
             )?;
             check(
                 "fi_ep_bind(cq)",
-                sys::fi_ep_bind(this.ep, &mut (*this.cq).fid, sys::FI_TRANSMIT | sys::FI_RECV),
+                sys::fi_ep_bind(
+                    this.ep,
+                    &mut (*this.cq).fid,
+                    sys::FI_TRANSMIT | sys::FI_RECV,
+                ),
             )?;
             check("fi_enable", sys::fi_enable(this.ep))?;
         }
@@ -432,7 +435,7 @@ impl RdmEp {
         if rc != 1 || out == sys::FI_ADDR_NOTAVAIL {
             return Err(FiError {
                 call: "fi_av_insert",
-                errno: if rc < 0 { -rc } else { sys::FI_EINVAL as i32 },
+                errno: if rc < 0 { -rc } else { sys::FI_EINVAL },
             });
         }
         self.peers.insert(addr.to_vec(), out);
@@ -601,7 +604,8 @@ impl RdmEp {
                     iov_len: n,
                 })
                 .collect();
-            let mut descs: Vec<*mut c_void> = iov.iter().map(|&(_, _, d)| d as *mut c_void).collect();
+            let mut descs: Vec<*mut c_void> =
+                iov.iter().map(|&(_, _, d)| d as *mut c_void).collect();
             // SAFETY: as above; `vecs` and `descs` outlive the call.
             unsafe {
                 sys::fi_tsendv(

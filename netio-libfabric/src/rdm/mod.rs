@@ -28,9 +28,8 @@ use netio_core::mio_loop::{MioLoop, MioTimer, SourceId, SpinId};
 use netio_core::{
     BackendConfig, BufferError, BufferPool, Capabilities, CloseError, CloseReason, ConnError,
     ConnId, ConnTable, ConnectionParams, CreateError, EndpointAddress, EventLoop, Handler,
-    MemoryUsage,
-    NetworkBuffer, OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError,
-    ThreadSafety, Timer, TimerQueue,
+    MemoryUsage, NetworkBuffer, OpenActiveError, OpenListenError, RefuseReason, RegionSlice,
+    SendError, ThreadSafety, Timer, TimerQueue,
 };
 
 use crate::backend::{Kind, LibfabricBackend, Ops};
@@ -129,7 +128,6 @@ struct Conn {
     /// Sends handed to the fabric and not completed.
     in_flight: usize,
 }
-
 
 /// A connection accepted on a listener whose HELLO has not arrived.
 struct Pending {
@@ -386,7 +384,11 @@ impl RdmInner {
 
     fn backend(&self) -> LibfabricBackend {
         LibfabricBackend {
-            kind: Kind::Rdm(self.weak.upgrade().expect("backend alive while dispatching")),
+            kind: Kind::Rdm(
+                self.weak
+                    .upgrade()
+                    .expect("backend alive while dispatching"),
+            ),
         }
     }
 
@@ -466,8 +468,8 @@ impl RdmInner {
     /// fd while connections exist, or sends to retry.
     fn start_poll(&self, st: &mut State) {
         let no_fd = st.ep.as_ref().is_some_and(|e| e.fd().is_none());
-        let needed = !st.blocked.is_empty()
-            || (no_fd && (!st.conns.is_empty() || !st.pending.is_empty()));
+        let needed =
+            !st.blocked.is_empty() || (no_fd && (!st.conns.is_empty() || !st.pending.is_empty()));
         if needed && !st.polling && self.spin.is_none() {
             st.polling = true;
             self.poll_timer.start(POLL);
@@ -480,8 +482,8 @@ impl RdmInner {
         self.read_cq(&mut st, &mut out);
         self.retry_blocked(&mut st);
         let no_fd = st.ep.as_ref().is_some_and(|e| e.fd().is_none());
-        let needed = !st.blocked.is_empty()
-            || (no_fd && (!st.conns.is_empty() || !st.pending.is_empty()));
+        let needed =
+            !st.blocked.is_empty() || (no_fd && (!st.conns.is_empty() || !st.pending.is_empty()));
         if !needed {
             st.polling = false;
             self.poll_timer.stop();
@@ -516,7 +518,13 @@ impl RdmInner {
         let Some(mem) = c.recv.clone() else {
             return;
         };
-        if let Err(e) = ep.post_recv(&mem, index, proto::recv_tag(c.tag), DATA_IGNORE, c.tag as u64) {
+        if let Err(e) = ep.post_recv(
+            &mem,
+            index,
+            proto::recv_tag(c.tag),
+            DATA_IGNORE,
+            c.tag as u64,
+        ) {
             self.close_conn(st, id, CloseReason::Other(e.to_string()), true);
         }
     }
@@ -624,8 +632,7 @@ impl RdmInner {
         let ep = st.ep.as_mut().expect("endpoint open");
         let mem = RecvMem::new(ep.domain(), size, count)?;
         for i in 0..count {
-            if let Err(e) = ep.post_recv(&mem, i, proto::recv_tag(tag), DATA_IGNORE, tag as u64)
-            {
+            if let Err(e) = ep.post_recv(&mem, i, proto::recv_tag(tag), DATA_IGNORE, tag as u64) {
                 ep.cancel_recvs(tag as u64);
                 return Err(e);
             }
@@ -639,7 +646,11 @@ impl RdmInner {
             buf_size: params.recv.buf_size as u64,
             credits: params.recv.num_buf as u32,
             fabric: self.lf.provider.clone(),
-            addr: st.ep.as_ref().map(|e| e.name().to_vec()).unwrap_or_default(),
+            addr: st
+                .ep
+                .as_ref()
+                .map(|e| e.name().to_vec())
+                .unwrap_or_default(),
             // The peer writes at least every heartbeat (a PING when it has
             // nothing else to say), looked at every TICK: counting the
             // timeout from the last sign of life plus both, a connection
@@ -660,15 +671,12 @@ impl RdmInner {
     ) -> io::Result<SourceId> {
         let w = self.weak.clone();
         let mut f = f;
-        self.lp.register(
-            stream,
-            Interest::READABLE | Interest::WRITABLE,
-            move |ev| {
+        self.lp
+            .register(stream, Interest::READABLE | Interest::WRITABLE, move |ev| {
                 if let Some(i) = w.upgrade() {
                     f(&i, ev);
                 }
-            },
-        )
+            })
     }
 
     // -- control channel ----------------------------------------------------
@@ -737,10 +745,7 @@ impl RdmInner {
         let mut buf = [0u8; 16 * 1024];
         let mut eof = false;
         let mut broken = false;
-        loop {
-            let Some(c) = st.conns.get_mut(id) else {
-                break;
-            };
+        while let Some(c) = st.conns.get_mut(id) {
             match c.stream.read(&mut buf) {
                 Ok(0) => {
                     eof = true;
@@ -914,7 +919,10 @@ impl RdmInner {
                 Err(_) => return,
             };
             let held = st.pending.values().filter(|p| p.listener == addr).count()
-                + st.conns.iter().filter(|(_, c)| c.listener == Some(addr)).count();
+                + st.conns
+                    .iter()
+                    .filter(|(_, c)| c.listener == Some(addr))
+                    .count();
             if held >= self.lf.max_connections_per_listener
                 || st.pending.len() >= self.lf.max_pending_handshakes
             {
@@ -1172,9 +1180,7 @@ impl RdmInner {
         let deliver = c.session.sent();
         if notify && c.phase == Phase::Established {
             let (code, size, limit) = close_code(&reason);
-            let frame = c
-                .session
-                .close(code, deliver, size, limit, self.lp.now());
+            let frame = c.session.close(code, deliver, size, limit, self.lp.now());
             frame.encode(&mut c.out);
         }
         if !c.out.is_empty() && Self::flush(&mut c) && !c.out.is_empty() {
@@ -1189,14 +1195,16 @@ impl RdmInner {
         }
         if c.phase == Phase::Opening {
             if c.initiator {
-                st.events.push_back(Ev::Refused(id, c.remote, RefuseReason::Cancelled));
+                st.events
+                    .push_back(Ev::Refused(id, c.remote, RefuseReason::Cancelled));
             }
             return;
         }
         if !completed.is_empty() {
             st.events.push_back(Ev::Completed(id, completed));
         }
-        st.events.push_back(Ev::Closed(id, c.remote, reason, cancelled));
+        st.events
+            .push_back(Ev::Closed(id, c.remote, reason, cancelled));
     }
 
     /// Closes once the held messages are delivered.
@@ -1447,8 +1455,7 @@ impl RdmInner {
                             st,
                             id,
                             CloseReason::Protocol(
-                                "a message arrived on a connection without receive buffers"
-                                    .into(),
+                                "a message arrived on a connection without receive buffers".into(),
                             ),
                             true,
                         );
@@ -1502,7 +1509,12 @@ impl RdmInner {
             let Some(c) = st.conns.get_mut(id) else {
                 continue;
             };
-            let done: Vec<u64> = c.ledger.drain_completed().into_iter().map(|(k, _)| k).collect();
+            let done: Vec<u64> = c
+                .ledger
+                .drain_completed()
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
             if !done.is_empty() {
                 c.reported += done.len() as u64;
                 st.events.push_back(Ev::Completed(id, done));
@@ -1625,10 +1637,7 @@ impl RdmInner {
             let _ = f.stream.shutdown(std::net::Shutdown::Write);
             false
         });
-        if st.conns.is_empty()
-            && st.pending.is_empty()
-            && st.flushing.is_empty()
-        {
+        if st.conns.is_empty() && st.pending.is_empty() && st.flushing.is_empty() {
             st.ticking = false;
             self.tick_timer.stop();
         }
@@ -1776,11 +1785,12 @@ impl Ops for RdmInner {
         if address.port() != 0 && st.listeners.contains_key(&address) {
             return Err(OpenListenError::ListenEndpointAlreadyExists(address));
         }
-        self.ensure_ep(&mut st, Some(address.ip()))
-            .map_err(|e| OpenListenError::FailedOpenListenEndpoint {
+        self.ensure_ep(&mut st, Some(address.ip())).map_err(|e| {
+            OpenListenError::FailedOpenListenEndpoint {
                 address,
                 source: Box::new(self.provider_error(e)),
-            })?;
+            }
+        })?;
         let mut socket = TcpListener::bind(socket_addr(address)).map_err(|e| {
             OpenListenError::FailedOpenListenEndpoint {
                 address,
@@ -1844,8 +1854,7 @@ impl Ops for RdmInner {
         let near = address.ip().is_loopback().then(|| address.ip());
         self.ensure_ep(&mut st, near)
             .map_err(|e| failed(Box::new(self.provider_error(e))))?;
-        let stream =
-            TcpStream::connect(socket_addr(address)).map_err(|e| failed(Box::new(e)))?;
+        let stream = TcpStream::connect(socket_addr(address)).map_err(|e| failed(Box::new(e)))?;
         let _ = stream.set_nodelay(true);
         let tag = Self::new_tag(&mut st);
         let mem = self
@@ -1860,7 +1869,7 @@ impl Ops for RdmInner {
             Some(r) => match RegionMr::new(st.ep.as_ref().expect("open").domain(), r) {
                 Ok(r) => Some(r),
                 Err(e) => {
-                    Self::cancel_tag(&mut *st, tag);
+                    Self::cancel_tag(&mut st, tag);
                     return Err(failed(Box::new(self.provider_error(e))));
                 }
             },

@@ -53,11 +53,17 @@ pub fn refusing_on(ip: IpAddr) -> EndpointAddress {
 
 /// `verbs` settings: the device from `NETIO_VERBS_DOMAIN` (if set).
 pub fn verbs_config() -> LibfabricConfig {
+    verbs_config_for("verbs")
+}
+
+/// Settings for fabric provider `name` on the verbs device named by
+/// `NETIO_VERBS_DOMAIN` (if set).
+pub fn verbs_config_for(name: &str) -> LibfabricConfig {
     LibfabricConfig {
         domain: std::env::var("NETIO_VERBS_DOMAIN")
             .ok()
             .filter(|d| !d.is_empty()),
-        ..LibfabricConfig::provider("verbs")
+        ..LibfabricConfig::provider(name)
     }
 }
 
@@ -166,4 +172,17 @@ flavor!(
     pushes_back = true,
     reset = true,
     netns = true
+);
+flavor!(
+    /// Reliable datagrams over libfabric's `verbs;ofi_rxm` on the verbs
+    /// device's interface address (control channels there too).
+    RdmVerbsRxm,
+    LibfabricConfig {
+        endpoint: EndpointType::Rdm,
+        ..verbs_config_for("verbs;ofi_rxm")
+    },
+    verbs_ip(),
+    pushes_back = true,
+    reset = true,
+    netns = false
 );
