@@ -16,7 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -46,10 +46,14 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// How long the last bytes of a closed connection's control channel (its
 /// CLOSE frame) may take to be written.
 const FLUSH_WAIT: Duration = Duration::from_secs(2);
-/// How often a completion queue without a wait fd is read (and sends the
-/// provider could not take yet are retried) on a loop that does not busy
-/// poll.
+/// How often sends the provider could not take yet are retried on a loop
+/// that does not busy poll.
 const POLL: Duration = Duration::from_micros(500);
+/// How long the progress thread keeps yielding after the last completion
+/// before it starts to sleep.
+const PROGRESS_SPIN: Duration = Duration::from_micros(200);
+/// The longest the progress thread sleeps between reads of an idle queue.
+const PROGRESS_SLEEP: Duration = Duration::from_millis(1);
 /// Heartbeat interval without a peer timeout.
 const HEARTBEAT: Duration = Duration::from_secs(5);
 /// The tag bit of set-up probes (see [`RdmInner::send_probe`]): above
@@ -199,12 +203,15 @@ pub(crate) struct RdmInner {
     poll_timer: MioTimer,
     spin: Option<SpinId>,
     refused: AtomicU64,
+    /// Tells the progress thread (see [`RdmInner::spawn_progress`]) to end.
+    stop_progress: Arc<AtomicBool>,
     /// Registrations of the endpoint's domain (kept after it closes).
     domain: Mutex<Option<Arc<Domain>>>,
 }
 
 impl Drop for RdmInner {
     fn drop(&mut self) {
+        self.stop_progress.store(true, Ordering::Release);
         if let Some(spin) = self.spin.take() {
             self.lp.remove_spin(spin);
         }
@@ -348,6 +355,7 @@ impl RdmInner {
                 poll_timer,
                 spin,
                 refused: AtomicU64::new(0),
+                stop_progress: Arc::new(AtomicBool::new(false)),
                 domain: Mutex::new(None),
             }
         });
@@ -432,9 +440,69 @@ impl RdmInner {
                 })?;
             st.ep_source = Some(src);
         }
+        let progress = ep.fd().is_none() && self.spin.is_none();
         *lock(&self.domain) = Some(Arc::clone(&domain));
         st.ep = Some(ep);
+        if progress {
+            self.spawn_progress()?;
+        }
         Ok(())
+    }
+
+    /// Starts the thread that reads a completion queue without a wait fd
+    /// (`shm`, `udp;ofi_rxd`) on a loop that does not busy poll: it reads
+    /// the queue under the state lock (as the loop would on readiness),
+    /// queues what it found for the loop and wakes it, and backs off while
+    /// nothing happens (yielding for [`PROGRESS_SPIN`] after the last
+    /// completion, then sleeping up to [`PROGRESS_SLEEP`]). Handlers still
+    /// run on the loop only. It also keeps providers whose sends complete
+    /// only when the receiving process reads its queue (`udp;ofi_rxd`)
+    /// going while the loop is busy in a handler.
+    fn spawn_progress(&self) -> Result<(), FiError> {
+        let weak = self.weak.clone();
+        let stop = Arc::clone(&self.stop_progress);
+        std::thread::Builder::new()
+            .name("netio-lf-progress".into())
+            .spawn(move || {
+                let mut last = std::time::Instant::now();
+                let mut nap = Duration::from_micros(20);
+                while !stop.load(Ordering::Acquire) {
+                    let Some(inner) = weak.upgrade() else {
+                        return;
+                    };
+                    let active = inner.progress_once();
+                    drop(inner);
+                    if active {
+                        last = std::time::Instant::now();
+                        nap = Duration::from_micros(20);
+                        continue;
+                    }
+                    if last.elapsed() < PROGRESS_SPIN {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(nap);
+                        nap = (nap * 2).min(PROGRESS_SLEEP);
+                    }
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| FiError {
+                call: "starting the completion queue's progress thread",
+                errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+            })
+    }
+
+    /// One read of the completion queue from the progress thread; `true`
+    /// if it held anything.
+    fn progress_once(&self) -> bool {
+        let mut st = lock(&self.state);
+        let mut out = Vec::new();
+        let any = self.read_cq(&mut st, &mut out);
+        if !st.blocked.is_empty() {
+            self.retry_blocked(&mut st);
+        }
+        self.post_dispatch(&mut st);
+        any
     }
 
     fn post_with(&self, f: impl FnOnce(&Arc<RdmInner>) + Send + 'static) {
