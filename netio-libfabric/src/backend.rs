@@ -307,11 +307,7 @@ impl LibfabricBackend {
                 "no libfabric provider name given".into(),
             ));
         }
-        let rdm = match lf.endpoint {
-            EndpointType::Msg => false,
-            EndpointType::Rdm => true,
-            EndpointType::Auto => !ffi::offers_msg(&lf.provider),
-        };
+        let rdm = lf.resolved_endpoint() == EndpointType::Rdm;
         if lf.cq_size == 0 {
             return Err(CreateError::InvalidConfig("cq_size of 0".into()));
         }

@@ -119,6 +119,17 @@ impl LibfabricConfig {
         }
     }
 
+    /// The endpoint type a backend with these settings speaks: `endpoint`,
+    /// with [`EndpointType::Auto`] decided as backend creation decides it
+    /// (connected endpoints where the fabric provider offers them here).
+    pub fn resolved_endpoint(&self) -> EndpointType {
+        match self.endpoint {
+            EndpointType::Auto if crate::ffi::offers_msg(&self.provider) => EndpointType::Msg,
+            EndpointType::Auto => EndpointType::Rdm,
+            other => other,
+        }
+    }
+
     /// The settings named by the environment: `NETIO_LIBFABRIC_PROVIDER`
     /// (default `tcp`), `NETIO_LIBFABRIC_DOMAIN` and
     /// `NETIO_LIBFABRIC_ENDPOINT` (`auto`, `msg` or `rdm`; default `auto`).

@@ -83,6 +83,8 @@ pub struct FiPingpong {
     pub domain: Option<String>,
     /// Variables set in the children's environment.
     pub env: Vec<(String, String)>,
+    /// Endpoint type (`-e`): `msg` or `rdm`.
+    pub endpoint: String,
 }
 
 impl FiPingpong {
@@ -117,12 +119,24 @@ impl FiPingpong {
             fabric: fabric.to_string(),
             domain,
             env,
+            endpoint: "msg".to_string(),
         }
+    }
+
+    /// The same over endpoint type `endpoint` (`msg` or `rdm`).
+    pub fn with_endpoint(mut self, endpoint: &str) -> Self {
+        self.endpoint = endpoint.to_string();
+        self
     }
 
     /// The options common to server and client.
     fn common_args(&self, size: usize, iterations: u64) -> Vec<String> {
-        let mut a: Vec<String> = vec!["-p".into(), self.fabric.clone(), "-e".into(), "msg".into()];
+        let mut a: Vec<String> = vec![
+            "-p".into(),
+            self.fabric.clone(),
+            "-e".into(),
+            self.endpoint.clone(),
+        ];
         if let Some(d) = &self.domain {
             a.extend(["-d".into(), d.clone()]);
         }

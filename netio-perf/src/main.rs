@@ -10,7 +10,7 @@
 //!
 //! `--fi-baseline` alternates the libfabric provider's ping-pong with
 //! libfabric's own `fi_pingpong` (server and client processes over
-//! 127.0.0.1, the same fabric provider, `FI_EP_MSG` endpoints, the same
+//! 127.0.0.1, the same fabric provider and endpoint type (`-e msg` or `-e rdm`), the same
 //! size and count); `fi_pingpong` busy-polls its completion queues, so the
 //! option implies `--busy-poll`. `fi_pingpong` reports the mean time of a
 //! one-way transfer (`usec/xfer`): its round trip is 2 × `usec/xfer`,
@@ -388,26 +388,25 @@ fn run_row(cli: &Cli, spec: &Spec, baseline: bool, progress: &mut Progress) -> R
 /// provider and domain.
 fn fi_pingpong() -> Result<fi::FiPingpong, String> {
     let program = fi::locate()?;
-    let (fabric, domain, sockets_pe_waittime) = fabric_settings()?;
-    Ok(fi::FiPingpong::new(
-        program,
-        &fabric,
-        domain,
-        sockets_pe_waittime,
-    ))
+    let (fabric, domain, sockets_pe_waittime, endpoint) = fabric_settings()?;
+    Ok(fi::FiPingpong::new(program, &fabric, domain, sockets_pe_waittime).with_endpoint(endpoint))
 }
 
 /// The libfabric provider's fabric provider, domain and
 /// `FI_SOCKETS_PE_WAITTIME` setting, as its backends read them.
 #[cfg(feature = "libfabric")]
-fn fabric_settings() -> Result<(String, Option<String>, Option<u32>), String> {
+fn fabric_settings() -> Result<(String, Option<String>, Option<u32>, &'static str), String> {
     let c = netio::libfabric::LibfabricConfig::from_env();
-    Ok((c.provider, c.domain, c.sockets_pe_waittime))
+    let endpoint = match c.resolved_endpoint() {
+        netio::libfabric::EndpointType::Rdm => "rdm",
+        _ => "msg",
+    };
+    Ok((c.provider, c.domain, c.sockets_pe_waittime, endpoint))
 }
 
 /// Without the libfabric provider there is nothing to compare.
 #[cfg(not(feature = "libfabric"))]
-fn fabric_settings() -> Result<(String, Option<String>, Option<u32>), String> {
+fn fabric_settings() -> Result<(String, Option<String>, Option<u32>, &'static str), String> {
     Err("--fi-baseline needs the libfabric provider, which is not built in".into())
 }
 

@@ -204,7 +204,7 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
     if setup.baseline == Some(Baseline::FiPingpong) {
         writeln!(
             out,
-            "each figure: median of {} runs, each run alternated with libfabric's fi_pingpong (server and client processes over 127.0.0.1, same fabric provider, FI_EP_MSG) (A B A B ...); ratio = {}/fi_pingpong of the same pair of runs, median (min–max)",
+            "each figure: median of {} runs, each run alternated with libfabric's fi_pingpong (server and client processes over 127.0.0.1, same fabric provider and endpoint type) (A B A B ...); ratio = {}/fi_pingpong of the same pair of runs, median (min–max)",
             setup.runs,
             setup.provider
         )?;
