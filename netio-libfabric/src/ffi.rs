@@ -207,10 +207,12 @@ impl Info {
     /// tagged messages sent in order (`FI_ORDER_SAS`), on the interface of
     /// `node` when given (`FI_SOURCE`, any port). Entries whose mode or
     /// mr_mode bits this code does not honour are skipped.
+    /// `rx_size`: the receive queue size asked for, if any.
     pub fn get_rdm(
         provider: &str,
         domain: Option<&str>,
         node: Option<std::net::IpAddr>,
+        rx_size: Option<usize>,
     ) -> Result<Info, FiError> {
         // SAFETY: as in `get`.
         let hints = unsafe { sys::fi_allocinfo() };
@@ -231,6 +233,9 @@ impl Info {
             (*(*h).domain_attr).threading = sys::FI_THREAD_SAFE;
             (*(*h).tx_attr).msg_order = sys::FI_ORDER_SAS;
             (*(*h).rx_attr).msg_order = sys::FI_ORDER_SAS;
+            if let Some(n) = rx_size {
+                (*(*h).rx_attr).size = n;
+            }
             (*(*h).fabric_attr).prov_name = dup_c(provider)?;
             if let Some(d) = domain {
                 (*(*h).domain_attr).name = dup_c(d)?;

@@ -67,6 +67,10 @@ const DATA_IGNORE: u64 = proto::RECV_IGNORE | PROBE_BIT;
 const PROBE_OWNER: u64 = 1 << 32;
 /// Connection tags stay below this (see [`PROBE_BIT`]).
 const TAG_LIMIT: u32 = 1 << 31;
+/// The receive queue size an RDM endpoint asks for (all connections'
+/// receive buffers are posted on it) when `LibfabricConfig::rx_size` does
+/// not say.
+const RDM_RX_QUEUE: usize = 16384;
 /// How many times the queue is read again when `fi_trywait` says events
 /// are pending, before the rest is left to a posted callback.
 const TRYWAIT_ROUNDS: usize = 16;
@@ -293,12 +297,13 @@ impl RdmInner {
     ) -> Result<LibfabricBackend, CreateError> {
         // The fabric provider must offer reliable datagrams here: checked
         // now, so that a missing one is a creation error.
-        Info::get_rdm(&lf.provider, lf.domain.as_deref(), None)
+        Info::get_rdm(&lf.provider, lf.domain.as_deref(), None, None)
             .or_else(|_| {
                 Info::get_rdm(
                     &lf.provider,
                     lf.domain.as_deref(),
                     Some(IpAddr::from([127, 0, 0, 1])),
+                    None,
                 )
             })
             .map_err(|error| {
@@ -418,10 +423,18 @@ impl RdmInner {
             return Ok(());
         }
         let near = near.filter(|ip| !ip.is_unspecified());
+        // Every connection's receive buffers are posted on the one
+        // endpoint: its receive queue is asked to be as large as
+        // `rx_size` (default RDM_RX_QUEUE); a provider that cannot is
+        // asked again for its own default.
+        let want = Some(self.lf.rx_size.unwrap_or(RDM_RX_QUEUE));
+        let (prov, dom) = (&self.lf.provider, self.lf.domain.as_deref());
+        let get = |node: Option<IpAddr>| {
+            Info::get_rdm(prov, dom, node, want).or_else(|_| Info::get_rdm(prov, dom, node, None))
+        };
         let info = match near {
-            Some(ip) => Info::get_rdm(&self.lf.provider, self.lf.domain.as_deref(), Some(ip))
-                .or_else(|_| Info::get_rdm(&self.lf.provider, self.lf.domain.as_deref(), None)),
-            None => Info::get_rdm(&self.lf.provider, self.lf.domain.as_deref(), None),
+            Some(ip) => get(Some(ip)).or_else(|_| get(None)),
+            None => get(None),
         }?;
         let domain = Domain::open(&info)?;
         let ep = RdmEp::open(&domain, info, self.lf.cq_size.max(1024))?;
@@ -702,7 +715,18 @@ impl RdmInner {
         for i in 0..count {
             if let Err(e) = ep.post_recv(&mem, i, proto::recv_tag(tag), DATA_IGNORE, tag as u64) {
                 ep.cancel_recvs(tag as u64);
-                return Err(e);
+                let full = e.errno == netio_libfabric_sys::FI_EAGAIN
+                    || e.errno == netio_libfabric_sys::FI_ENOMEM;
+                return Err(if full {
+                    FiError {
+                        call: "fi_trecv (the endpoint's receive queue, shared by every \
+                               connection of the backend, is full: fewer receive buffers per \
+                               connection, or a larger LibfabricConfig::rx_size)",
+                        ..e
+                    }
+                } else {
+                    e
+                });
             }
         }
         Ok(Some(mem))
