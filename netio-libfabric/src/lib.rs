@@ -1,12 +1,30 @@
 //! The libfabric provider of netio-rs: the netio contract over libfabric
-//! connected (`FI_EP_MSG`) endpoints with `FI_MSG`, on
+//! connected endpoints (`FI_EP_MSG` with `FI_MSG`) or reliable datagrams
+//! (`FI_EP_RDM` with `FI_TAGGED`), on
 //! [`MioLoop`](netio_core::mio_loop::MioLoop).
 //!
 //! The fabric provider is chosen by name ([`LibfabricConfig::provider`]):
 //! `tcp` and `sockets` run on any Linux host; `verbs` takes the same code
-//! onto RDMA hardware. See `docs/libfabric.md`.
+//! onto RDMA hardware; `shm` connects processes of one node; `efa`, `cxi`,
+//! `opx` and the `;ofi_rxm`/`;ofi_rxd` stacks offer reliable datagrams only.
+//! The endpoint type is [`LibfabricConfig::endpoint`] ([`EndpointType`]):
+//! by default connected endpoints where the fabric provider has them, else
+//! reliable datagrams. See `docs/libfabric.md`.
 //!
-//! # How it works
+//! # Reliable datagrams
+//!
+//! One endpoint, completion queue and address vector serve all of a
+//! backend's connections. Each connection is a TCP control channel to the
+//! peer (set-up with the fabric addresses, credits, close, heartbeats; the
+//! protocol is a sans-IO state machine, `src/rdm/proto.rs`) plus tagged
+//! messages over the fabric whose tag names the receiving connection. The
+//! receiver grants one credit per receive buffer, so the fabric never
+//! holds a message nobody posted a buffer for; `peer_timeout` is enforced
+//! with heartbeats, and a peer whose control channel ends without a close
+//! is reported as `Reset`. Shared receive pools are not supported on them
+//! yet.
+//!
+//! # How connected endpoints work
 //!
 //! - A listen endpoint is a passive endpoint with its own event queue, read
 //!   on a thread of its own (libfabric 1.17's `tcp` blocks inside
@@ -54,7 +72,7 @@
 //!   anything else are skipped.
 //! - The in-flight ledger is [`netio_core::ledger::SendLedger`].
 //!
-//! # Limits
+//! # Limits of connected endpoints
 //!
 //! - Do not expose a `tcp` or `sockets` listener to untrusted peers:
 //!   libfabric 1.17 itself crashes on some protocol-breaking inputs (see
