@@ -2712,5 +2712,4 @@ mod tests {
             "one example of each frame"
         );
     }
-
 }
