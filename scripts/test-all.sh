@@ -82,7 +82,8 @@ cargo clippy --locked -p netio -p netio-examples -p netio-perf \
 cargo test --locked -p netio --features libfabric --test libfabric
 cargo test --locked -p netio-examples --features libfabric --test libfabric
 
-# Real verbs: the conformance suite (both thread modes), the stream tests
+# Real verbs: the conformance suite (both thread modes, on verbs and on
+# reliable datagrams over verbs;ofi_rxm), the stream tests
 # and the example programs on libfabric `verbs` over soft-RoCE, inside an
 # emulated guest that scripts/verbs-guest.sh boots (it installs qemu, the
 # kernel and the RDMA user-space packages when they are missing). Test
@@ -90,11 +91,15 @@ cargo test --locked -p netio-examples --features libfabric --test libfabric
 step "libfabric verbs on soft-RoCE in an emulated guest"
 cargo clippy --locked -p netio-libfabric --features verbs-conformance --all-targets -- -D warnings
 verbs_bins="$(cargo test --locked -p netio-libfabric --features verbs-conformance \
-    --test conformance_verbs --test stream --no-run --message-format=json 2>/dev/null |
+    --test conformance_verbs --test conformance_rdm_verbs --test stream --no-run \
+    --message-format=json 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')"
 verbs_suite="$(printf '%s\n' "$verbs_bins" | grep '/conformance_verbs-')"
+verbs_rdm_suite="$(printf '%s\n' "$verbs_bins" | grep '/conformance_rdm_verbs-')"
 verbs_stream="$(printf '%s\n' "$verbs_bins" | grep '/stream-')"
 bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_suite" --test-threads=4
+# Reliable datagrams over verbs;ofi_rxm on the same device.
+bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_rdm_suite" --test-threads=4
 NETIO_LF_STREAM_RUNS="${NETIO_LF_STREAM_RUNS_VERBS:-2}" \
     bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_stream" on_verbs --test-threads=1
 cargo build --locked --release -p netio-examples --features libfabric --bin pingpong --bin echo_tcp
