@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
+use std::sync::{Arc, Mutex, Once, Weak};
 use std::time::Duration;
 
 use mio::unix::SourceFd;
@@ -15,10 +15,11 @@ use netio_core::{
     Backend, BackendConfig, BufferError, BufferPool, Capabilities, CloseError, CloseReason,
     ConnError, ConnId, ConnTable, ConnectionParams, CreateError, EndpointAddress, EventLoop,
     Features, Handler, MemoryUsage, NetworkBuffer, OpenActiveError, OpenListenError, Provider,
-    RefuseReason, RegionSlice, SendError, ThreadSafety, Timer, TimerQueue,
+    RefuseReason, RegionSlice, SendError, ThreadSafety, Timer,
 };
 
 use crate::config::{EndpointType, LibfabricConfig};
+use crate::events::{self, lock, Ev, UserTimers};
 use crate::ffi::{
     self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError, Query,
 };
@@ -39,10 +40,6 @@ const DEFAULT_RX_QUEUE: usize = 256;
 /// (so that a send whose bytes left is not reported cancelled). Local
 /// closes linger instead, without blocking (`LibfabricConfig::close_linger`).
 const CLOSE_SETTLE: Duration = Duration::from_millis(2);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The libfabric backend: a cheap `Clone` handle.
 ///
@@ -165,16 +162,6 @@ struct Listener {
     params: ConnectionParams,
 }
 
-enum Ev {
-    Established(ConnId, EndpointAddress, Capabilities),
-    Refused(ConnId, EndpointAddress, RefuseReason),
-    Closed(ConnId, EndpointAddress, CloseReason, Vec<u64>),
-    Completed(ConnId, Vec<u64>),
-    Deliver(ConnId),
-    Timer(u64),
-    Wake(u64),
-}
-
 #[derive(Default)]
 struct State {
     listeners: HashMap<EndpointAddress, Listener>,
@@ -220,8 +207,7 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     shared_send: Option<BufferPool>,
     weak: Weak<Inner>,
-    timers: Mutex<TimerQueue>,
-    user_timer: MioTimer,
+    timers: UserTimers,
     linger_timer: MioTimer,
     setup_timer: MioTimer,
     /// On a busy-polling loop: the spin callback reading the hot
@@ -369,8 +355,7 @@ impl LibfabricBackend {
                 state: Mutex::new(State::default()),
                 shared_send,
                 weak: weak.clone(),
-                timers: Mutex::new(TimerQueue::new()),
-                user_timer,
+                timers: UserTimers::new(user_timer),
                 linger_timer,
                 setup_timer,
                 spin,
@@ -1228,38 +1213,19 @@ impl Inner {
 
     fn dispatch(&self) {
         let backend = self.backend();
-        for _ in 0..64 {
-            let batch: Vec<Ev> = {
+        let done = events::dispatch(
+            &backend,
+            &self.handler,
+            || {
                 let mut st = lock(&self.state);
-                if st.events.is_empty() {
-                    return;
-                }
-                st.events.drain(..).collect()
-            };
-            for ev in batch {
-                match ev {
-                    Ev::Deliver(id) => self.deliver(&backend, id),
-                    other => {
-                        let mut h = lock(&self.handler);
-                        match other {
-                            Ev::Established(c, r, caps) => {
-                                h.on_connection_established(&backend, c, r, caps)
-                            }
-                            Ev::Refused(c, r, why) => h.on_connection_refused(&backend, c, r, &why),
-                            Ev::Closed(c, r, why, keys) => {
-                                h.on_connection_closed(&backend, c, r, &why, &keys)
-                            }
-                            Ev::Completed(c, keys) => h.on_sends_completed(&backend, c, &keys),
-                            Ev::Timer(t) => h.on_timer(&backend, t),
-                            Ev::Wake(t) => h.on_wake(&backend, t),
-                            Ev::Deliver(_) => {}
-                        }
-                    }
-                }
-            }
+                (!st.events.is_empty()).then(|| st.events.drain(..).collect())
+            },
+            |id| self.deliver(&backend, id),
+        );
+        if !done {
+            let mut st = lock(&self.state);
+            self.post_dispatch(&mut st);
         }
-        let mut st = lock(&self.state);
-        self.post_dispatch(&mut st);
     }
 
     fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
@@ -1349,20 +1315,7 @@ impl Inner {
     }
 
     fn on_user_timer(&self) {
-        let now = self.lp.now();
-        let mut due = Vec::new();
-        {
-            let mut q = lock(&self.timers);
-            while let Some(t) = q.pop_due(now) {
-                due.push(t);
-            }
-            if let Some(next) = q.next_deadline() {
-                self.user_timer
-                    .start(next.saturating_sub(now).max(Duration::from_micros(1)));
-            } else {
-                self.user_timer.stop();
-            }
-        }
+        let due = self.timers.due(self.lp.now());
         if due.is_empty() {
             return;
         }
@@ -1916,18 +1869,13 @@ impl Ops for Inner {
                 usage.receive_bytes += size * num;
             }
         }
-        let mut counted: Vec<BufferPool> = Vec::new();
-        let pools = inner
-            .shared_send
-            .iter()
-            .cloned()
-            .chain(st.conns.iter().flat_map(|(_, c)| c.link_pools()));
-        for p in pools {
-            if !counted.iter().any(|q| q.same_pool(&p)) {
-                usage.send_bytes += p.bytes();
-                counted.push(p);
-            }
-        }
+        usage.send_bytes = events::pool_bytes(
+            inner
+                .shared_send
+                .iter()
+                .cloned()
+                .chain(st.conns.iter().flat_map(|(_, c)| c.link_pools())),
+        );
         usage
     }
 
@@ -1936,14 +1884,7 @@ impl Ops for Inner {
     }
 
     fn set_timer(&self, delay: Duration, token: u64) {
-        let inner = self;
-        let mut q = lock(&inner.timers);
-        let now = inner.lp.now();
-        let deadline = now.saturating_add(delay);
-        q.push(deadline, token);
-        if q.next_deadline() == Some(deadline) {
-            inner.user_timer.start(delay.max(Duration::from_micros(1)));
-        }
+        self.timers.set(self.lp.now(), delay, token);
     }
 
     fn wake(&self, token: u64) {

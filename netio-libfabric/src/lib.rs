@@ -98,6 +98,7 @@
 
 mod backend;
 mod config;
+mod events;
 mod ffi;
 mod listen;
 mod os;

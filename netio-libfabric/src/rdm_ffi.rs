@@ -134,7 +134,19 @@ pub struct BufferMr {
 pub struct Staged {
     /// (address, length, descriptor) of each segment.
     iov: Vec<(usize, usize, usize)>,
-    keep: TxKeep,
+    keep: Arc<TxKeep>,
+}
+
+/// What a send keeps alive, held by the connection until its end is
+/// reported: the memory is released when the provider is done with it
+/// *and* the connection let go of this.
+pub struct Held(#[allow(dead_code)] Arc<TxKeep>);
+
+impl Staged {
+    /// A handle that keeps the send's memory until dropped.
+    pub fn held(&self) -> Held {
+        Held(Arc::clone(&self.keep))
+    }
 }
 
 impl Staged {
@@ -145,7 +157,7 @@ impl Staged {
         let iov = vec![(data.as_ptr() as usize, data.len(), mr.mr.desc as usize)];
         Staged {
             iov,
-            keep: TxKeep::Buffer(mr, buf),
+            keep: Arc::new(TxKeep::Buffer(mr, buf)),
         }
     }
 }
@@ -154,6 +166,12 @@ impl Staged {
 unsafe impl Send for BufferMr {}
 // SAFETY: see RegionMr.
 unsafe impl Sync for BufferMr {}
+
+// SAFETY: a TxKeep is never read, only held and dropped (once, by the last
+// Arc); its parts may move between threads.
+unsafe impl Sync for TxKeep {}
+// SAFETY: as above.
+unsafe impl Send for TxKeep {}
 
 /// What a send in flight keeps alive (held, never read).
 #[allow(dead_code)]
@@ -176,7 +194,7 @@ enum Op {
     },
     Send {
         _ctx: Box<sys::fi_context2>,
-        _keep: TxKeep,
+        _keep: Arc<TxKeep>,
         owner: u64,
         seq: Option<SendSeq>,
     },
@@ -514,7 +532,7 @@ impl RdmEp {
         let (b, p, n, desc) = Pooled::copy_of(&self.domain, &all)?;
         Ok(Staged {
             iov: vec![(p as usize, n, desc as usize)],
-            keep: TxKeep::Bounce(b),
+            keep: Arc::new(TxKeep::Bounce(b)),
         })
     }
 
@@ -562,7 +580,7 @@ impl RdmEp {
         drop(chunks);
         Ok(Staged {
             iov,
-            keep: TxKeep::ZeroCopy(head, lent, Arc::clone(region)),
+            keep: Arc::new(TxKeep::ZeroCopy(head, lent, Arc::clone(region))),
         })
     }
 

@@ -12,7 +12,7 @@ use netio_core::{
     Backend, BackendConfig, CloseReason, ConnectionParams, EndpointAddress, OpenActiveError,
     OpenListenError, RefuseReason,
 };
-use netio_libfabric::{LibfabricBackend, LibfabricConfig};
+use netio_libfabric::{EndpointType, LibfabricBackend, LibfabricConfig};
 
 fn backend(running: &Running, provider: &str, rec: &Recorder) -> LibfabricBackend {
     LibfabricBackend::new(
@@ -54,7 +54,30 @@ fn connecting_to_a_refusing_address_is_reported_refused() {
 fn an_unknown_fabric_provider_fails_clearly() {
     let running = Running::start();
     let rec = Recorder::new(0);
-    let b = backend(&running, "no-such-provider", &rec);
+    // Choosing the endpoint type finds neither kind: creation fails.
+    let e = LibfabricBackend::new(
+        &running.lp,
+        BackendConfig::default(),
+        LibfabricConfig::provider("no-such-provider"),
+        rec.clone(),
+    )
+    .expect_err("a backend on an unknown fabric provider was created");
+    let text = e.to_string();
+    assert!(
+        text.contains("no-such-provider") && text.contains("unknown provider name"),
+        "the error names the provider and the likely cause: {text}"
+    );
+    // With connected endpoints asked for, each open fails.
+    let b = LibfabricBackend::new(
+        &running.lp,
+        BackendConfig::default(),
+        LibfabricConfig {
+            endpoint: EndpointType::Msg,
+            ..LibfabricConfig::provider("no-such-provider")
+        },
+        rec.clone(),
+    )
+    .expect("a backend with connected endpoints");
     let e = b
         .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params())
         .unwrap_err();

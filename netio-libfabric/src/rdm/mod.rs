@@ -17,7 +17,7 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use mio::net::{TcpListener, TcpStream};
@@ -29,13 +29,14 @@ use netio_core::{
     BackendConfig, BufferError, BufferPool, Capabilities, CloseError, CloseReason, ConnError,
     ConnId, ConnTable, ConnectionParams, CreateError, EndpointAddress, EventLoop, Handler,
     MemoryUsage, NetworkBuffer, OpenActiveError, OpenListenError, RefuseReason, RegionSlice,
-    SendError, ThreadSafety, Timer, TimerQueue,
+    SendError, ThreadSafety, Timer,
 };
 
 use crate::backend::{Kind, LibfabricBackend, Ops};
 use crate::config::LibfabricConfig;
+use crate::events::{self, lock, Ev, UserTimers};
 use crate::ffi::{Domain, FiError, Info, PostError};
-use crate::rdm_ffi::{BufferMr, RdmCompletion, RdmEp, RecvMem, RegionMr, Staged};
+use crate::rdm_ffi::{BufferMr, Held, RdmCompletion, RdmEp, RecvMem, RegionMr, Staged};
 use proto::{Decoder, Frame, Session};
 
 /// How often heartbeats, liveness and set-up deadlines are looked at.
@@ -75,10 +76,6 @@ const RDM_RX_QUEUE: usize = 16384;
 /// are pending, before the rest is left to a posted callback.
 const TRYWAIT_ROUNDS: usize = 16;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Opening,
@@ -117,9 +114,7 @@ struct Conn {
     unposted: Vec<usize>,
     pending_close: Option<CloseReason>,
     deliver_queued: bool,
-    ledger: SendLedger<()>,
-    /// Sends reported completed or cancelled so far, in send order.
-    reported: u64,
+    ledger: SendLedger<Held>,
     backlog: VecDeque<Backlogged>,
     pools: Vec<BufferPool>,
     buffer_mrs: HashMap<usize, Arc<BufferMr>>,
@@ -160,16 +155,6 @@ struct Listener {
     params: ConnectionParams,
 }
 
-enum Ev {
-    Established(ConnId, EndpointAddress, Capabilities),
-    Refused(ConnId, EndpointAddress, RefuseReason),
-    Closed(ConnId, EndpointAddress, CloseReason, Vec<u64>),
-    Completed(ConnId, Vec<u64>),
-    Deliver(ConnId),
-    Timer(u64),
-    Wake(u64),
-}
-
 #[derive(Default)]
 struct State {
     ep: Option<RdmEp>,
@@ -199,8 +184,7 @@ pub(crate) struct RdmInner {
     state: Mutex<State>,
     shared_send: Option<BufferPool>,
     weak: Weak<RdmInner>,
-    timers: Mutex<TimerQueue>,
-    user_timer: MioTimer,
+    timers: UserTimers,
     tick_timer: MioTimer,
     /// Reads the completion queue every [`POLL`] where it has no wait fd,
     /// and retries sends the provider answered `-FI_EAGAIN`.
@@ -275,6 +259,12 @@ impl fmt::Display for FabricError {
 }
 
 impl std::error::Error for FabricError {}
+
+/// The keys of ended sends, and their memory to release when they are
+/// reported.
+fn split_ended(ended: Vec<(u64, Held)>) -> (Vec<u64>, Vec<Held>) {
+    ended.into_iter().unzip()
+}
 
 /// The CLOSE reason telling the peer about a close for `reason`.
 fn close_code(reason: &CloseReason) -> (proto::CloseCode, u64, u64) {
@@ -354,8 +344,7 @@ impl RdmInner {
                 }),
                 shared_send,
                 weak: weak.clone(),
-                timers: Mutex::new(TimerQueue::new()),
-                user_timer,
+                timers: UserTimers::new(user_timer),
                 tick_timer,
                 poll_timer,
                 spin,
@@ -1157,10 +1146,6 @@ impl RdmInner {
         };
         let mut out = Vec::new();
         accept.encode(&mut out);
-        let pool = self.send_pool_for(&params);
-        let caps = params.capabilities(&self.config, true);
-        let order = st.next_order;
-        st.next_order += 1;
         let region = match params.send_zero_copy.clone() {
             Some(r) => match RegionMr::new(st.ep.as_ref().expect("open").domain(), r) {
                 Ok(r) => Some(r),
@@ -1175,40 +1160,16 @@ impl RdmInner {
         };
         // Bytes the peer sent after its HELLO stay in the decoder.
         let _ = &mut decoder;
-        let id = st.conns.insert(Conn {
-            stream,
-            source: None,
-            out,
-            decoder,
-            session,
-            phase: Phase::Established,
-            initiator: false,
-            remote,
-            listener: Some(listener),
-            caps,
-            tag,
-            peer: Some(peer),
-            receive: mem.is_some(),
-            recv: mem,
-            recv_limit: params.recv.buf_size,
-            paused: false,
-            held: VecDeque::new(),
-            unposted: Vec::new(),
-            pending_close: None,
-            deliver_queued: false,
-            ledger: SendLedger::new(self.config.send_queue_depth),
-            reported: 0,
-            backlog: VecDeque::new(),
-            pools: pool.into_iter().collect(),
-            buffer_mrs: HashMap::new(),
-            region,
-            order,
-            opened_at: now,
-            peer_closing: None,
-            probe: None,
-            peer_tag: hello.tag,
-            in_flight: 0,
-        });
+        let mut c = self.new_conn(st, stream, session, remote, tag, mem, region, &params);
+        c.out = out;
+        c.decoder = decoder;
+        c.phase = Phase::Established;
+        c.initiator = false;
+        c.listener = Some(listener);
+        c.peer = Some(peer);
+        c.peer_tag = hello.tag;
+        let caps = c.caps;
+        let id = st.conns.insert(c);
         st.by_tag.insert(tag, id);
         let c = st.conns.get_mut(id).expect("just inserted");
         match self.register_stream(&mut c.stream, move |i, ev| i.on_stream(id, ev)) {
@@ -1231,6 +1192,57 @@ impl RdmInner {
     }
 
     // -- ending connections (under the state lock) ---------------------------
+
+    /// A connection as the initiator opens it (the listener's side sets
+    /// what differs).
+    #[allow(clippy::too_many_arguments)]
+    fn new_conn(
+        &self,
+        st: &mut State,
+        stream: TcpStream,
+        session: Session,
+        remote: EndpointAddress,
+        tag: u32,
+        mem: Option<Arc<RecvMem>>,
+        region: Option<Arc<RegionMr>>,
+        params: &ConnectionParams,
+    ) -> Conn {
+        let order = st.next_order;
+        st.next_order += 1;
+        Conn {
+            stream,
+            source: None,
+            out: Vec::new(),
+            decoder: Decoder::new(),
+            session,
+            phase: Phase::Opening,
+            initiator: true,
+            remote,
+            listener: None,
+            caps: params.capabilities(&self.config, true),
+            tag,
+            peer: None,
+            receive: mem.is_some(),
+            recv: mem,
+            recv_limit: params.recv.buf_size,
+            paused: false,
+            held: VecDeque::new(),
+            unposted: Vec::new(),
+            pending_close: None,
+            deliver_queued: false,
+            ledger: SendLedger::new(self.config.send_queue_depth),
+            backlog: VecDeque::new(),
+            pools: self.send_pool_for(params).into_iter().collect(),
+            buffer_mrs: HashMap::new(),
+            region,
+            order,
+            opened_at: self.lp.now(),
+            peer_closing: None,
+            probe: None,
+            peer_tag: 0,
+            in_flight: 0,
+        }
+    }
 
     /// Removes a connection without reporting anything: its receives are
     /// cancelled, its sends left to end with the endpoint.
@@ -1264,8 +1276,9 @@ impl RdmInner {
         let queued = c.backlog.len();
         c.backlog.clear();
         let ended = c.ledger.cancel_all();
-        let mut completed: Vec<u64> = ended.completed.into_iter().map(|(k, _)| k).collect();
-        let mut cancelled: Vec<u64> = ended.cancelled.into_iter().map(|(k, _)| k).collect();
+        let (mut completed, mut released) = split_ended(ended.completed);
+        let (mut cancelled, more) = split_ended(ended.cancelled);
+        released.extend(more);
         let posted = cancelled.len().saturating_sub(queued);
         completed.extend(cancelled.drain(..posted));
         // Everything handed to the fabric is to be delivered.
@@ -1292,6 +1305,7 @@ impl RdmInner {
             }
             return;
         }
+        st.events.push_back(Ev::Release(Box::new(released)));
         if !completed.is_empty() {
             st.events.push_back(Ev::Completed(id, completed));
         }
@@ -1384,7 +1398,7 @@ impl RdmInner {
         len: usize,
     ) -> Result<(), SendError> {
         let c = st.conns.get_mut(id).expect("checked");
-        let seq = match c.ledger.accept(key, counted, ()) {
+        let seq = match c.ledger.accept(key, counted, staged.held()) {
             Ok(seq) => seq,
             Err(_) => return Err(SendError::NoResources),
         };
@@ -1601,14 +1615,9 @@ impl RdmInner {
             let Some(c) = st.conns.get_mut(id) else {
                 continue;
             };
-            let done: Vec<u64> = c
-                .ledger
-                .drain_completed()
-                .into_iter()
-                .map(|(k, _)| k)
-                .collect();
+            let (done, released) = split_ended(c.ledger.drain_completed());
             if !done.is_empty() {
-                c.reported += done.len() as u64;
+                st.events.push_back(Ev::Release(Box::new(released)));
                 st.events.push_back(Ev::Completed(id, done));
             }
             // A completion may leave room for a send refused with EAGAIN,
@@ -1740,38 +1749,19 @@ impl RdmInner {
 
     fn dispatch(&self) {
         let backend = self.backend();
-        for _ in 0..64 {
-            let batch: Vec<Ev> = {
+        let done = events::dispatch(
+            &backend,
+            &self.handler,
+            || {
                 let mut st = lock(&self.state);
-                if st.events.is_empty() {
-                    return;
-                }
-                st.events.drain(..).collect()
-            };
-            for ev in batch {
-                match ev {
-                    Ev::Deliver(id) => self.deliver(&backend, id),
-                    other => {
-                        let mut h = lock(&self.handler);
-                        match other {
-                            Ev::Established(c, r, caps) => {
-                                h.on_connection_established(&backend, c, r, caps)
-                            }
-                            Ev::Refused(c, r, why) => h.on_connection_refused(&backend, c, r, &why),
-                            Ev::Closed(c, r, why, keys) => {
-                                h.on_connection_closed(&backend, c, r, &why, &keys)
-                            }
-                            Ev::Completed(c, keys) => h.on_sends_completed(&backend, c, &keys),
-                            Ev::Timer(t) => h.on_timer(&backend, t),
-                            Ev::Wake(t) => h.on_wake(&backend, t),
-                            Ev::Deliver(_) => {}
-                        }
-                    }
-                }
-            }
+                (!st.events.is_empty()).then(|| st.events.drain(..).collect())
+            },
+            |id| self.deliver(&backend, id),
+        );
+        if !done {
+            let mut st = lock(&self.state);
+            self.post_dispatch(&mut st);
         }
-        let mut st = lock(&self.state);
-        self.post_dispatch(&mut st);
     }
 
     fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
@@ -1815,20 +1805,7 @@ impl RdmInner {
     }
 
     fn on_user_timer(&self) {
-        let now = self.lp.now();
-        let mut due = Vec::new();
-        {
-            let mut q = lock(&self.timers);
-            while let Some(t) = q.pop_due(now) {
-                due.push(t);
-            }
-            if let Some(next) = q.next_deadline() {
-                self.user_timer
-                    .start(next.saturating_sub(now).max(Duration::from_micros(1)));
-            } else {
-                self.user_timer.stop();
-            }
-        }
+        let due = self.timers.due(self.lp.now());
         if due.is_empty() {
             return;
         }
@@ -1967,44 +1944,9 @@ impl Ops for RdmInner {
             },
             None => None,
         };
-        let caps = params.capabilities(&self.config, true);
-        let order = st.next_order;
-        st.next_order += 1;
-        let pool = self.send_pool_for(&params);
-        let id = st.conns.insert(Conn {
-            stream,
-            source: None,
-            out,
-            decoder: Decoder::new(),
-            session,
-            phase: Phase::Opening,
-            initiator: true,
-            remote: address,
-            listener: None,
-            caps,
-            tag,
-            peer: None,
-            receive: mem.is_some(),
-            recv: mem,
-            recv_limit: params.recv.buf_size,
-            paused: false,
-            held: VecDeque::new(),
-            unposted: Vec::new(),
-            pending_close: None,
-            deliver_queued: false,
-            ledger: SendLedger::new(self.config.send_queue_depth),
-            reported: 0,
-            backlog: VecDeque::new(),
-            pools: pool.into_iter().collect(),
-            buffer_mrs: HashMap::new(),
-            region,
-            order,
-            opened_at: now,
-            peer_closing: None,
-            probe: None,
-            peer_tag: 0,
-            in_flight: 0,
-        });
+        let mut c = self.new_conn(&mut st, stream, session, address, tag, mem, region, &params);
+        c.out = out;
+        let id = st.conns.insert(c);
         st.by_tag.insert(tag, id);
         let c = st.conns.get_mut(id).expect("just inserted");
         match self.register_stream(&mut c.stream, move |i, ev| i.on_stream(id, ev)) {
@@ -2235,18 +2177,12 @@ impl Ops for RdmInner {
                 }
             }
         }
-        let mut counted: Vec<BufferPool> = Vec::new();
-        let pools = self
-            .shared_send
-            .iter()
-            .cloned()
-            .chain(st.conns.iter().flat_map(|(_, c)| c.pools.clone()));
-        for p in pools {
-            if !counted.iter().any(|q| q.same_pool(&p)) {
-                usage.send_bytes += p.bytes();
-                counted.push(p);
-            }
-        }
+        usage.send_bytes = events::pool_bytes(
+            self.shared_send
+                .iter()
+                .cloned()
+                .chain(st.conns.iter().flat_map(|(_, c)| c.pools.clone())),
+        );
         usage
     }
 
@@ -2255,13 +2191,7 @@ impl Ops for RdmInner {
     }
 
     fn set_timer(&self, delay: Duration, token: u64) {
-        let mut q = lock(&self.timers);
-        let now = self.lp.now();
-        let deadline = now.saturating_add(delay);
-        q.push(deadline, token);
-        if q.next_deadline() == Some(deadline) {
-            self.user_timer.start(delay.max(Duration::from_micros(1)));
-        }
+        self.timers.set(self.lp.now(), delay, token);
     }
 
     fn wake(&self, token: u64) {

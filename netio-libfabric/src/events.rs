@@ -1,0 +1,136 @@
+//! What both connection managers (connected endpoints, `backend.rs`;
+//! reliable datagrams, `rdm/`) share: the events they queue for the
+//! handler, the loop that hands them over, the application's timers and the
+//! memory count of send pools.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use netio_core::mio_loop::MioTimer;
+use netio_core::{
+    BufferPool, Capabilities, CloseReason, ConnId, EndpointAddress, Handler, RefuseReason, Timer,
+    TimerQueue,
+};
+
+use crate::backend::LibfabricBackend;
+
+/// How many batches one dispatch hands over before it yields to the loop.
+const BATCHES: usize = 64;
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An event queued for the handler, handed over on the loop with no lock
+/// held.
+pub(crate) enum Ev {
+    Established(ConnId, EndpointAddress, Capabilities),
+    Refused(ConnId, EndpointAddress, RefuseReason),
+    Closed(ConnId, EndpointAddress, CloseReason, Vec<u64>),
+    Completed(ConnId, Vec<u64>),
+    /// Deliver the connection's held messages.
+    Deliver(ConnId),
+    Timer(u64),
+    Wake(u64),
+    /// Memory of sends that ended, released on the loop right before the
+    /// event that reports them (so that a buffered send's buffer is back
+    /// in its pool when, and not before, its completion is reported).
+    Release(Box<dyn std::any::Any + Send>),
+}
+
+/// Hands queued events to the handler: `take` drains the queue (`None`
+/// when it is empty), `deliver` delivers a connection's held messages.
+/// Returns `false` if events were left for another round (the caller posts
+/// one).
+pub(crate) fn dispatch(
+    backend: &LibfabricBackend,
+    handler: &Mutex<Box<dyn Handler<LibfabricBackend>>>,
+    mut take: impl FnMut() -> Option<Vec<Ev>>,
+    mut deliver: impl FnMut(ConnId),
+) -> bool {
+    for _ in 0..BATCHES {
+        let Some(batch) = take() else {
+            return true;
+        };
+        for ev in batch {
+            let ev = match ev {
+                Ev::Deliver(id) => {
+                    deliver(id);
+                    continue;
+                }
+                Ev::Release(memory) => {
+                    drop(memory);
+                    continue;
+                }
+                other => other,
+            };
+            let mut h = lock(handler);
+            match ev {
+                Ev::Established(c, r, caps) => h.on_connection_established(backend, c, r, caps),
+                Ev::Refused(c, r, why) => h.on_connection_refused(backend, c, r, &why),
+                Ev::Closed(c, r, why, keys) => h.on_connection_closed(backend, c, r, &why, &keys),
+                Ev::Completed(c, keys) => h.on_sends_completed(backend, c, &keys),
+                Ev::Timer(t) => h.on_timer(backend, t),
+                Ev::Wake(t) => h.on_wake(backend, t),
+                Ev::Deliver(_) | Ev::Release(_) => {}
+            }
+        }
+    }
+    false
+}
+
+/// The application's timers (`Backend::set_timer`): a queue of deadlines
+/// and one loop timer started for the earliest.
+pub(crate) struct UserTimers {
+    queue: Mutex<TimerQueue>,
+    timer: MioTimer,
+}
+
+impl UserTimers {
+    pub(crate) fn new(timer: MioTimer) -> Self {
+        Self {
+            queue: Mutex::new(TimerQueue::new()),
+            timer,
+        }
+    }
+
+    /// Adds a timer for `token` due `delay` after `now`.
+    pub(crate) fn set(&self, now: Duration, delay: Duration, token: u64) {
+        let mut q = lock(&self.queue);
+        let deadline = now.saturating_add(delay);
+        q.push(deadline, token);
+        if q.next_deadline() == Some(deadline) {
+            self.timer.start(delay.max(Duration::from_micros(1)));
+        }
+    }
+
+    /// The tokens due at `now`, in order; the loop timer is started again
+    /// for the next deadline.
+    pub(crate) fn due(&self, now: Duration) -> Vec<u64> {
+        let mut q = lock(&self.queue);
+        let mut due = Vec::new();
+        while let Some(t) = q.pop_due(now) {
+            due.push(t);
+        }
+        match q.next_deadline() {
+            Some(next) => self
+                .timer
+                .start(next.saturating_sub(now).max(Duration::from_micros(1))),
+            None => self.timer.stop(),
+        }
+        due
+    }
+}
+
+/// The bytes of `pools`, each counted once however often it appears.
+pub(crate) fn pool_bytes(pools: impl Iterator<Item = BufferPool>) -> usize {
+    let mut counted: Vec<BufferPool> = Vec::new();
+    let mut bytes = 0;
+    for p in pools {
+        if !counted.iter().any(|q| q.same_pool(&p)) {
+            bytes += p.bytes();
+            counted.push(p);
+        }
+    }
+    bytes
+}
