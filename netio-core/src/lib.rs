@@ -67,6 +67,7 @@ mod handler;
 pub mod ledger;
 pub mod mio_loop;
 mod params;
+pub mod preamble;
 mod region;
 mod sync;
 mod timer_queue;

@@ -1487,16 +1487,8 @@ impl Ops for Inner {
         params: ConnectionParams,
     ) -> Result<EndpointAddress, OpenListenError> {
         let inner = self;
-        if !inner.thread_ok() {
-            return Err(OpenListenError::WrongThread);
-        }
+        netio_core::preamble::open_listen(inner.thread_ok(), address, &params, &inner.config)?;
         let ip = address.ip();
-        address
-            .validate_listen()
-            .map_err(|reason| OpenListenError::InvalidEndpointAddress { address, reason })?;
-        params
-            .validate(&inner.config)
-            .map_err(OpenListenError::InvalidConnectionParameters)?;
         if params.recv.use_shared_pool {
             return Err(OpenListenError::NotSupported("shared receive pools"));
         }
@@ -1566,15 +1558,7 @@ impl Ops for Inner {
         params: ConnectionParams,
     ) -> Result<ConnId, OpenActiveError> {
         let inner = self;
-        if !inner.thread_ok() {
-            return Err(OpenActiveError::WrongThread);
-        }
-        address
-            .validate_remote()
-            .map_err(|reason| OpenActiveError::InvalidEndpointAddress { address, reason })?;
-        params
-            .validate(&inner.config)
-            .map_err(OpenActiveError::InvalidConnectionParameters)?;
+        netio_core::preamble::open_active(inner.thread_ok(), address, &params, &inner.config)?;
         if params.recv.use_shared_pool {
             return Err(OpenActiveError::NotSupported("shared receive pools"));
         }
@@ -1718,15 +1702,7 @@ impl Ops for Inner {
         key: u64,
     ) -> Result<(), SendError> {
         let inner = self;
-        if !inner.thread_ok() {
-            return Err(SendError::WrongThread);
-        }
-        if header.len() > netio_core::MAX_HEADER_LEN {
-            return Err(SendError::HeaderTooLong {
-                len: header.len(),
-                max: netio_core::MAX_HEADER_LEN,
-            });
-        }
+        netio_core::preamble::send(inner.thread_ok(), header)?;
         let mut st = lock(&inner.state);
         if !inner.established(&st, conn) {
             return Err(SendError::UnknownConnection(conn));
@@ -1759,15 +1735,7 @@ impl Ops for Inner {
         key: u64,
     ) -> Result<(), SendError> {
         let inner = self;
-        if !inner.thread_ok() {
-            return Err(SendError::WrongThread);
-        }
-        if header.len() > netio_core::MAX_HEADER_LEN {
-            return Err(SendError::HeaderTooLong {
-                len: header.len(),
-                max: netio_core::MAX_HEADER_LEN,
-            });
-        }
+        netio_core::preamble::send(inner.thread_ok(), header)?;
         let mut st = lock(&inner.state);
         if !inner.established(&st, conn) {
             return Err(SendError::UnknownConnection(conn));

@@ -392,10 +392,15 @@ fn fi_pingpong() -> Result<fi::FiPingpong, String> {
     Ok(fi::FiPingpong::new(program, &fabric, domain, sockets_pe_waittime).with_endpoint(endpoint))
 }
 
-/// The libfabric provider's fabric provider, domain and
-/// `FI_SOCKETS_PE_WAITTIME` setting, as its backends read them.
+/// A fabric provider, domain, `FI_SOCKETS_PE_WAITTIME` setting and
+/// endpoint type (`msg` or `rdm`).
+type FabricSettings = (String, Option<String>, Option<u32>, &'static str);
+
+/// The libfabric provider's fabric provider, domain,
+/// `FI_SOCKETS_PE_WAITTIME` setting and endpoint type, as its backends
+/// read them.
 #[cfg(feature = "libfabric")]
-fn fabric_settings() -> Result<(String, Option<String>, Option<u32>, &'static str), String> {
+fn fabric_settings() -> Result<FabricSettings, String> {
     let c = netio::libfabric::LibfabricConfig::from_env();
     let endpoint = match c.resolved_endpoint() {
         netio::libfabric::EndpointType::Rdm => "rdm",
@@ -406,7 +411,7 @@ fn fabric_settings() -> Result<(String, Option<String>, Option<u32>, &'static st
 
 /// Without the libfabric provider there is nothing to compare.
 #[cfg(not(feature = "libfabric"))]
-fn fabric_settings() -> Result<(String, Option<String>, Option<u32>, &'static str), String> {
+fn fabric_settings() -> Result<FabricSettings, String> {
     Err("--fi-baseline needs the libfabric provider, which is not built in".into())
 }
 

@@ -28,7 +28,7 @@ use netio_core::{
     CloseError, CloseReason, ConnError, ConnId, ConnTable, ConnectionParams, CopyMessage,
     CreateError, EndpointAddress, EventLoop, Features, Handler, MemoryUsage, NetworkBuffer,
     NetworkMode, OpenActiveError, OpenListenError, RefuseReason, RegionSlice, SendError,
-    ThreadSafety, Timer, TimerQueue, MAX_HEADER_LEN,
+    ThreadSafety, Timer, TimerQueue,
 };
 
 use crate::config::TcpConfig;
@@ -1669,14 +1669,10 @@ fn close_reason_for(e: &WireError) -> CloseReason {
     }
 }
 
+/// The header check of `netio_core::preamble::send` (the thread is
+/// checked where the state is taken).
 fn header_check(header: &[u8]) -> Result<(), SendError> {
-    if header.len() > MAX_HEADER_LEN {
-        return Err(SendError::HeaderTooLong {
-            len: header.len(),
-            max: MAX_HEADER_LEN,
-        });
-    }
-    Ok(())
+    netio_core::preamble::send(true, header)
 }
 
 /// The frame header of a DATA frame carrying `header` and `payload_len`
@@ -1717,15 +1713,7 @@ impl Backend for TcpBackend {
         params: ConnectionParams,
     ) -> Result<EndpointAddress, OpenListenError> {
         let inner = &self.inner;
-        if !inner.thread_ok() {
-            return Err(OpenListenError::WrongThread);
-        }
-        address
-            .validate_listen()
-            .map_err(|reason| OpenListenError::InvalidEndpointAddress { address, reason })?;
-        params
-            .validate(&inner.config)
-            .map_err(OpenListenError::InvalidConnectionParameters)?;
+        netio_core::preamble::open_listen(inner.thread_ok(), address, &params, &inner.config)?;
         let own_pool =
             params.recv.use_shared_pool && params.recv.num_buf > 0 && params.recv.buf_size > 0;
         if params.recv.use_shared_pool && !own_pool && inner.shared_recv.is_none() {
@@ -1792,15 +1780,7 @@ impl Backend for TcpBackend {
         params: ConnectionParams,
     ) -> Result<ConnId, OpenActiveError> {
         let inner = &self.inner;
-        if !inner.thread_ok() {
-            return Err(OpenActiveError::WrongThread);
-        }
-        address
-            .validate_remote()
-            .map_err(|reason| OpenActiveError::InvalidEndpointAddress { address, reason })?;
-        params
-            .validate(&inner.config)
-            .map_err(OpenActiveError::InvalidConnectionParameters)?;
+        netio_core::preamble::open_active(inner.thread_ok(), address, &params, &inner.config)?;
         if params.recv.use_shared_pool && inner.shared_recv.is_none() {
             return Err(OpenActiveError::InvalidConnectionParameters(
                 "recv.use_shared_pool on an active endpoint needs \

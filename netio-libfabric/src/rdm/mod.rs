@@ -1422,15 +1422,7 @@ impl RdmInner {
     }
 
     fn check_send(&self, st: &State, conn: ConnId, header: &[u8]) -> Result<(), SendError> {
-        if !self.thread_ok() {
-            return Err(SendError::WrongThread);
-        }
-        if header.len() > netio_core::MAX_HEADER_LEN {
-            return Err(SendError::HeaderTooLong {
-                len: header.len(),
-                max: netio_core::MAX_HEADER_LEN,
-            });
-        }
+        netio_core::preamble::send(self.thread_ok(), header)?;
         match st.conns.get(conn) {
             Some(c) if c.phase == Phase::Established => Ok(()),
             _ => Err(SendError::UnknownConnection(conn)),
@@ -1838,15 +1830,7 @@ impl Ops for RdmInner {
         address: EndpointAddress,
         params: ConnectionParams,
     ) -> Result<EndpointAddress, OpenListenError> {
-        if !self.thread_ok() {
-            return Err(OpenListenError::WrongThread);
-        }
-        address
-            .validate_listen()
-            .map_err(|reason| OpenListenError::InvalidEndpointAddress { address, reason })?;
-        params
-            .validate(&self.config)
-            .map_err(OpenListenError::InvalidConnectionParameters)?;
+        netio_core::preamble::open_listen(self.thread_ok(), address, &params, &self.config)?;
         if params.recv.use_shared_pool {
             return Err(OpenListenError::NotSupported("shared receive pools"));
         }
@@ -1904,15 +1888,7 @@ impl Ops for RdmInner {
         address: EndpointAddress,
         params: ConnectionParams,
     ) -> Result<ConnId, OpenActiveError> {
-        if !self.thread_ok() {
-            return Err(OpenActiveError::WrongThread);
-        }
-        address
-            .validate_remote()
-            .map_err(|reason| OpenActiveError::InvalidEndpointAddress { address, reason })?;
-        params
-            .validate(&self.config)
-            .map_err(OpenActiveError::InvalidConnectionParameters)?;
+        netio_core::preamble::open_active(self.thread_ok(), address, &params, &self.config)?;
         if params.recv.use_shared_pool {
             return Err(OpenActiveError::NotSupported("shared receive pools"));
         }
