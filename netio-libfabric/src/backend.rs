@@ -252,11 +252,15 @@ fn deregister_conn(lp: &MioLoop, c: &mut Conn) {
 static ENV_ONCE: Once = Once::new();
 
 impl LibfabricBackend {
-    /// What this provider supports: everything but shared receive pools.
+    /// What connected endpoints support: everything but shared receive
+    /// pools.
     pub const FEATURES: Features = Features {
         shared_receive_pool: false,
         ..Features::ALL
     };
+
+    /// What reliable-datagram endpoints support: everything.
+    pub const RDM_FEATURES: Features = Features::ALL;
 
     /// Creates a backend on `event_loop` using the fabric provider and
     /// sizes of `lf`.
@@ -276,11 +280,7 @@ impl LibfabricBackend {
                 "a peer_timeout of 0 would close every connection at once".into(),
             ));
         }
-        if config.shared_receive_pool.is_some() {
-            return Err(CreateError::NotSupported(
-                "shared receive pools (libfabric endpoints post their own buffers)",
-            ));
-        }
+
         if let Some(p) = config.shared_send_pool {
             if p.num_buf == 0 || p.buf_size == 0 {
                 return Err(CreateError::InvalidConfig(
@@ -312,6 +312,12 @@ impl LibfabricBackend {
         }
         if rdm {
             return RdmInner::create(event_loop, config, lf, handler);
+        }
+        if config.shared_receive_pool.is_some() {
+            return Err(CreateError::NotSupported(
+                "shared receive pools on connected endpoints (each endpoint posts its own \
+                 buffers; reliable-datagram endpoints share them)",
+            ));
         }
         let shared_send = config
             .shared_send_pool
@@ -1388,7 +1394,10 @@ pub(crate) trait Ops {
 
 impl Backend for LibfabricBackend {
     fn features(&self) -> Features {
-        Self::FEATURES
+        match self.kind {
+            Kind::Msg(_) => Self::FEATURES,
+            Kind::Rdm(_) => Self::RDM_FEATURES,
+        }
     }
 
     fn open_listen_endpoint(

@@ -7,9 +7,7 @@ pub use harness::RdmSockets;
 
 netio_conformance::suite!(
     netio_conformance::mio::MioHarness<crate::RdmSockets>,
-    unsupported = [
-        shared_receive_pool = "not implemented on reliable-datagram endpoints yet",
-        one_local_port = "netio-libfabric has no setting for the source port of its control \
-                          channels"
-    ]
+    unsupported = [one_local_port =
+        "netio-libfabric has no setting for the source port of its control \
+                          channels"]
 );

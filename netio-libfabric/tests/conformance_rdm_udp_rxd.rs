@@ -10,9 +10,7 @@ pub use harness::RdmUdpRxd;
 
 netio_conformance::suite!(
     netio_conformance::mio::MioHarness<crate::RdmUdpRxd>,
-    unsupported = [
-        shared_receive_pool = "not implemented on reliable-datagram endpoints yet",
-        one_local_port = "netio-libfabric has no setting for the source port of its control \
-                          channels"
-    ]
+    unsupported = [one_local_port =
+        "netio-libfabric has no setting for the source port of its control \
+                          channels"]
 );

@@ -12,7 +12,6 @@ pub use harness::RdmVerbsRxm;
 netio_conformance::suite!(
     netio_conformance::mio::MioHarness<crate::RdmVerbsRxm>,
     unsupported = [
-        shared_receive_pool = "not implemented on reliable-datagram endpoints yet",
         partition = "the guest's soft-RoCE device sits on a dummy interface that the \
                      harness's network namespaces cannot take along",
         one_local_port = "netio-libfabric has no setting for the source port of its control \

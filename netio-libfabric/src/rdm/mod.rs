@@ -68,6 +68,11 @@ const DATA_IGNORE: u64 = proto::RECV_IGNORE | PROBE_BIT;
 const PROBE_OWNER: u64 = 1 << 32;
 /// Connection tags stay below this (see [`PROBE_BIT`]).
 const TAG_LIMIT: u32 = 1 << 31;
+/// A connection tag is a receive pool's number (0: the connection's own
+/// buffers) above this many bits of connection index.
+const POOL_SHIFT: u32 = 20;
+/// Marks the receive operations of a shared pool (its number below it).
+const POOL_OWNER: u64 = 1 << 33;
 /// The receive queue size an RDM endpoint asks for (all connections'
 /// receive buffers are posted on it) when `LibfabricConfig::rx_size` does
 /// not say.
@@ -130,6 +135,19 @@ struct Conn {
     peer_tag: u32,
     /// Sends handed to the fabric and not completed.
     in_flight: usize,
+    /// The shared receive pool the connection's messages land in, if any
+    /// (its buffers are then `recv`).
+    pool: Option<u32>,
+}
+
+/// A shared receive pool: buffers posted for every connection whose tag
+/// carries the pool's number.
+struct Pool {
+    mem: Arc<RecvMem>,
+    /// The largest message a connection of the pool takes.
+    limit: usize,
+    /// The listener it serves (`None`: the backend-wide pool).
+    listener: Option<EndpointAddress>,
 }
 
 /// A connection accepted on a listener whose HELLO has not arrived.
@@ -153,6 +171,8 @@ struct Listener {
     socket: TcpListener,
     source: Option<SourceId>,
     params: ConnectionParams,
+    /// The listener's own shared receive pool.
+    pool: Option<u32>,
 }
 
 #[derive(Default)]
@@ -161,6 +181,11 @@ struct State {
     ep_source: Option<SourceId>,
     listeners: HashMap<EndpointAddress, Listener>,
     conns: ConnTable<Conn>,
+    /// Shared receive pools by number (from 1).
+    pools: HashMap<u32, Pool>,
+    next_pool: u32,
+    /// The backend-wide pool's number, once made.
+    backend_pool: Option<u32>,
     by_tag: HashMap<u32, ConnId>,
     next_tag: u32,
     pending: HashMap<u64, Pending>,
@@ -671,14 +696,112 @@ impl RdmInner {
         }
     }
 
-    fn new_tag(st: &mut State) -> u32 {
+    /// A connection tag unused now: on shared pool `pool`'s number, or
+    /// on 0 for a connection with buffers of its own.
+    fn new_tag(st: &mut State, pool: Option<u32>) -> u32 {
+        let base = pool.unwrap_or(0) << POOL_SHIFT;
         loop {
-            let t = st.next_tag;
-            st.next_tag = (st.next_tag + 1) % TAG_LIMIT;
+            let index = st.next_tag;
+            st.next_tag = (st.next_tag + 1) % (1 << POOL_SHIFT);
             st.next_tag = st.next_tag.max(1);
+            let t = base | index;
             if !st.by_tag.contains_key(&t) {
                 return t;
             }
+        }
+    }
+
+    /// The pool a connection opened with `params` takes its buffers from:
+    /// the listener's (`listener`) or the backend's, made at first use.
+    fn pool_for(
+        &self,
+        st: &mut State,
+        params: &ConnectionParams,
+        listener: Option<EndpointAddress>,
+    ) -> Result<Option<u32>, FiError> {
+        if !params.recv.use_shared_pool {
+            return Ok(None);
+        }
+        if let Some(p) = listener
+            .and_then(|l| st.listeners.get(&l))
+            .and_then(|l| l.pool)
+        {
+            return Ok(Some(p));
+        }
+        if let Some(p) = st.backend_pool {
+            return Ok(Some(p));
+        }
+        let Some(spec) = self.config.shared_receive_pool else {
+            return Ok(None);
+        };
+        let p = self.new_pool(st, spec.buf_size, spec.num_buf, None)?;
+        st.backend_pool = Some(p);
+        Ok(Some(p))
+    }
+
+    /// Makes a shared pool of `count` buffers of `size` bytes, all posted.
+    fn new_pool(
+        &self,
+        st: &mut State,
+        size: usize,
+        count: usize,
+        listener: Option<EndpointAddress>,
+    ) -> Result<u32, FiError> {
+        st.next_pool += 1;
+        let id = st.next_pool;
+        if id >= TAG_LIMIT >> POOL_SHIFT {
+            return Err(FiError {
+                call: "shared receive pool (too many pools on this backend)",
+                errno: netio_libfabric_sys::FI_ENOSPC,
+            });
+        }
+        let ep = st.ep.as_mut().expect("endpoint open");
+        let mem = RecvMem::new(ep.domain(), size + 1, count)?;
+        for i in 0..count {
+            if let Err(e) = Self::post_pool_buffer(ep, &mem, id, i) {
+                ep.cancel_recvs(POOL_OWNER | id as u64);
+                return Err(e);
+            }
+        }
+        st.pools.insert(
+            id,
+            Pool {
+                mem,
+                limit: size,
+                listener,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Posts buffer `index` of pool `id`: it takes a message of any
+    /// connection of the pool.
+    fn post_pool_buffer(
+        ep: &mut RdmEp,
+        mem: &Arc<RecvMem>,
+        id: u32,
+        index: usize,
+    ) -> Result<(), FiError> {
+        let connections = ((1u64 << POOL_SHIFT) - 1) << 16;
+        ep.post_recv(
+            mem,
+            index,
+            proto::recv_tag(id << POOL_SHIFT),
+            DATA_IGNORE | connections,
+            POOL_OWNER | id as u64,
+        )
+    }
+
+    /// Gives buffers of pool `id` back to it.
+    fn refill_pool(&self, st: &mut State, id: u32, indices: impl IntoIterator<Item = usize>) {
+        let State { ep, pools, .. } = &mut *st;
+        let (Some(ep), Some(pool)) = (ep.as_mut(), pools.get(&id)) else {
+            return;
+        };
+        for i in indices {
+            // A failure leaves the pool one buffer smaller; nothing else
+            // depends on it.
+            let _ = Self::post_pool_buffer(ep, &pool.mem, id, i);
         }
     }
 
@@ -692,6 +815,9 @@ impl RdmInner {
         params: &ConnectionParams,
         tag: u32,
     ) -> Result<Option<Arc<RecvMem>>, FiError> {
+        if let Some(pool) = st.pools.get(&(tag >> POOL_SHIFT)) {
+            return Ok(Some(Arc::clone(&pool.mem)));
+        }
         if params.recv.num_buf == 0 {
             return Ok(None);
         }
@@ -722,10 +848,16 @@ impl RdmInner {
     }
 
     fn local(&self, st: &State, tag: u32, params: &ConnectionParams) -> proto::Local {
+        // A connection of a shared pool may send as many messages as the
+        // pool holds.
+        let (buf_size, credits) = match st.pools.get(&(tag >> POOL_SHIFT)) {
+            Some(p) => (p.limit, p.mem.count()),
+            None => (params.recv.buf_size, params.recv.num_buf),
+        };
         proto::Local {
             tag,
-            buf_size: params.recv.buf_size as u64,
-            credits: params.recv.num_buf as u32,
+            buf_size: buf_size as u64,
+            credits: credits as u32,
             fabric: self.lf.provider.clone(),
             addr: st
                 .ep
@@ -1107,7 +1239,15 @@ impl RdmInner {
             refuse(&mut stream, error(e));
             return;
         }
-        let tag = Self::new_tag(st);
+        let pool = match self.pool_for(st, &params, Some(listener)) {
+            Ok(p) => p,
+            Err(e) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                refuse(&mut stream, error(e));
+                return;
+            }
+        };
+        let tag = Self::new_tag(st, pool);
         let mem = match self.open_receive(st, &params, tag) {
             Ok(x) => x,
             Err(e) => {
@@ -1224,7 +1364,10 @@ impl RdmInner {
             peer: None,
             receive: mem.is_some(),
             recv: mem,
-            recv_limit: params.recv.buf_size,
+            recv_limit: st
+                .pools
+                .get(&(tag >> POOL_SHIFT))
+                .map_or(params.recv.buf_size, |p| p.limit),
             paused: false,
             held: VecDeque::new(),
             unposted: Vec::new(),
@@ -1241,6 +1384,7 @@ impl RdmInner {
             probe: None,
             peer_tag: 0,
             in_flight: 0,
+            pool: Some(tag >> POOL_SHIFT).filter(|p| *p != 0),
         }
     }
 
@@ -1253,6 +1397,16 @@ impl RdmInner {
         }
         st.by_tag.remove(&c.tag);
         Self::cancel_tag(st, c.tag);
+        if let Some(pool) = c.pool {
+            // Buffers of the pool the connection still held.
+            let held: Vec<usize> = c
+                .held
+                .drain(..)
+                .map(|(i, _)| i)
+                .chain(c.unposted.drain(..))
+                .collect();
+            self.refill_pool(st, pool, held);
+        }
         Some(c)
     }
 
@@ -1526,7 +1680,19 @@ impl RdmInner {
                     if owner & PROBE_OWNER != 0 {
                         continue;
                     }
-                    let Some(&id) = st.by_tag.get(&(owner as u32)) else {
+                    let conn_tag = if owner & POOL_OWNER != 0 {
+                        (tag >> 16) as u32 & (TAG_LIMIT - 1)
+                    } else {
+                        owner as u32
+                    };
+                    let known = st.by_tag.get(&conn_tag).copied();
+                    if owner & POOL_OWNER != 0 && (tag & PROBE_BIT != 0 || known.is_none()) {
+                        // A probe, or a message for a connection gone:
+                        // the buffer goes back to its pool.
+                        self.refill_pool(st, owner as u32, [index]);
+                        continue;
+                    }
+                    let Some(id) = known else {
                         continue;
                     };
                     if tag & PROBE_BIT != 0 {
@@ -1577,8 +1743,16 @@ impl RdmInner {
                         touched.push(id);
                     }
                 }
-                RdmCompletion::Truncated { owner, size, .. } => {
+                RdmCompletion::Truncated {
+                    owner, size, index, ..
+                } => {
                     if owner & PROBE_OWNER != 0 {
+                        continue;
+                    }
+                    if owner & POOL_OWNER != 0 {
+                        // The sender is unknown here (the tag was cut
+                        // off with the message); the buffer goes back.
+                        self.refill_pool(st, owner as u32, [index]);
                         continue;
                     }
                     let Some(&id) = st.by_tag.get(&(owner as u32)) else {
@@ -1651,7 +1825,23 @@ impl RdmInner {
         let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
             return;
         };
-        if c.paused || c.unposted.is_empty() || c.peer_closing.is_some() {
+        if c.paused || c.unposted.is_empty() {
+            return;
+        }
+        if let Some(pool) = c.pool {
+            // The pool's buffers go back to the pool, closing or not.
+            let indices = std::mem::take(&mut c.unposted);
+            let n = indices.len();
+            if c.peer_closing.is_none() {
+                for _ in 0..n {
+                    c.session.on_buffer_freed();
+                }
+            }
+            self.refill_pool(st, pool, indices);
+            self.pump(st, id);
+            return;
+        }
+        if c.peer_closing.is_some() {
             return;
         }
         let Some(mem) = c.recv.clone() else {
@@ -1831,8 +2021,14 @@ impl Ops for RdmInner {
         params: ConnectionParams,
     ) -> Result<EndpointAddress, OpenListenError> {
         netio_core::preamble::open_listen(self.thread_ok(), address, &params, &self.config)?;
-        if params.recv.use_shared_pool {
-            return Err(OpenListenError::NotSupported("shared receive pools"));
+        let own_pool =
+            params.recv.use_shared_pool && params.recv.num_buf > 0 && params.recv.buf_size > 0;
+        if params.recv.use_shared_pool && !own_pool && self.config.shared_receive_pool.is_none() {
+            return Err(OpenListenError::InvalidConnectionParameters(
+                "use_shared_pool on a listen endpoint needs recv.buf_size and recv.num_buf \
+                 (its own pool) or a BackendConfig::shared_receive_pool"
+                    .into(),
+            ));
         }
         let mut st = lock(&self.state);
         if address.port() != 0 && st.listeners.contains_key(&address) {
@@ -1872,12 +2068,32 @@ impl Ops for RdmInner {
                 address,
                 source: Box::new(e),
             })?;
+        let pool = if own_pool {
+            match self.new_pool(
+                &mut st,
+                params.recv.buf_size,
+                params.recv.num_buf,
+                Some(bound),
+            ) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    let _ = self.lp.deregister(&mut socket, source);
+                    return Err(OpenListenError::FailedOpenListenEndpoint {
+                        address,
+                        source: Box::new(self.provider_error(e)),
+                    });
+                }
+            }
+        } else {
+            None
+        };
         st.listeners.insert(
             bound,
             Listener {
                 socket,
                 source: Some(source),
                 params,
+                pool,
             },
         );
         Ok(bound)
@@ -1889,8 +2105,12 @@ impl Ops for RdmInner {
         params: ConnectionParams,
     ) -> Result<ConnId, OpenActiveError> {
         netio_core::preamble::open_active(self.thread_ok(), address, &params, &self.config)?;
-        if params.recv.use_shared_pool {
-            return Err(OpenActiveError::NotSupported("shared receive pools"));
+        if params.recv.use_shared_pool && self.config.shared_receive_pool.is_none() {
+            return Err(OpenActiveError::InvalidConnectionParameters(
+                "recv.use_shared_pool on an active endpoint needs \
+                 BackendConfig::shared_receive_pool"
+                    .into(),
+            ));
         }
         let failed = |e: Box<dyn std::error::Error + Send + Sync>| {
             OpenActiveError::FailedOpenActiveEndpoint { address, source: e }
@@ -1901,7 +2121,10 @@ impl Ops for RdmInner {
             .map_err(|e| failed(Box::new(self.provider_error(e))))?;
         let stream = TcpStream::connect(socket_addr(address)).map_err(|e| failed(Box::new(e)))?;
         let _ = stream.set_nodelay(true);
-        let tag = Self::new_tag(&mut st);
+        let pool = self
+            .pool_for(&mut st, &params, None)
+            .map_err(|e| failed(Box::new(self.provider_error(e))))?;
+        let tag = Self::new_tag(&mut st, pool);
         let mem = self
             .open_receive(&mut st, &params, tag)
             .map_err(|e| failed(Box::new(self.provider_error(e))))?;
@@ -1965,6 +2188,19 @@ impl Ops for RdmInner {
             .collect();
         for id in ids {
             self.close_conn(&mut st, id, CloseReason::ListenerClosed, true);
+        }
+        let pools: Vec<u32> = st
+            .pools
+            .iter()
+            .filter(|(_, p)| p.listener == Some(address))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in pools {
+            // Its buffers stay with the endpoint until their receives end.
+            st.pools.remove(&id);
+            if let Some(ep) = st.ep.as_mut() {
+                ep.cancel_recvs(POOL_OWNER | id as u64);
+            }
         }
         self.post_dispatch(&mut st);
         Ok(())
@@ -2146,12 +2382,23 @@ impl Ops for RdmInner {
     fn memory_usage(&self) -> MemoryUsage {
         let st = lock(&self.state);
         let mut usage = MemoryUsage::default();
+        // The buffers' sizes as the application gave them (each buffer
+        // has one byte more, see `open_receive`).
         for (_, c) in st.conns.iter() {
-            if c.receive {
+            if c.receive && c.pool.is_none() {
                 if let Some(m) = &c.recv {
-                    usage.receive_bytes += m.size() * m.count();
+                    usage.receive_bytes += c.recv_limit * m.count();
                 }
             }
+        }
+        // Each pool once, however many connections use it; the
+        // backend-wide one from the backend's creation on (it is made at
+        // first use).
+        for p in st.pools.values().filter(|p| p.listener.is_some()) {
+            usage.receive_bytes += p.limit * p.mem.count();
+        }
+        if let Some(spec) = self.config.shared_receive_pool {
+            usage.receive_bytes += spec.buf_size * spec.num_buf;
         }
         usage.send_bytes = events::pool_bytes(
             self.shared_send

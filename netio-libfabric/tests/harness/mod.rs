@@ -78,7 +78,11 @@ macro_rules! flavor {
         impl MioProvider for $name {
             type Backend = LibfabricBackend;
             fn features() -> Features {
-                LibfabricBackend::FEATURES
+                if $config.resolved_endpoint() == EndpointType::Rdm {
+                    LibfabricBackend::RDM_FEATURES
+                } else {
+                    LibfabricBackend::FEATURES
+                }
             }
             fn create(
                 lp: &MioLoop,
