@@ -74,11 +74,6 @@ impl RecvMem {
         }))
     }
 
-    /// Buffer size.
-    pub fn size(&self) -> usize {
-        self.size
-    }
-
     /// Buffer count.
     pub fn count(&self) -> usize {
         self.posted.len()
