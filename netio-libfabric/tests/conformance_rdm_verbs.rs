@@ -1,8 +1,10 @@
 //! The netio-rs conformance suite on reliable-datagram endpoints over
 //! libfabric's `verbs;ofi_rxm`, in both thread modes: on a real verbs
 //! device, or on soft-RoCE in the emulated guest of
-//! `scripts/verbs-guest.sh`, which the test command runs it in (see
-//! `conformance_verbs.rs` for the variables that name the device).
+//! `scripts/verbs-guest.sh` (see `conformance_verbs.rs` for the variables
+//! that name the device). The test command builds it and does not run it:
+//! in the guest, libfabric 1.17 crashes (SIGSEGV in `fi_close`) as a
+//! backend's endpoint is closed (`docs/libfabric.md`).
 #![cfg(feature = "verbs-conformance")]
 
 mod harness;
