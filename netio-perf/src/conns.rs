@@ -44,6 +44,11 @@ pub const SHARED_BUFS: usize = 16;
 /// How long connections sit idle before memory is read.
 const SETTLE: Duration = Duration::from_millis(100);
 
+/// Open descriptors of this process (`/proc/self/fd`).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
 /// Resident memory of this process, from `/proc/self/status`, in bytes.
 pub fn rss_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -257,7 +262,10 @@ fn run_variant(variant: &str, o: &Options) -> Result<Figures, String> {
         ]);
     }
     child.send("MEASURE 0")?;
-    let rss0 = num(&child.expect("RSS")?, 0)?;
+    let first = child.expect("RSS")?;
+    let rss0 = num(&first, 0)?;
+    let fds0 = num(&first, 2)?;
+    let mut fds = fds0;
     let mut rss = Vec::new();
     let mut buffers = 0.0;
     let mut setup = Duration::ZERO;
@@ -293,6 +301,7 @@ fn run_variant(variant: &str, o: &Options) -> Result<Figures, String> {
                 let v = child.expect("RSS")?;
                 rss.push(num(&v, 0)?);
                 buffers = num(&v, 1)?;
+                fds = num(&v, 2)?;
             }
             Ok::<(), String>(())
         })();
@@ -325,6 +334,7 @@ fn run_variant(variant: &str, o: &Options) -> Result<Figures, String> {
                 let v = child.expect("RSS")?;
                 rss.push(num(&v, 0)?);
                 buffers = num(&v, 1)?;
+                fds = num(&v, 2)?;
             }
             Ok::<(), String>(())
         })();
@@ -342,6 +352,7 @@ fn run_variant(variant: &str, o: &Options) -> Result<Figures, String> {
             metrics::RSS_SECOND_HALF,
             (rss[1] - rss[0]) / halves[1] as f64,
         ),
+        (metrics::FDS_PER_CONN, (fds - fds0) / n as f64),
         (metrics::BUFFERS_PER_CONN, buffers / n as f64),
     ])
 }
@@ -463,9 +474,10 @@ fn child_inner(variant: &str, o: &Options, out: &dyn Fn(String)) -> Result<(), R
                 thread::sleep(SETTLE);
                 let m = backend.memory_usage();
                 out(format!(
-                    "RSS {} {}",
+                    "RSS {} {} {}",
                     rss_bytes().unwrap_or(0),
-                    m.receive_bytes + m.send_bytes
+                    m.receive_bytes + m.send_bytes,
+                    open_fds()
                 ));
             }
             Some("CONNECT") => {

@@ -26,6 +26,8 @@ pub enum Unit {
     VirtualMillis,
     /// Bytes.
     Bytes,
+    /// A plain count.
+    Count,
 }
 
 impl Unit {
@@ -41,6 +43,7 @@ impl Unit {
             Self::Millis => "ms",
             Self::VirtualMillis => "virtual_ms",
             Self::Bytes => "bytes",
+            Self::Count => "count",
         }
     }
 
@@ -58,6 +61,7 @@ impl Unit {
             Self::VirtualPerSec => format!("{}/virtual s", count(value)),
             Self::Millis => format!("{} ms", sig(value)),
             Self::VirtualMillis => format!("{} ms (virtual)", sig(value)),
+            Self::Count => sig(value),
             Self::Bytes => {
                 if value.abs() >= 1024.0 * 1024.0 {
                     format!("{} MiB", sig(value / 1048576.0))
@@ -213,6 +217,13 @@ metric!(
     "rss_per_connection_second_half",
     "  second half of them",
     Bytes,
+    Lower
+);
+metric!(
+    FDS_PER_CONN,
+    "descriptors_per_connection",
+    "descriptors per connection",
+    Count,
     Lower
 );
 metric!(
