@@ -324,32 +324,10 @@ impl LibfabricBackend {
             .map(|p| BufferPool::new(p.buf_size, p.num_buf));
         let lp = event_loop.clone();
         let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
-            let w = weak.clone();
-            let user_timer = lp.timer(move || {
-                if let Some(i) = w.upgrade() {
-                    i.on_user_timer();
-                }
-            });
-            let w = weak.clone();
-            let linger_timer = lp.timer(move || {
-                if let Some(i) = w.upgrade() {
-                    i.on_linger_timer();
-                }
-            });
-            let w = weak.clone();
-            let setup_timer = lp.timer(move || {
-                if let Some(i) = w.upgrade() {
-                    i.on_setup_timer();
-                }
-            });
-            let spin = lp.is_busy_polling().then(|| {
-                let w = weak.clone();
-                lp.add_spin(move || {
-                    if let Some(i) = w.upgrade() {
-                        i.spin();
-                    }
-                })
-            });
+            let user_timer = events::timer_to(&lp, weak, Inner::on_user_timer);
+            let linger_timer = events::timer_to(&lp, weak, Inner::on_linger_timer);
+            let setup_timer = events::timer_to(&lp, weak, Inner::on_setup_timer);
+            let spin = events::spin_to(&lp, weak, Inner::spin);
             Inner {
                 lp,
                 config,

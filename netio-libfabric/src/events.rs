@@ -3,13 +3,13 @@
 //! handler, the loop that hands them over, the application's timers and the
 //! memory count of send pools.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use netio_core::mio_loop::MioTimer;
+use netio_core::mio_loop::{MioLoop, MioTimer, SpinId};
 use netio_core::{
-    BufferPool, Capabilities, CloseReason, ConnId, EndpointAddress, Handler, RefuseReason, Timer,
-    TimerQueue,
+    BufferPool, Capabilities, CloseReason, ConnId, EndpointAddress, EventLoop, Handler,
+    RefuseReason, Timer, TimerQueue,
 };
 
 use crate::backend::LibfabricBackend;
@@ -133,4 +133,35 @@ pub(crate) fn pool_bytes(pools: impl Iterator<Item = BufferPool>) -> usize {
         }
     }
     bytes
+}
+
+/// A loop timer that calls `f` on the backend behind `weak` while it lives.
+pub(crate) fn timer_to<T: Send + Sync + 'static>(
+    lp: &MioLoop,
+    weak: &Weak<T>,
+    f: fn(&T),
+) -> MioTimer {
+    let w = weak.clone();
+    lp.timer(move || {
+        if let Some(i) = w.upgrade() {
+            f(&i);
+        }
+    })
+}
+
+/// On a busy-polling loop, a spin callback that calls `f` on the backend
+/// behind `weak` while it lives.
+pub(crate) fn spin_to<T: Send + Sync + 'static>(
+    lp: &MioLoop,
+    weak: &Weak<T>,
+    f: fn(&T),
+) -> Option<SpinId> {
+    lp.is_busy_polling().then(|| {
+        let w = weak.clone();
+        lp.add_spin(move || {
+            if let Some(i) = w.upgrade() {
+                f(&i);
+            }
+        })
+    })
 }

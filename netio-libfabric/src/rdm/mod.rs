@@ -332,32 +332,10 @@ impl RdmInner {
             .map(|p| BufferPool::new(p.buf_size, p.num_buf));
         let lp = event_loop.clone();
         let inner = Arc::new_cyclic(|weak: &Weak<RdmInner>| {
-            let w = weak.clone();
-            let user_timer = lp.timer(move || {
-                if let Some(i) = w.upgrade() {
-                    i.on_user_timer();
-                }
-            });
-            let w = weak.clone();
-            let tick_timer = lp.timer(move || {
-                if let Some(i) = w.upgrade() {
-                    i.on_tick();
-                }
-            });
-            let w = weak.clone();
-            let poll_timer = lp.timer(move || {
-                if let Some(i) = w.upgrade() {
-                    i.on_poll();
-                }
-            });
-            let spin = lp.is_busy_polling().then(|| {
-                let w = weak.clone();
-                lp.add_spin(move || {
-                    if let Some(i) = w.upgrade() {
-                        i.spin();
-                    }
-                })
-            });
+            let user_timer = events::timer_to(&lp, weak, RdmInner::on_user_timer);
+            let tick_timer = events::timer_to(&lp, weak, RdmInner::on_tick);
+            let poll_timer = events::timer_to(&lp, weak, RdmInner::on_poll);
+            let spin = events::spin_to(&lp, weak, RdmInner::spin);
             RdmInner {
                 lp,
                 config,
