@@ -1205,6 +1205,8 @@ impl Inner {
                 (!st.events.is_empty()).then(|| st.events.drain(..).collect())
             },
             |id| self.deliver(&backend, id),
+            // Completions are reported as they are read, on the loop.
+            |_| {},
         );
         if !done {
             let mut st = lock(&self.state);

@@ -30,6 +30,9 @@ pub(crate) enum Ev {
     Completed(ConnId, Vec<u64>),
     /// Deliver the connection's held messages.
     Deliver(ConnId),
+    /// Report the connection's sends that completed (their slots are
+    /// free from then on).
+    Drain(ConnId),
     Timer(u64),
     Wake(u64),
     /// Memory of sends that ended, released on the loop right before the
@@ -39,7 +42,8 @@ pub(crate) enum Ev {
 }
 
 /// Hands queued events to the handler: `take` drains the queue (`None`
-/// when it is empty), `deliver` delivers a connection's held messages.
+/// when it is empty), `deliver` delivers a connection's held messages,
+/// `drain` reports a connection's completed sends.
 /// Returns `false` if events were left for another round (the caller posts
 /// one).
 pub(crate) fn dispatch(
@@ -47,6 +51,7 @@ pub(crate) fn dispatch(
     handler: &Mutex<Box<dyn Handler<LibfabricBackend>>>,
     mut take: impl FnMut() -> Option<Vec<Ev>>,
     mut deliver: impl FnMut(ConnId),
+    mut drain: impl FnMut(ConnId),
 ) -> bool {
     for _ in 0..BATCHES {
         let Some(batch) = take() else {
@@ -56,6 +61,10 @@ pub(crate) fn dispatch(
             let ev = match ev {
                 Ev::Deliver(id) => {
                     deliver(id);
+                    continue;
+                }
+                Ev::Drain(id) => {
+                    drain(id);
                     continue;
                 }
                 Ev::Release(memory) => {
@@ -72,7 +81,7 @@ pub(crate) fn dispatch(
                 Ev::Completed(c, keys) => h.on_sends_completed(backend, c, &keys),
                 Ev::Timer(t) => h.on_timer(backend, t),
                 Ev::Wake(t) => h.on_wake(backend, t),
-                Ev::Deliver(_) | Ev::Release(_) => {}
+                Ev::Deliver(_) | Ev::Drain(_) | Ev::Release(_) => {}
             }
         }
     }

@@ -119,6 +119,10 @@ struct Conn {
     unposted: Vec<usize>,
     pending_close: Option<CloseReason>,
     deliver_queued: bool,
+    /// A `Drain` event is queued: completed sends wait for it.
+    drain_queued: bool,
+    /// Sends marked done since the last `Drain` was queued.
+    done_pending: bool,
     ledger: SendLedger<Held>,
     backlog: VecDeque<Backlogged>,
     pools: Vec<BufferPool>,
@@ -1351,6 +1355,8 @@ impl RdmInner {
             unposted: Vec::new(),
             pending_close: None,
             deliver_queued: false,
+            drain_queued: false,
+            done_pending: false,
             ledger: SendLedger::new(self.config.send_queue_depth),
             backlog: VecDeque::new(),
             pools: self.send_pool_for(params).into_iter().collect(),
@@ -1615,6 +1621,7 @@ impl RdmInner {
                         Some(seq) => {
                             c.ledger.mark_done(seq);
                             c.in_flight = c.in_flight.saturating_sub(1);
+                            c.done_pending = true;
                         }
                         None if owner & PROBE_OWNER != 0 && c.phase == Phase::Opening => {
                             // The probe went through: the fabric reaches
@@ -1759,10 +1766,13 @@ impl RdmInner {
             let Some(c) = st.conns.get_mut(id) else {
                 continue;
             };
-            let (done, released) = split_ended(c.ledger.drain_completed());
-            if !done.is_empty() {
-                st.events.push_back(Ev::Release(Box::new(released)));
-                st.events.push_back(Ev::Completed(id, done));
+            // Completed sends are taken from the ledger (their slots freed)
+            // on the loop, as they are reported: the queue may be read by
+            // the progress thread meanwhile.
+            if c.done_pending && !c.drain_queued {
+                c.done_pending = false;
+                c.drain_queued = true;
+                st.events.push_back(Ev::Drain(id));
             }
             // A completion may leave room for a send refused with EAGAIN,
             // a piggybacked grant room for backlogged sends.
@@ -1917,10 +1927,29 @@ impl RdmInner {
                 (!st.events.is_empty()).then(|| st.events.drain(..).collect())
             },
             |id| self.deliver(&backend, id),
+            |id| self.drain(&backend, id),
         );
         if !done {
             let mut st = lock(&self.state);
             self.post_dispatch(&mut st);
+        }
+    }
+
+    /// Reports the sends of `id` that completed, freeing their slots and
+    /// memory right before the report.
+    fn drain(&self, backend: &LibfabricBackend, id: ConnId) {
+        let (done, released) = {
+            let mut st = lock(&self.state);
+            let Some(c) = st.conns.get_mut(id) else {
+                return;
+            };
+            c.drain_queued = false;
+            c.done_pending = false;
+            split_ended(c.ledger.drain_completed())
+        };
+        drop(released);
+        if !done.is_empty() {
+            lock(&self.handler).on_sends_completed(backend, id, &done);
         }
     }
 
