@@ -272,6 +272,25 @@ unsafe impl Send for RdmEp {}
 
 impl Drop for RdmEp {
     fn drop(&mut self) {
+        // Operations still with the provider (receives cancelled by a
+        // connection's close whose completions were not read yet, sends,
+        // a set-up probe) get a moment to end before the endpoint closes:
+        // libfabric 1.17's `verbs;ofi_rxm` crashed (SIGSEGV in fi_close)
+        // closing an endpoint right after a connection still opening was
+        // closed, and no longer does with this wait.
+        if !self.ep.is_null() && !self.cq.is_null() && !self.ops.is_empty() {
+            let end = std::time::Instant::now() + CLOSE_SETTLE;
+            let mut out = Vec::new();
+            while !self.ops.is_empty() && std::time::Instant::now() < end {
+                out.clear();
+                if self.poll(&mut out).is_err() {
+                    break;
+                }
+                if !self.ops.is_empty() {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
         // SAFETY: each object was opened here and is closed once, the
         // endpoint first; afterwards the provider touches none of the
         // operations' memory, freed with `ops` below.
@@ -289,6 +308,9 @@ impl Drop for RdmEp {
         }
     }
 }
+
+/// How long dropping an endpoint waits for its operations to end.
+const CLOSE_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn zeroed_ctx() -> Box<sys::fi_context2> {
     // SAFETY: fi_context2 is plain data; zeroed is a valid value.

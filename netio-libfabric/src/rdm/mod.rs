@@ -50,6 +50,9 @@ const FLUSH_WAIT: Duration = Duration::from_secs(2);
 /// How often sends the provider could not take yet are retried on a loop
 /// that does not busy poll.
 const POLL: Duration = Duration::from_micros(500);
+/// How long the completion queue is polled after a connection was set up
+/// or closed (see `State::poll_until`).
+const SETUP_POLL: Duration = Duration::from_secs(2);
 /// How long the progress thread keeps yielding after the last completion
 /// before it starts to sleep.
 const PROGRESS_SPIN: Duration = Duration::from_micros(200);
@@ -200,6 +203,11 @@ struct State {
     next_order: u64,
     ticking: bool,
     polling: bool,
+    /// The poll timer runs until then at least: connections are being set
+    /// up, and a fabric provider whose connection manager progresses only
+    /// while its queue is read (`verbs;ofi_rxm`) may have nothing for the
+    /// queue's fd to report meanwhile.
+    poll_until: Duration,
     /// Connections with sends the provider answered `-FI_EAGAIN` (while
     /// it connects to a new peer, or its queue is full).
     blocked: Vec<ConnId>,
@@ -534,6 +542,8 @@ impl RdmInner {
     }
 
     fn start_tick(&self, st: &mut State) {
+        // Called as connections are set up (and closed).
+        st.poll_until = st.poll_until.max(self.lp.now() + SETUP_POLL);
         if !st.ticking {
             st.ticking = true;
             self.tick_timer.start(TICK);
@@ -541,12 +551,11 @@ impl RdmInner {
         self.start_poll(st);
     }
 
-    /// Starts the poll timer where it is needed: a queue without a wait
-    /// fd while connections exist, or sends to retry.
+    /// Starts the poll timer when sends are to be retried or connections
+    /// are being set up (a queue without a wait fd has the progress
+    /// thread instead).
     fn start_poll(&self, st: &mut State) {
-        let no_fd = st.ep.as_ref().is_some_and(|e| e.fd().is_none());
-        let needed =
-            !st.blocked.is_empty() || (no_fd && (!st.conns.is_empty() || !st.pending.is_empty()));
+        let needed = !st.blocked.is_empty() || self.lp.now() < st.poll_until;
         if needed && !st.polling && self.spin.is_none() {
             st.polling = true;
             self.poll_timer.start(POLL);
@@ -558,10 +567,7 @@ impl RdmInner {
         let mut out = Vec::new();
         self.read_cq(&mut st, &mut out);
         self.retry_blocked(&mut st);
-        let no_fd = st.ep.as_ref().is_some_and(|e| e.fd().is_none());
-        let needed =
-            !st.blocked.is_empty() || (no_fd && (!st.conns.is_empty() || !st.pending.is_empty()));
-        if !needed {
+        if st.blocked.is_empty() && self.lp.now() >= st.poll_until {
             st.polling = false;
             self.poll_timer.stop();
         }
@@ -646,7 +652,12 @@ impl RdmInner {
         };
         let tag = PROBE_BIT | proto::recv_tag(c.peer_tag);
         match ep.post(dest, tag, PROBE_OWNER | c.tag as u64, None, staged) {
-            Ok(()) => c.probe = Some(true),
+            Ok(()) => {
+                c.probe = Some(true);
+                // Both sides' queues are read while the probe goes through.
+                st.poll_until = st.poll_until.max(self.lp.now() + SETUP_POLL);
+                self.start_poll(st);
+            }
             Err((PostError::Again, _)) => {
                 c.probe = Some(false);
                 if !blocked.contains(&id) {

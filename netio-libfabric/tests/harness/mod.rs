@@ -187,6 +187,6 @@ flavor!(
     },
     verbs_ip(),
     pushes_back = true,
-    reset = true,
+    reset = false,
     netns = false
 );
