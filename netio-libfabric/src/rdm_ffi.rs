@@ -279,6 +279,19 @@ impl Drop for RdmEp {
         // closing an endpoint right after a connection still opening was
         // closed, and no longer does with this wait.
         if !self.ep.is_null() && !self.cq.is_null() && !self.ops.is_empty() {
+            // Receives still posted end now (FI_ECANCELED), so that only
+            // sends are waited for.
+            let recvs: Vec<usize> = self
+                .ops
+                .iter()
+                .filter(|(_, op)| matches!(op, Op::Recv { .. }))
+                .map(|(k, _)| *k)
+                .collect();
+            for key in recvs {
+                // SAFETY: the endpoint is open and `key` is the context of
+                // a receive it holds.
+                unsafe { sys::fi_cancel(&mut (*self.ep).fid, key as *mut c_void) };
+            }
             let end = std::time::Instant::now() + CLOSE_SETTLE;
             let mut out = Vec::new();
             while !self.ops.is_empty() && std::time::Instant::now() < end {
