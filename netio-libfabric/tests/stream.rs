@@ -13,7 +13,9 @@
 //!
 //! `NETIO_LF_STREAM_RUNS` sets the number of runs per test (default 10).
 //! With the `verbs-conformance` feature the same streams run on `verbs`
-//! (in the soft-RoCE guest of `scripts/verbs-guest.sh`).
+//! and `verbs;ofi_rxm` (in the soft-RoCE guest of `scripts/verbs-guest.sh`),
+//! and without it on each reliable-datagram fabric provider of this machine
+//! (`tcp;ofi_rxm`, `shm`, `sockets`, `udp;ofi_rxd`).
 
 mod common;
 mod harness;
@@ -276,6 +278,58 @@ fn a_stream_to_a_counting_receiver_delivers_every_message() {
 #[test]
 fn a_stream_to_a_receiver_paused_and_resumed_from_another_thread_delivers_every_message() {
     stream(LibfabricConfig::provider("tcp"), localhost(), true);
+}
+
+/// The reliable-datagram streams: one test per fabric provider and mode.
+macro_rules! rdm_streams {
+    ($($fabric:literal: $plain:ident, $paused:ident;)*) => {$(
+        #[test]
+        fn $plain() {
+            stream(harness::rdm_config($fabric), localhost(), false);
+        }
+
+        #[test]
+        fn $paused() {
+            stream(harness::rdm_config($fabric), localhost(), true);
+        }
+    )*};
+}
+
+rdm_streams! {
+    "tcp;ofi_rxm": on_rdm_tcp_rxm_a_stream_to_a_counting_receiver_delivers_every_message,
+        on_rdm_tcp_rxm_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
+    "shm": on_rdm_shm_a_stream_to_a_counting_receiver_delivers_every_message,
+        on_rdm_shm_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
+    "sockets": on_rdm_sockets_a_stream_to_a_counting_receiver_delivers_every_message,
+        on_rdm_sockets_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
+    "udp;ofi_rxd": on_rdm_udp_rxd_a_stream_to_a_counting_receiver_delivers_every_message,
+        on_rdm_udp_rxd_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
+}
+
+#[cfg(feature = "verbs-conformance")]
+#[test]
+fn on_rdm_verbs_rxm_a_stream_to_a_counting_receiver_delivers_every_message() {
+    stream(
+        LibfabricConfig {
+            endpoint: netio_libfabric::EndpointType::Rdm,
+            ..harness::verbs_config_for("verbs;ofi_rxm")
+        },
+        harness::verbs_ip(),
+        false,
+    );
+}
+
+#[cfg(feature = "verbs-conformance")]
+#[test]
+fn on_rdm_verbs_rxm_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message() {
+    stream(
+        LibfabricConfig {
+            endpoint: netio_libfabric::EndpointType::Rdm,
+            ..harness::verbs_config_for("verbs;ofi_rxm")
+        },
+        harness::verbs_ip(),
+        true,
+    );
 }
 
 #[cfg(feature = "verbs-conformance")]
