@@ -83,7 +83,7 @@ cargo test --locked -p netio --features libfabric --test libfabric
 cargo test --locked -p netio-examples --features libfabric --test libfabric
 
 # Real verbs: the conformance suite (both thread modes, on verbs and on
-# reliable datagrams over verbs;ofi_rxm), the stream tests
+# reliable datagrams over verbs;ofi_rxm), the stream tests (on both)
 # and the example programs on libfabric `verbs` over soft-RoCE, inside an
 # emulated guest that scripts/verbs-guest.sh boots (it installs qemu, the
 # kernel and the RDMA user-space packages when they are missing). Test
@@ -101,6 +101,6 @@ bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_suite" --test-threads=4
 # Reliable datagrams over verbs;ofi_rxm on the same device.
 bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_rdm_suite" --test-threads=4
 NETIO_LF_STREAM_RUNS="${NETIO_LF_STREAM_RUNS_VERBS:-2}" \
-    bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_stream" on_verbs --test-threads=1
+    bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_stream" on_verbs on_rdm_verbs --test-threads=1
 cargo build --locked --release -p netio-examples --features libfabric --bin pingpong --bin echo_tcp
 bash scripts/verbs-guest.sh --timeout 300 -- bash scripts/verbs-examples.sh target/release

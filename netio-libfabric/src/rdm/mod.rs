@@ -555,8 +555,11 @@ impl RdmInner {
     /// are being set up (a queue without a wait fd has the progress
     /// thread instead).
     fn start_poll(&self, st: &mut State) {
-        let needed = !st.blocked.is_empty() || self.lp.now() < st.poll_until;
-        if needed && !st.polling && self.spin.is_none() {
+        // The flags first: the clock is read only when the timer may start.
+        if st.polling || self.spin.is_some() {
+            return;
+        }
+        if !st.blocked.is_empty() || self.lp.now() < st.poll_until {
             st.polling = true;
             self.poll_timer.start(POLL);
         }
@@ -1616,6 +1619,9 @@ impl RdmInner {
             Ok(any) => any,
             Err(_) => return false,
         };
+        if out.is_empty() {
+            return any;
+        }
         let now = self.lp.now();
         let mut touched: Vec<ConnId> = Vec::new();
         for comp in out.drain(..) {
