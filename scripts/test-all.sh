@@ -9,7 +9,45 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+# Every test binary's output also goes to a log, from which the closing
+# line counts the tests: `N passed, N failed, N ignored` (also when a step
+# fails, with the step named), and how long each step took.
+log="$(mktemp -t netio-test-all.XXXXXX)"
+current="setting up"
+started=$SECONDS
+step_started=$SECONDS
+timings=""
+step() {
+    timings+="$(printf '  %4ds  %s' $((SECONDS - step_started)) "$current")"$'\n'
+    current="$*"
+    step_started=$SECONDS
+    printf '\n==> %s   (at %ds)\n' "$*" $((SECONDS - started))
+}
+summary() {
+    local status=$?
+    timings+="$(printf '  %4ds  %s' $((SECONDS - step_started)) "$current")"$'\n'
+    local counts
+    counts="$(awk '/^test result:/ {
+            for (i = 1; i < NF; i++) {
+                if ($(i + 1) ~ /^passed/) p += $i
+                if ($(i + 1) ~ /^failed/) f += $i
+                if ($(i + 1) ~ /^ignored/) g += $i
+            }
+        } END { printf "%d passed, %d failed, %d ignored", p, f, g }' "$log")"
+    printf '\n==> time per step\n%s' "$timings"
+    if [ "$status" -eq 0 ]; then
+        printf '==> all steps passed in %ds: %s\n' $((SECONDS - started)) "$counts"
+    else
+        printf '==> FAILED in step "%s" (exit %d) after %ds: %s\n' \
+            "$current" "$status" $((SECONDS - started)) "$counts"
+    fi
+    rm -f "$log"
+}
+trap summary EXIT
+# run CMD...: runs a test command, its output also kept for the summary.
+run() {
+    "$@" 2>&1 | tee -a "$log"
+}
 
 # The TCP conformance suite resets connections with `ss -K` (iproute2).
 if ! command -v ss >/dev/null 2>&1; then
@@ -65,13 +103,13 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 step "loom models (netio-core, --cfg loom)"
 LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" RUSTFLAGS="--cfg loom" \
     CARGO_TARGET_DIR=target/loom \
-    cargo test -p netio-core --lib --release --locked -- mio_loop::
+    run cargo test -p netio-core --lib --release --locked -- mio_loop::
 LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" RUSTFLAGS="--cfg loom" \
     CARGO_TARGET_DIR=target/loom \
-    cargo test -p netio-core --lib --release --locked -- loom --skip mio_loop::
+    run cargo test -p netio-core --lib --release --locked -- loom --skip mio_loop::
 
 step "cargo test --workspace"
-NETIO_REQUIRE_NETNS=1 cargo test --workspace --locked
+NETIO_REQUIRE_NETNS=1 run cargo test --workspace --locked
 
 # The facade and the example programs select libfabric by name only when
 # built with their `libfabric` feature, which the workspace run leaves off.
@@ -79,8 +117,8 @@ step "libfabric through the facade and the example programs (feature libfabric)"
 cargo clippy --locked -p netio -p netio-examples -p netio-perf \
     --features netio/libfabric,netio-examples/libfabric,netio-perf/libfabric \
     --all-targets -- -D warnings
-cargo test --locked -p netio --features libfabric --test libfabric
-cargo test --locked -p netio-examples --features libfabric --test libfabric
+run cargo test --locked -p netio --features libfabric --test libfabric
+run cargo test --locked -p netio-examples --features libfabric --test libfabric
 
 # Real verbs: the conformance suite (both thread modes, on verbs and on
 # reliable datagrams over verbs;ofi_rxm), the stream tests (on both)
@@ -97,10 +135,10 @@ verbs_bins="$(cargo test --locked -p netio-libfabric --features verbs-conformanc
 verbs_suite="$(printf '%s\n' "$verbs_bins" | grep '/conformance_verbs-')"
 verbs_rdm_suite="$(printf '%s\n' "$verbs_bins" | grep '/conformance_rdm_verbs-')"
 verbs_stream="$(printf '%s\n' "$verbs_bins" | grep '/stream-')"
-bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_suite" --test-threads=4
+run bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_suite" --test-threads=4
 # Reliable datagrams over verbs;ofi_rxm on the same device.
-bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_rdm_suite" --test-threads=4
+run bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_rdm_suite" --test-threads=4
 NETIO_LF_STREAM_RUNS="${NETIO_LF_STREAM_RUNS_VERBS:-2}" \
-    bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_stream" on_verbs on_rdm_verbs --test-threads=1
+    run bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_stream" on_verbs on_rdm_verbs --test-threads=1
 cargo build --locked --release -p netio-examples --features libfabric --bin pingpong --bin echo_tcp
 bash scripts/verbs-guest.sh --timeout 300 -- bash scripts/verbs-examples.sh target/release
