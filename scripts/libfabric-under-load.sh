@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Runs the libfabric conformance suites (tcp and sockets, both thread modes)
-# RUNS times in a row, each beside one busy process per core, and counts
-# the runs that failed. A failed run's output is kept in $OUT.
+# Runs the libfabric conformance suites (connected endpoints on tcp and
+# sockets, reliable datagrams on tcp;ofi_rxm, shm, sockets and udp;ofi_rxd;
+# both thread modes) RUNS times in a row, each beside one busy process per
+# core, and counts the runs that failed. A failed run's output is kept in
+# $OUT.
 #
 #   bash scripts/libfabric-under-load.sh [RUNS]     (default 30)
+#   SUITES="conformance_tcp conformance_rdm_shm" bash scripts/libfabric-under-load.sh 10
 #
 # The busy processes are bounded in time (the suite's run time plus a
 # margin) and killed when a run ends.
@@ -14,26 +17,29 @@ RUNS="${1:-30}"
 OUT="${OUT:-target/libfabric-under-load}"
 mkdir -p "$OUT"
 
-cargo test --release --locked -p netio-libfabric \
-    --test conformance_tcp --test conformance_sockets --no-run 2>&1 | tail -n 2
+SUITES="${SUITES:-conformance_tcp conformance_sockets conformance_rdm_tcp_rxm conformance_rdm_shm conformance_rdm_sockets conformance_rdm_udp_rxd}"
 bin() {
     cargo test --release --locked -p netio-libfabric --test "$1" --no-run \
         --message-format=json 2>/dev/null |
         sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1
 }
-TCP="$(bin conformance_tcp)"
-SOCKETS="$(bin conformance_sockets)"
+BINS=()
+for suite in $SUITES; do
+    b="$(bin "$suite")"
+    [ -n "$b" ] || { echo "no test binary for $suite" >&2; exit 2; }
+    BINS+=("$b")
+done
 CORES="$(nproc)"
 
 failed=0
 for run in $(seq 1 "$RUNS"); do
     busy=()
     for _ in $(seq 1 "$CORES"); do
-        timeout 600 sh -c 'while :; do :; done' &
+        timeout 1800 sh -c 'while :; do :; done' &
         busy+=("$!")
     done
     ok=1
-    for suite in "$TCP" "$SOCKETS"; do
+    for suite in "${BINS[@]}"; do
         name="$(basename "$suite")"
         if ! (cd netio-libfabric && "$suite" >"../$OUT/run-$run-$name.log" 2>&1); then
             ok=0
