@@ -21,7 +21,8 @@ use netio_core::{
 use crate::config::{EndpointType, LibfabricConfig};
 use crate::events::{self, lock, Ev, UserTimers};
 use crate::ffi::{
-    self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError, Query,
+    self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError,
+    Query, RecvMem,
 };
 use crate::listen::{GuardSettings, KnownPeer, ListenWorker};
 use crate::rdm::RdmInner;
@@ -112,8 +113,15 @@ struct Conn {
     receive: bool,
     recv_limit: usize,
     paused: bool,
-    /// Messages read from the queue, not yet delivered.
-    held: VecDeque<(Vec<u8>, usize)>,
+    /// Messages read from the queue, not yet delivered: (buffer, length).
+    /// Their buffers stay unposted until delivered; delivery reads them in
+    /// place.
+    held: VecDeque<(usize, usize)>,
+    /// The receive memory (kept past the link's close for held messages).
+    recv_mem: Option<Arc<RecvMem>>,
+    /// Every receive buffer was out of the provider's hands at a read of
+    /// the queue since the last read after a re-post (see `deliver`).
+    ran_dry: bool,
     /// Receive buffers waiting to be posted again (while paused).
     unposted: Vec<usize>,
     /// A close waiting for the held messages to be delivered.
@@ -883,8 +891,7 @@ impl Inner {
                         });
                         continue;
                     }
-                    let bytes = c.link.received(index, len).to_vec();
-                    c.held.push_back((bytes, index));
+                    c.held.push_back((index, len));
                 }
                 Completion::Truncated { size, .. } => {
                     if c.receive {
@@ -908,6 +915,9 @@ impl Inner {
                     }
                 }
             }
+        }
+        if c.posted_receives() == 0 {
+            c.ran_dry = true;
         }
         let done = c.link.drain_completed();
         if !done.is_empty() {
@@ -1097,6 +1107,7 @@ impl Inner {
         let fds = link.fds();
         let order = st.next_order;
         st.next_order += 1;
+        let recv_mem = link.recv_mem();
         let id = st.conns.insert(Conn {
             link,
             phase: Phase::Opening,
@@ -1108,6 +1119,8 @@ impl Inner {
             recv_limit: limit,
             paused: false,
             held: VecDeque::new(),
+            recv_mem,
+            ran_dry: false,
             unposted: Vec::new(),
             pending_close: None,
             deliver_queued: false,
@@ -1224,9 +1237,24 @@ impl Inner {
             // the queue is read again now, or that message would wait for
             // unrelated traffic.
             // A busy-polling loop never sleeps on the queue's fd: one read
-            // is enough, without `fi_trywait`.
+            // is enough, without `fi_trywait`, and only where the provider
+            // may hold such a message. Only a provider without a posted
+            // buffer holds one, and then every completion it wrote is in
+            // the queue: either a read saw every buffer out of its hands
+            // (`ran_dry`), or completions are left unread, and the spin or
+            // their fd's readiness brings the next read. (A loop that
+            // sleeps reads here in any case: the read also takes the
+            // completion of a reply sent from the handler, which would
+            // otherwise wake the loop once more.)
             let mut st = lock(&self.state);
+            let dry = st
+                .conns
+                .get_mut(id)
+                .is_some_and(|c| std::mem::take(&mut c.ran_dry));
             if self.spin.is_some() {
+                if !dry {
+                    return;
+                }
                 let mut out = Vec::new();
                 self.read_cq(&mut st, id, &mut out, 0);
             } else {
@@ -1237,7 +1265,7 @@ impl Inner {
 
     fn deliver_held(&self, backend: &LibfabricBackend, id: ConnId, reposted: &mut bool) {
         for _ in 0..1024 {
-            let (bytes, index) = {
+            let (mem, index, len) = {
                 let mut st = lock(&self.state);
                 let Some(c) = st.conns.get_mut(id) else {
                     return;
@@ -1246,9 +1274,10 @@ impl Inner {
                     c.deliver_queued = false;
                     return;
                 }
-                match c.held.pop_front() {
-                    Some(m) => m,
-                    None => {
+                match (c.held.pop_front(), &c.recv_mem) {
+                    (Some((index, len)), Some(mem)) => (Arc::clone(mem), index, len),
+                    (Some(_), None) => unreachable!("a message held without receive memory"),
+                    (None, _) => {
                         c.deliver_queued = false;
                         if let Some(reason) = c.pending_close.take() {
                             self.close_conn(&mut st, id, reason, false);
@@ -1257,7 +1286,9 @@ impl Inner {
                     }
                 }
             };
-            lock(&self.handler).on_data(backend, id, &bytes);
+            // The buffer is not posted again before on_data returns: its
+            // bytes stay put.
+            lock(&self.handler).on_data(backend, id, mem.bytes(index, len));
             let mut st = lock(&self.state);
             let Some(c) = st.conns.get_mut(id) else {
                 return;
@@ -1573,6 +1604,7 @@ impl Ops for Inner {
         let fds = link.fds();
         let order = st.next_order;
         st.next_order += 1;
+        let recv_mem = link.recv_mem();
         let id = st.conns.insert(Conn {
             link,
             phase: Phase::Opening,
@@ -1584,6 +1616,8 @@ impl Ops for Inner {
             recv_limit: limit,
             paused: false,
             held: VecDeque::new(),
+            recv_mem,
+            ran_dry: false,
             unposted: Vec::new(),
             pending_close: None,
             deliver_queued: false,

@@ -23,7 +23,7 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use netio_core::ledger::{LedgerFull, SendLedger, SendSeq};
@@ -1049,10 +1049,76 @@ struct TxOp {
 /// Receive memory of an endpoint: `num` buffers of `size` bytes in one
 /// registered allocation, each with its operation context.
 struct RecvSlab {
-    mr: Mr,
-    mem: Box<[u8]>,
+    mem: Arc<RecvMem>,
     ctx: Box<[sys::fi_context2]>,
-    size: usize,
+}
+
+/// Receive memory of one connection: `count` buffers of `size` bytes in
+/// one registered allocation, shared by the connection, the operations
+/// posted from it and the delivery of its messages (which reads a buffer
+/// in place while it is not posted).
+pub struct RecvMem {
+    // Closed before the memory it covers is freed (field order).
+    pub(crate) mr: Mr,
+    pub(crate) mem: RawMem,
+    pub(crate) size: usize,
+    /// Which buffers are with the provider.
+    pub(crate) posted: Box<[AtomicBool]>,
+}
+
+/// A heap allocation written by the provider through raw pointers.
+pub(crate) struct RawMem {
+    pub(crate) ptr: *mut u8,
+    len: usize,
+}
+
+impl Drop for RawMem {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` come from the boxed slice leaked in
+        // `RecvMem::new`, freed once here.
+        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
+// SAFETY: the memory is plain bytes; the provider writes a buffer only
+// while it is posted, and `RecvMem::bytes` reads only buffers that are not.
+unsafe impl Send for RecvMem {}
+// SAFETY: as above; `posted` is atomic.
+unsafe impl Sync for RecvMem {}
+
+impl RecvMem {
+    /// Allocates and registers `count` buffers of `size` bytes.
+    pub fn new(domain: &Arc<Domain>, size: usize, count: usize) -> Result<Arc<RecvMem>, FiError> {
+        let len = size.max(1) * count.max(1);
+        let ptr = Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>();
+        let mem = RawMem { ptr, len };
+        // SAFETY: `mem` lives in the RecvMem next to the registration and
+        // is freed after it (field order).
+        let mr = unsafe { Mr::register(domain, mem.ptr, len) }?;
+        Ok(Arc::new(RecvMem {
+            mr,
+            mem,
+            size: size.max(1),
+            posted: (0..count).map(|_| AtomicBool::new(false)).collect(),
+        }))
+    }
+
+    /// Buffer count.
+    pub fn count(&self) -> usize {
+        self.posted.len()
+    }
+
+    /// The first `len` bytes of buffer `index`, or nothing while the
+    /// buffer is posted (or out of range).
+    pub fn bytes(&self, index: usize, len: usize) -> &[u8] {
+        if index >= self.posted.len() || self.posted[index].load(Ordering::Acquire) {
+            return &[];
+        }
+        let len = len.min(self.size);
+        // SAFETY: the range lies inside the allocation (index < count) and
+        // the buffer is not posted, so the provider does not write it.
+        unsafe { std::slice::from_raw_parts(self.mem.ptr.add(index * self.size), len) }
+    }
 }
 
 /// One completion of an endpoint's queue.
@@ -1210,17 +1276,12 @@ impl Link {
         }
         let (size, num) = spec.recv;
         if num > 0 {
-            let mem = vec![0u8; size * num].into_boxed_slice();
-            // SAFETY: `mem` is stored in the slab next to the registration
-            // and freed after it (field order), after the endpoint closed.
-            let mr = unsafe { Mr::register(domain, mem.as_ptr(), mem.len()) }?;
+            let mem = RecvMem::new(domain, size, num)?;
             // SAFETY: fi_context2 is plain data; zeroed is a valid value.
             let ctx = vec![unsafe { std::mem::zeroed::<sys::fi_context2>() }; num];
             link.recv = Some(RecvSlab {
-                mr,
                 mem,
                 ctx: ctx.into_boxed_slice(),
-                size,
             });
             for i in 0..num {
                 link.post_recv(i)?;
@@ -1289,41 +1350,52 @@ impl Link {
                 errno: sys::FI_EINVAL,
             });
         }
-        // SAFETY: buffer `index` lies inside the slab (index < count), the
-        // slab and its registration live until after the endpoint is
-        // closed (Drop), and its context slot stays put (boxed slice).
+        let mem = &slab.mem;
+        if mem.posted[index].swap(true, Ordering::AcqRel) {
+            return Err(FiError {
+                call: "fi_recv (buffer posted already)",
+                errno: sys::FI_EINVAL,
+            });
+        }
+        // SAFETY: buffer `index` lies inside the memory (index < count) and
+        // is not posted elsewhere (its flag was clear); the memory and its
+        // registration live until after the endpoint is closed (the slab
+        // holds them), and the context slot stays put (boxed slice).
         let rc = unsafe {
-            let buf = slab.mem.as_mut_ptr().add(index * slab.size);
             sys::fi_recv(
                 self.ep,
-                buf.cast::<c_void>(),
-                slab.size,
-                slab.mr.desc,
+                mem.mem.ptr.add(index * mem.size).cast::<c_void>(),
+                mem.size,
+                mem.mr.desc,
                 sys::FI_ADDR_UNSPEC,
                 (&mut slab.ctx[index] as *mut sys::fi_context2).cast::<c_void>(),
             )
         };
         if rc < 0 {
+            mem.posted[index].store(false, Ordering::Release);
             return Err(FiError::new("fi_recv", rc));
         }
         Ok(())
     }
 
-    /// The bytes of receive buffer `index` (a completed receive not yet
-    /// posted again).
-    pub fn received(&self, index: usize, len: usize) -> &[u8] {
-        match &self.recv {
-            Some(s) if index < s.ctx.len() => {
-                let start = index * s.size;
-                &s.mem[start..start + len.min(s.size)]
-            }
-            _ => &[],
-        }
+    /// The receive memory, read in place by the delivery of a message
+    /// while its buffer is not posted.
+    pub fn recv_mem(&self) -> Option<Arc<RecvMem>> {
+        self.recv.as_ref().map(|s| Arc::clone(&s.mem))
     }
 
     /// Receive buffer size and count.
     pub fn recv_shape(&self) -> (usize, usize) {
-        self.recv.as_ref().map_or((0, 0), |s| (s.size, s.ctx.len()))
+        self.recv
+            .as_ref()
+            .map_or((0, 0), |s| (s.mem.size, s.ctx.len()))
+    }
+
+    /// Buffer `index` is no longer with the provider.
+    fn recv_ended(&self, index: usize) {
+        if let Some(s) = &self.recv {
+            s.mem.posted[index].store(false, Ordering::Release);
+        }
     }
 
     fn recv_index(&self, ctx: *mut c_void) -> Option<usize> {
@@ -1369,6 +1441,7 @@ impl Link {
                     return Err(FiError::new("fi_cq_readerr", rc));
                 }
                 if let Some(index) = self.recv_index(e.op_context) {
+                    self.recv_ended(index);
                     if e.err == sys::FI_ETRUNC as c_int {
                         let _ = index;
                         out.push(Completion::Truncated {
@@ -1396,6 +1469,7 @@ impl Link {
             for i in 0..n {
                 let e = self.scratch[i];
                 if let Some(index) = self.recv_index(e.op_context) {
+                    self.recv_ended(index);
                     out.push(Completion::Received { index, len: e.len });
                 } else if let Some(seq) = self.tx_ctx.remove(&(e.op_context as usize)) {
                     self.ledger.mark_done(seq);

@@ -16,81 +16,14 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::RawFd;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use netio_core::ledger::SendSeq;
 use netio_core::{Lent, MemoryRegion, NetworkBuffer};
 use netio_libfabric_sys as sys;
 
-use crate::ffi::{check, trywait, wait_fd, Domain, FiError, Info, Mr, Pooled, PostError};
-
-/// Receive memory of one connection: `count` buffers of `size` bytes in
-/// one registered allocation, shared by the connection and the operations
-/// posted from it.
-pub struct RecvMem {
-    // Closed before the memory it covers is freed (field order).
-    mr: Mr,
-    mem: RawMem,
-    size: usize,
-    /// Which buffers are with the provider.
-    posted: Box<[AtomicBool]>,
-}
-
-/// A heap allocation written by the provider through raw pointers.
-struct RawMem {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Drop for RawMem {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` come from the boxed slice leaked in
-        // `RecvMem::new`, freed once here.
-        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
-    }
-}
-
-// SAFETY: the memory is plain bytes; the provider writes a buffer only
-// while it is posted, and `RecvMem::bytes` reads only buffers that are not.
-unsafe impl Send for RecvMem {}
-// SAFETY: as above; `posted` is atomic.
-unsafe impl Sync for RecvMem {}
-
-impl RecvMem {
-    /// Allocates and registers `count` buffers of `size` bytes.
-    pub fn new(domain: &Arc<Domain>, size: usize, count: usize) -> Result<Arc<RecvMem>, FiError> {
-        let len = size.max(1) * count.max(1);
-        let ptr = Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>();
-        let mem = RawMem { ptr, len };
-        // SAFETY: `mem` lives in the RecvMem next to the registration and
-        // is freed after it (field order).
-        let mr = unsafe { Mr::register(domain, mem.ptr, len) }?;
-        Ok(Arc::new(RecvMem {
-            mr,
-            mem,
-            size: size.max(1),
-            posted: (0..count).map(|_| AtomicBool::new(false)).collect(),
-        }))
-    }
-
-    /// Buffer count.
-    pub fn count(&self) -> usize {
-        self.posted.len()
-    }
-
-    /// The first `len` bytes of buffer `index`, or nothing while the
-    /// buffer is posted (or out of range).
-    pub fn bytes(&self, index: usize, len: usize) -> &[u8] {
-        if index >= self.posted.len() || self.posted[index].load(Ordering::Acquire) {
-            return &[];
-        }
-        let len = len.min(self.size);
-        // SAFETY: the range lies inside the allocation (index < count) and
-        // the buffer is not posted, so the provider does not write it.
-        unsafe { std::slice::from_raw_parts(self.mem.ptr.add(index * self.size), len) }
-    }
-}
+use crate::ffi::{check, trywait, wait_fd, Domain, FiError, Info, Mr, Pooled, PostError, RecvMem};
 
 /// A registration of a zero-copy region, kept by every send from it.
 pub struct RegionMr {

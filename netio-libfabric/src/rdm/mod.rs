@@ -35,8 +35,9 @@ use netio_core::{
 use crate::backend::{Kind, LibfabricBackend, Ops};
 use crate::config::LibfabricConfig;
 use crate::events::{self, lock, Ev, UserTimers};
+use crate::ffi::RecvMem;
 use crate::ffi::{Domain, FiError, Info, PostError};
-use crate::rdm_ffi::{BufferMr, Held, RdmCompletion, RdmEp, RecvMem, RegionMr, Staged};
+use crate::rdm_ffi::{BufferMr, Held, RdmCompletion, RdmEp, RegionMr, Staged};
 use proto::{Decoder, Frame, Session};
 
 /// How often heartbeats, liveness and set-up deadlines are looked at.

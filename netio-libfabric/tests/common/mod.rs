@@ -120,7 +120,22 @@ pub struct Running {
 
 impl Running {
     pub fn start() -> Self {
-        let lp = MioLoop::new().expect("creating a loop");
+        Self::with(MioLoop::new().expect("creating a loop"))
+    }
+
+    /// A busy-polling loop on a thread of its own.
+    #[allow(dead_code)] // not every test binary polls busily
+    pub fn start_busy() -> Self {
+        Self::with(
+            MioLoop::with_config(netio_core::mio_loop::LoopConfig {
+                busy_poll: true,
+                ..Default::default()
+            })
+            .expect("creating a busy-polling loop"),
+        )
+    }
+
+    fn with(lp: MioLoop) -> Self {
         let runner = lp.clone();
         let thread = std::thread::spawn(move || runner.run(|| {}));
         Self {
