@@ -23,7 +23,9 @@ use netio_core::ledger::SendSeq;
 use netio_core::{Lent, MemoryRegion, NetworkBuffer};
 use netio_libfabric_sys as sys;
 
-use crate::ffi::{check, trywait, wait_fd, Domain, FiError, Info, Mr, Pooled, PostError, RecvMem};
+use crate::ffi::{
+    check, trywait, wait_fd, Domain, FastMap, FiError, Info, Mr, Pooled, PostError, RecvMem,
+};
 
 /// A registration of a zero-copy region, kept by every send from it.
 pub struct RegionMr {
@@ -188,7 +190,7 @@ pub struct RdmEp {
     av: *mut sys::fid_av,
     cq_fd: Option<RawFd>,
     // Freed after the endpoint is closed (Drop).
-    ops: HashMap<usize, Op>,
+    ops: FastMap<usize, Op>,
     peers: HashMap<Vec<u8>, sys::fi_addr_t>,
     name: Vec<u8>,
     iov_limit: usize,
@@ -273,7 +275,7 @@ impl RdmEp {
             cq: ptr::null_mut(),
             av: ptr::null_mut(),
             cq_fd: None,
-            ops: HashMap::new(),
+            ops: FastMap::default(),
             peers: HashMap::new(),
             name: Vec::new(),
             iov_limit: info.iov_limit(),

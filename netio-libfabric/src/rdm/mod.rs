@@ -35,8 +35,8 @@ use netio_core::{
 use crate::backend::{Kind, LibfabricBackend, Ops};
 use crate::config::LibfabricConfig;
 use crate::events::{self, lock, Ev, UserTimers};
-use crate::ffi::RecvMem;
 use crate::ffi::{Domain, FiError, Info, PostError};
+use crate::ffi::{FastMap, RecvMem};
 use crate::rdm_ffi::{BufferMr, Held, RdmCompletion, RdmEp, RegionMr, Staged};
 use proto::{Decoder, Frame, Session};
 
@@ -186,6 +186,8 @@ struct Listener {
 #[derive(Default)]
 struct State {
     ep: Option<RdmEp>,
+    /// Scratch list of the connections a completion read concerned.
+    touched: Vec<ConnId>,
     ep_source: Option<SourceId>,
     listeners: HashMap<EndpointAddress, Listener>,
     conns: ConnTable<Conn>,
@@ -194,7 +196,7 @@ struct State {
     next_pool: u32,
     /// The backend-wide pool's number, once made.
     backend_pool: Option<u32>,
-    by_tag: HashMap<u32, ConnId>,
+    by_tag: FastMap<u32, ConnId>,
     next_tag: u32,
     pending: HashMap<u64, Pending>,
     next_pending: u64,
@@ -1624,7 +1626,9 @@ impl RdmInner {
             return any;
         }
         let now = self.lp.now();
-        let mut touched: Vec<ConnId> = Vec::new();
+        // The connections the read concerned (memory kept in the state).
+        let mut touched = std::mem::take(&mut st.touched);
+        touched.clear();
         for comp in out.drain(..) {
             match comp {
                 RdmCompletion::Sent { owner, seq } => {
@@ -1780,7 +1784,7 @@ impl RdmInner {
                 RdmCompletion::RecvEnded { .. } => {}
             }
         }
-        for id in touched {
+        for &id in &touched {
             let Some(c) = st.conns.get_mut(id) else {
                 continue;
             };
@@ -1806,6 +1810,7 @@ impl RdmInner {
             self.repost(st, id);
             self.queue_deliver(st, id);
         }
+        st.touched = touched;
         any
     }
 
