@@ -1104,13 +1104,9 @@ impl Inner {
                     return Step::Stop;
                 }
                 Ok(Some(peer)) => {
-                    // From the small handshake buffer to the full read
-                    // buffer, keeping what followed the handshake.
-                    if limit.is_some() {
-                        let mut dec = FrameDecoder::new(self.tcp.read_buffer_size, limit);
-                        dec.feed(reader.dec.pending());
-                        reader.dec = dec;
-                    }
+                    // The full read buffer comes with the first bytes after
+                    // the handshake (below): an idle connection keeps the
+                    // small handshake buffer.
                     let mut st = self.state.lock();
                     if !self.establish(&mut st, id, peer) {
                         return Step::Stop;
@@ -1124,6 +1120,17 @@ impl Inner {
                     self.dispatch();
                 }
             }
+        }
+        // From the small handshake buffer to the full read buffer once
+        // bytes follow the handshake, before any frame is parsed (the
+        // buffer's size decides which messages are parsed in place).
+        if limit.is_some()
+            && reader.dec.buffered() > 0
+            && reader.dec.capacity() < self.tcp.read_buffer_size
+        {
+            let mut dec = FrameDecoder::new(self.tcp.read_buffer_size, limit);
+            dec.feed(reader.dec.pending());
+            reader.dec = dec;
         }
         let pool = own_pool.as_ref().or(pool);
         let mut h = None;

@@ -32,7 +32,9 @@ pub struct TcpConfig {
     /// Size of each receiving connection's read buffer, out of which frames
     /// are parsed in place (at least 512 bytes). Messages longer than this
     /// are assembled in a buffer of the connection's receive pool. Default
-    /// 64 KiB.
+    /// 64 KiB. It is allocated when the first bytes after the peer's
+    /// handshake arrive: until then (an idle connection) a 512-byte
+    /// handshake buffer stands in.
     pub read_buffer_size: usize,
     /// How long a connection may take to connect and exchange handshakes
     /// before it is given up. Default 10 s.
