@@ -89,6 +89,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   ([`queued_send_bytes`](Self::queued_send_bytes)); further sends answer
 ///   `NoResources` or `get_buffer` gives `None`. A send keeps its slot or
 ///   buffer until its completion has been reported to the handler.
+/// - A flood of connections holds at most
+///   [`TcpConfig::max_accepted_handshakes`] accepted connections that have
+///   not completed their handshake; the others wait in the listen backlog,
+///   nothing allocated for them, and are accepted as handshakes end. A
+///   listener at [`TcpConfig::max_connections_per_listener`] closes what
+///   it accepts at once.
 /// - When the process runs out of file descriptors, opening endpoints
 ///   answers `NoResources`, and connections waiting to be accepted stay in
 ///   the listener's backlog and are accepted once descriptors are free
@@ -143,6 +149,10 @@ struct Listener {
     /// deadline timer tries again, since no new readiness event may come
     /// for the connections waiting in the backlog.
     retry_accept: bool,
+    /// Accepting stopped at `TcpConfig::max_accepted_handshakes`: accepting
+    /// resumes when a handshake ends, since no new readiness event comes
+    /// for the connections already waiting in the backlog.
+    at_handshake_limit: bool,
     /// Connections it accepted that are still in the table (the bound of
     /// `TcpConfig::max_connections_per_listener`).
     held: usize,
@@ -170,6 +180,10 @@ struct State {
     /// Accepted connections still exchanging handshakes (the bound of
     /// `TcpConfig::max_accepted_handshakes`).
     accepted_handshaking: usize,
+    /// Some listener stopped accepting at the handshake limit (see
+    /// `Listener::at_handshake_limit`): the next handshake to end resumes
+    /// accepting.
+    accept_stopped: bool,
     /// Lifecycle counters, and the traffic of connections gone.
     counts: BackendStats,
     timer_running: bool,
@@ -314,6 +328,11 @@ impl TcpBackend {
                 "send_queue_depth of 0 leaves no room for any send".into(),
             ));
         }
+        if tcp.max_accepted_handshakes == 0 {
+            return Err(CreateError::InvalidConfig(
+                "max_accepted_handshakes of 0 would never accept a connection".into(),
+            ));
+        }
         for (name, pool) in [
             ("shared_receive_pool", config.shared_receive_pool),
             ("shared_send_pool", config.shared_send_pool),
@@ -386,10 +405,11 @@ impl TcpBackend {
         Ok(Self { inner })
     }
 
-    /// Accepted connections closed at once because a listener held
-    /// [`TcpConfig::max_connections_per_listener`] connections or the
-    /// backend [`TcpConfig::max_accepted_handshakes`] handshakes, since the
-    /// backend was created. Callable from any thread.
+    /// Accepted connections closed at once because their listener held
+    /// [`TcpConfig::max_connections_per_listener`] connections, since the
+    /// backend was created. Connections waiting for a handshake slot
+    /// ([`TcpConfig::max_accepted_handshakes`]) are not refused: they wait
+    /// in the listen backlog. Callable from any thread.
     pub fn refused_connections(&self) -> u64 {
         self.inner.refused.load(Ordering::Relaxed)
     }
@@ -480,10 +500,39 @@ impl Inner {
             return;
         }
         if c.phase != Phase::Established {
-            st.accepted_handshaking -= 1;
+            self.handshake_ended(st);
         }
         if let Some(l) = c.listener.and_then(|a| st.listeners.get_mut(&a)) {
             l.held -= 1;
+        }
+    }
+
+    /// An accepted connection's handshake ended (established, failed or
+    /// timed out): one more may be accepted. If a listener stopped at the
+    /// limit, accepting resumes in a posted task (not here, under the
+    /// state lock). The listener must call `accept` itself then: mio is
+    /// edge-triggered, and the connections already in the backlog raise
+    /// no new readiness event.
+    fn handshake_ended(&self, st: &mut State) {
+        st.accepted_handshaking -= 1;
+        if st.accept_stopped && st.accepted_handshaking < self.tcp.max_accepted_handshakes {
+            st.accept_stopped = false;
+            self.post_with(|i| i.resume_accepting());
+        }
+    }
+
+    /// Accepts again on every listener that stopped at the handshake
+    /// limit.
+    fn resume_accepting(self: &Arc<Self>) {
+        let stopped: Vec<EndpointAddress> = {
+            let mut st = self.state.lock();
+            st.listeners
+                .iter_mut()
+                .filter_map(|(&addr, l)| std::mem::take(&mut l.at_handshake_limit).then_some(addr))
+                .collect()
+        };
+        for addr in stopped {
+            self.on_accept(addr);
         }
     }
 
@@ -1055,13 +1104,9 @@ impl Inner {
                     return Step::Stop;
                 }
                 Ok(Some(peer)) => {
-                    // From the small handshake buffer to the full read
-                    // buffer, keeping what followed the handshake.
-                    if limit.is_some() {
-                        let mut dec = FrameDecoder::new(self.tcp.read_buffer_size, limit);
-                        dec.feed(reader.dec.pending());
-                        reader.dec = dec;
-                    }
+                    // The full read buffer comes with the first bytes after
+                    // the handshake (below): an idle connection keeps the
+                    // small handshake buffer.
                     let mut st = self.state.lock();
                     if !self.establish(&mut st, id, peer) {
                         return Step::Stop;
@@ -1075,6 +1120,17 @@ impl Inner {
                     self.dispatch();
                 }
             }
+        }
+        // From the small handshake buffer to the full read buffer once
+        // bytes follow the handshake, before any frame is parsed (the
+        // buffer's size decides which messages are parsed in place).
+        if limit.is_some()
+            && reader.dec.buffered() > 0
+            && reader.dec.capacity() < self.tcp.read_buffer_size
+        {
+            let mut dec = FrameDecoder::new(self.tcp.read_buffer_size, limit);
+            dec.feed(reader.dec.pending());
+            reader.dec = dec;
         }
         let pool = own_pool.as_ref().or(pool);
         let mut h = None;
@@ -1197,7 +1253,7 @@ impl Inner {
         let caps = c.params.capabilities(&self.config, true);
         let remote = c.remote;
         if accepted {
-            st.accepted_handshaking -= 1;
+            self.handshake_ended(st);
         }
         st.counts.connections_established += 1;
         tracing::debug!(conn = %id, %remote, accepted, "connection established");
@@ -1213,6 +1269,9 @@ impl Inner {
     /// process is out of descriptors (or memory) the connections wait in
     /// the backlog and the deadline timer retries, instead of spinning on
     /// the error or waiting for a readiness event that may never come.
+    /// At [`TcpConfig::max_accepted_handshakes`] accepting stops, the
+    /// connections wait in the backlog, and the next handshake to end
+    /// resumes it ([`Self::handshake_ended`]).
     fn on_accept(self: &Arc<Self>, addr: EndpointAddress) {
         let mut more = false;
         {
@@ -1223,6 +1282,15 @@ impl Inner {
                 let Some(l) = st.listeners.get_mut(&addr) else {
                     break;
                 };
+                if handshaking >= self.tcp.max_accepted_handshakes {
+                    // Not accepted yet: the kernel keeps the connections
+                    // (up to the listen backlog; beyond it, it refuses
+                    // them) until a handshake slot frees up.
+                    l.at_handshake_limit = true;
+                    st.accept_stopped = true;
+                    tracing::trace!(listener = %addr, handshaking, "accepting paused at the handshake limit");
+                    break;
+                }
                 if budget == 0 {
                     more = true;
                     break;
@@ -1242,11 +1310,10 @@ impl Inner {
                     }
                 };
                 l.retry_accept = false;
-                if l.held >= self.tcp.max_connections_per_listener
-                    || handshaking >= self.tcp.max_accepted_handshakes
-                {
-                    // Over a limit: closed before anything is read or
-                    // allocated; the connections held are untouched.
+                if l.held >= self.tcp.max_connections_per_listener {
+                    // Over the listener's limit: closed before anything is
+                    // read or allocated; the connections held are
+                    // untouched.
                     drop(stream);
                     let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
                     tracing::debug!(listener = %addr, %peer, "connection refused by an admission limit");
@@ -1255,9 +1322,8 @@ impl Inner {
                             listener = %addr,
                             refused = n,
                             held = l.held,
-                            handshaking,
                             "connections refused by admission limits \
-                             (TcpConfig::max_connections_per_listener, max_accepted_handshakes)"
+                             (TcpConfig::max_connections_per_listener)"
                         );
                     }
                     continue;
@@ -1768,6 +1834,7 @@ impl Backend for TcpBackend {
                 params,
                 recv_pool,
                 retry_accept: false,
+                at_handshake_limit: false,
                 held: 0,
             },
         );

@@ -32,7 +32,9 @@ pub struct TcpConfig {
     /// Size of each receiving connection's read buffer, out of which frames
     /// are parsed in place (at least 512 bytes). Messages longer than this
     /// are assembled in a buffer of the connection's receive pool. Default
-    /// 64 KiB.
+    /// 64 KiB. It is allocated when the first bytes after the peer's
+    /// handshake arrive: until then (an idle connection) a 512-byte
+    /// handshake buffer stands in.
     pub read_buffer_size: usize,
     /// How long a connection may take to connect and exchange handshakes
     /// before it is given up. Default 10 s.
@@ -69,7 +71,14 @@ pub struct TcpConfig {
     /// message there holds only their own buffer, and their later messages
     /// wait behind it in the stream anyway.
     pub partial_message_timeout: Duration,
-    /// Backlog of listening sockets. Default 1024.
+    /// Backlog of listening sockets (passed to `listen`): how many
+    /// connections the kernel completes and keeps for a listener that is
+    /// not accepting them yet, notably while the backend is at
+    /// [`max_accepted_handshakes`](Self::max_accepted_handshakes). Beyond
+    /// it the kernel turns new connections away (on Linux it drops their
+    /// SYN, and the initiator retries until its connect timeout). The
+    /// kernel caps it at `net.core.somaxconn` (4096 on Linux since 5.4,
+    /// 128 before). Default 1024.
     pub listen_backlog: u32,
     /// The ports listeners may use, or `None` (default) for any port.
     ///
@@ -133,13 +142,27 @@ pub struct TcpConfig {
     /// in [`TcpBackend::refused_connections`](crate::TcpBackend::refused_connections);
     /// its initiator sees the connection end during the handshake. The
     /// connections the listener holds are untouched. Default 4096.
+    ///
+    /// Unlike [`max_accepted_handshakes`](Self::max_accepted_handshakes),
+    /// this limit refuses rather than queues: the connections it counts
+    /// may stay for hours, so a connection left waiting in the backlog
+    /// would only time out there, and would hold backlog room that
+    /// connections waiting for a handshake slot need.
     pub max_connections_per_listener: usize,
     /// Accepted connections still exchanging handshakes, over every
     /// listener of the backend: what a flood of connections that never
     /// complete a handshake can hold (each gives up after
-    /// [`handshake_timeout`](Self::handshake_timeout)). Beyond it, newly
-    /// accepted connections are closed at once and counted as above.
-    /// Default 1024.
+    /// [`handshake_timeout`](Self::handshake_timeout)). Default 1024; at
+    /// least 1 (0 fails backend creation with `InvalidConfig`).
+    ///
+    /// At the limit, listeners stop accepting: new connections wait in the
+    /// kernel's listen backlog ([`listen_backlog`](Self::listen_backlog)),
+    /// with nothing allocated for them, until a handshake ends
+    /// (established, failed or timed out); then accepting resumes. So a
+    /// burst of clients larger than the limit is served in turn rather
+    /// than turned away; only connections beyond the backlog are refused,
+    /// by the kernel. Waiting connections are not counted in
+    /// [`TcpBackend::refused_connections`](crate::TcpBackend::refused_connections).
     pub max_accepted_handshakes: usize,
 }
 

@@ -49,8 +49,9 @@ pub struct BackendStats {
     /// cancel, a timeout).
     pub connections_refused: u64,
     /// Accepted connections closed at once by an admission limit
-    /// (`TcpConfig::max_connections_per_listener`,
-    /// `max_accepted_handshakes`).
+    /// (`TcpConfig::max_connections_per_listener`). Connections waiting for
+    /// a handshake slot (`max_accepted_handshakes`) wait in the listen
+    /// backlog and are not counted.
     pub admission_refusals: u64,
     /// Established connections closed by this side.
     pub closed_local: u64,

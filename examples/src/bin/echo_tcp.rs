@@ -12,6 +12,13 @@
 //! after `--clients` clients (default 1) have disconnected. The exit code is
 //! 0 only if every echo came back intact (client) or the expected clients
 //! came and went (server). Options: [`netio_examples::cli`].
+//!
+//! Memory: the server's listener puts all its connections on one shared
+//! receive pool ([`tcp::server_params`]) where the provider offers it, so
+//! a server with thousands of idle clients stays small (2,000 take about
+//! 8 MiB, against 370–650 MiB with a 256 KiB pool per connection):
+//! on TCP a pool buffer is needed only while a message longer than the
+//! 64 KiB read buffer arrives, so a few dozen serve any number of clients.
 
 use std::error::Error;
 use std::process::ExitCode;

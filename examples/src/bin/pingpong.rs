@@ -11,7 +11,9 @@
 //! ```
 //!
 //! A server accepts messages up to max(`--size`, 64 KiB): give it the same
-//! `--size` as the client for larger messages. Options:
+//! `--size` as the client for larger messages; its connections share one
+//! receive pool where the provider offers it ([`tcp::server_params`]: its
+//! memory does not grow with the clients). Options:
 //! [`netio_examples::cli`].
 
 use std::error::Error;

@@ -61,6 +61,11 @@ impl Proc {
         }
     }
 
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     fn left(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
     }
