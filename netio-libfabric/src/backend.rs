@@ -172,6 +172,8 @@ struct Listener {
 
 #[derive(Default)]
 struct State {
+    /// Scratch list of the completions one read returned.
+    completions: Vec<Completion>,
     listeners: HashMap<EndpointAddress, Listener>,
     conns: ConnTable<Conn>,
     events: VecDeque<Ev>,
@@ -812,9 +814,8 @@ impl Inner {
     /// Reads the completion queue of `id` until `fi_trywait` lets the loop
     /// sleep; returns `false` if the connection ended.
     fn progress_cq(&self, st: &mut State, id: ConnId) -> bool {
-        let mut out = Vec::new();
         for _ in 0..TRYWAIT_ROUNDS {
-            match self.read_cq(st, id, &mut out, self.fabric.lf.max_poll) {
+            match self.read_cq(st, id, self.fabric.lf.max_poll) {
                 None => return false,
                 Some(false) => return true,
                 Some(true) => {}
@@ -842,7 +843,16 @@ impl Inner {
     /// while it is empty) and handles what it held. `None` if the
     /// connection ended, `Some(false)` if it is not established (nothing
     /// to read), `Some(true)` after a read.
-    fn read_cq(
+    fn read_cq(&self, st: &mut State, id: ConnId, extra: u32) -> Option<bool> {
+        // The completions read (memory kept in the state).
+        let mut out = std::mem::take(&mut st.completions);
+        let r = self.read_cq_into(st, id, &mut out, extra);
+        out.clear();
+        st.completions = out;
+        r
+    }
+
+    fn read_cq_into(
         &self,
         st: &mut State,
         id: ConnId,
@@ -945,8 +955,7 @@ impl Inner {
             let Some(id) = st.hot else {
                 return;
             };
-            let mut out = Vec::new();
-            if self.read_cq(&mut st, id, &mut out, 0) != Some(true) && st.hot == Some(id) {
+            if self.read_cq(&mut st, id, 0) != Some(true) && st.hot == Some(id) {
                 st.hot = None;
             }
             !st.events.is_empty()
@@ -1213,9 +1222,9 @@ impl Inner {
         let done = events::dispatch(
             &backend,
             &self.handler,
-            || {
+            |batch| {
                 let mut st = lock(&self.state);
-                (!st.events.is_empty()).then(|| st.events.drain(..).collect())
+                batch.extend(st.events.drain(..));
             },
             |id| self.deliver(&backend, id),
             // Completions are reported as they are read, on the loop.
@@ -1255,8 +1264,7 @@ impl Inner {
                 if !dry {
                     return;
                 }
-                let mut out = Vec::new();
-                self.read_cq(&mut st, id, &mut out, 0);
+                self.read_cq(&mut st, id, 0);
             } else {
                 self.progress_cq(&mut st, id);
             }

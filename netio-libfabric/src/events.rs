@@ -3,6 +3,7 @@
 //! handler, the loop that hands them over, the application's timers and the
 //! memory count of send pools.
 
+use std::cell::Cell;
 use std::sync::{Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -41,23 +42,55 @@ pub(crate) enum Ev {
     Release(Box<dyn std::any::Any + Send>),
 }
 
-/// Hands queued events to the handler: `take` drains the queue (`None`
-/// when it is empty), `deliver` delivers a connection's held messages,
-/// `drain` reports a connection's completed sends.
+thread_local! {
+    /// The memory of a dispatch's batches, kept between dispatches on the
+    /// loop thread (a nested dispatch, if any, finds it taken and
+    /// allocates its own).
+    static BATCH: Cell<Vec<Ev>> = const { Cell::new(Vec::new()) };
+}
+
+/// Hands queued events to the handler: `take` moves the queued events into
+/// the batch it is given (left empty when there are none), `deliver`
+/// delivers a connection's held messages, `drain` reports a connection's
+/// completed sends.
 /// Returns `false` if events were left for another round (the caller posts
 /// one).
 pub(crate) fn dispatch(
     backend: &LibfabricBackend,
     handler: &Mutex<Box<dyn Handler<LibfabricBackend>>>,
-    mut take: impl FnMut() -> Option<Vec<Ev>>,
+    mut take: impl FnMut(&mut Vec<Ev>),
     mut deliver: impl FnMut(ConnId),
     mut drain: impl FnMut(ConnId),
 ) -> bool {
+    let mut batch = BATCH.with(Cell::take);
+    let done = dispatch_batches(
+        backend,
+        handler,
+        &mut batch,
+        &mut take,
+        &mut deliver,
+        &mut drain,
+    );
+    batch.clear();
+    BATCH.with(|b| b.set(batch));
+    done
+}
+
+fn dispatch_batches(
+    backend: &LibfabricBackend,
+    handler: &Mutex<Box<dyn Handler<LibfabricBackend>>>,
+    batch: &mut Vec<Ev>,
+    take: &mut impl FnMut(&mut Vec<Ev>),
+    deliver: &mut impl FnMut(ConnId),
+    drain: &mut impl FnMut(ConnId),
+) -> bool {
     for _ in 0..BATCHES {
-        let Some(batch) = take() else {
+        batch.clear();
+        take(batch);
+        if batch.is_empty() {
             return true;
-        };
-        for ev in batch {
+        }
+        for ev in batch.drain(..) {
             let ev = match ev {
                 Ev::Deliver(id) => {
                     deliver(id);

@@ -188,6 +188,8 @@ struct State {
     ep: Option<RdmEp>,
     /// Scratch list of the connections a completion read concerned.
     touched: Vec<ConnId>,
+    /// Scratch list of the completions one read returned.
+    completions: Vec<RdmCompletion>,
     ep_source: Option<SourceId>,
     listeners: HashMap<EndpointAddress, Listener>,
     conns: ConnTable<Conn>,
@@ -516,8 +518,7 @@ impl RdmInner {
     /// if it held anything.
     fn progress_once(&self) -> bool {
         let mut st = lock(&self.state);
-        let mut out = Vec::new();
-        let any = self.read_cq(&mut st, &mut out);
+        let any = self.read_cq(&mut st);
         if !st.blocked.is_empty() {
             self.retry_blocked(&mut st);
         }
@@ -570,8 +571,7 @@ impl RdmInner {
 
     fn on_poll(&self) {
         let mut st = lock(&self.state);
-        let mut out = Vec::new();
-        self.read_cq(&mut st, &mut out);
+        self.read_cq(&mut st);
         self.retry_blocked(&mut st);
         if st.blocked.is_empty() && self.lp.now() >= st.poll_until {
             st.polling = false;
@@ -1596,9 +1596,8 @@ impl RdmInner {
     }
 
     fn progress(&self, st: &mut State) {
-        let mut out = Vec::new();
         for _ in 0..TRYWAIT_ROUNDS {
-            self.read_cq(st, &mut out);
+            self.read_cq(st);
             match st.ep.as_ref() {
                 Some(ep) if !ep.trywait() => continue,
                 _ => {
@@ -1613,7 +1612,16 @@ impl RdmInner {
 
     /// Reads the completion queue once and handles what it held; `true`
     /// if anything was read.
-    fn read_cq(&self, st: &mut State, out: &mut Vec<RdmCompletion>) -> bool {
+    fn read_cq(&self, st: &mut State) -> bool {
+        // The completions read (memory kept in the state).
+        let mut out = std::mem::take(&mut st.completions);
+        let any = self.read_cq_into(st, &mut out);
+        out.clear();
+        st.completions = out;
+        any
+    }
+
+    fn read_cq_into(&self, st: &mut State, out: &mut Vec<RdmCompletion>) -> bool {
         out.clear();
         let Some(ep) = st.ep.as_mut() else {
             return false;
@@ -1817,8 +1825,7 @@ impl RdmInner {
     fn spin(&self) {
         let found = {
             let mut st = lock(&self.state);
-            let mut out = Vec::new();
-            self.read_cq(&mut st, &mut out);
+            self.read_cq(&mut st);
             if !st.blocked.is_empty() {
                 self.retry_blocked(&mut st);
             }
@@ -1945,9 +1952,9 @@ impl RdmInner {
         let done = events::dispatch(
             &backend,
             &self.handler,
-            || {
+            |batch| {
                 let mut st = lock(&self.state);
-                (!st.events.is_empty()).then(|| st.events.drain(..).collect())
+                batch.extend(st.events.drain(..));
             },
             |id| self.deliver(&backend, id),
             |id| self.drain(&backend, id),
