@@ -94,8 +94,8 @@ pub struct Cli {
 
     /// The plain baseline's sending BufWriter capacity (bw and rate), with
     /// k/m suffixes; 0: none, each frame written straight to the socket.
-    /// Default: chosen per test by measurement (see docs/benchmarks.md):
-    /// 256k for messages below 64 KiB, none from 64 KiB up.
+    /// Default: 256k for messages below 64 KiB, 0 from 64 KiB up (see
+    /// docs/benchmarks.md for the measurements behind it).
     #[arg(long, value_parser = parse_size_or_zero, value_name = "SIZE")]
     pub plain_write_buffer: Option<usize>,
 

@@ -37,25 +37,39 @@ use crate::provider::{RunError, Spec};
 /// provider's sender sends at most as many between two reads).
 pub const CHUNK: u64 = 256;
 
-/// Default receive buffer of the baseline's receivers.
+/// Default receive buffer of the baseline's receivers: 256 KiB, the
+/// size of the sender's `BufWriter` for small messages, so that one
+/// `read` can take what one `write` sent. Frames are parsed in place, so
+/// the size only sets how many messages a `read` takes; larger frames grow
+/// the buffer.
 ///
-/// Measured on the reference machine (2 vCPUs, load noted in
-/// `docs/benchmarks.md`), `rate --sizes 64` with a 256 KiB `BufWriter`,
-/// median of 5 runs: 64 KiB 46 M/s, 256 KiB 48 M/s, 1 MiB 47 M/s: the
-/// size hardly matters once a read takes more than a few thousand
-/// messages; 256 KiB it is (larger frames grow the buffer).
+/// Measured (`--plain-read-buffer 64k` and `1m` against this default,
+/// `rate --sizes 64 --mode copy --baseline --runs 2`, three interleaved
+/// rounds) on a 2-vCPU machine at load average 11–15, where the same
+/// setting varied up to 10× between runs: no size could be ranked. The
+/// commands to measure it on a quiet machine are in
+/// `docs/benchmarks.md`.
 pub const READ_BUFFER: usize = 256 << 10;
 
 /// Default capacity of the one-way sender's `BufWriter` for messages of
 /// `size` bytes (0: no `BufWriter`, each frame written straight to the
 /// socket).
 ///
-/// Measured on the reference machine, median of 5 runs each (busy
-/// machine: see `docs/benchmarks.md` for the commands, the load and all
-/// the figures): 64 B messages, 64 KiB 38 M/s, 128 KiB 44 M/s,
-/// 256 KiB 50 M/s, 1 MiB 49 M/s, 4 MiB 45 M/s; 64 KiB messages,
-/// straight writes as fast as any `BufWriter`. Small messages take the
-/// 256 KiB one; from 64 KiB up, frames go straight to the socket.
+/// - Below 64 KiB: 256 KiB. On a quiet machine (issue 24: load below
+///   0.8, medians of 5 pairs) a 256 KiB `BufWriter` streamed 64-byte
+///   messages at 55 M/s where the 64 KiB one this tool used before reached
+///   28–47 M/s.
+/// - From 64 KiB up: straight writes. A `BufWriter` passes a frame at
+///   least as large as its capacity straight through anyway; below that,
+///   it would copy every byte once more to save a system call per few
+///   frames, and a system call costs far less than copying 64 KiB.
+///
+/// The sweep run for this choice (64 KiB to 4 MiB for 64-byte messages;
+/// none, 256 KiB and 1 MiB for 64 KiB messages; none and 4 MiB for 1 MiB
+/// messages; three interleaved rounds) was taken on a 2-vCPU machine at
+/// load average 11–15 and could not rank the sizes: the same setting
+/// varied up to 10× between runs. `--plain-write-buffer` re-measures it;
+/// the commands are in `docs/benchmarks.md`.
 pub fn write_buffer(size: usize) -> usize {
     if size < 64 << 10 {
         256 << 10
