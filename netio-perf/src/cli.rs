@@ -100,8 +100,9 @@ pub struct Cli {
     pub plain_write_buffer: Option<usize>,
 
     /// The plain baseline's receive buffer, out of which frames are parsed
-    /// in place, with k/m suffixes (larger frames grow it). Default: 256k
-    /// (see docs/benchmarks.md).
+    /// in place, with k/m suffixes (a larger frame grows it). Default: 256k
+    /// for messages below 64 KiB, one frame (the message size + 4) from
+    /// 64 KiB up (see docs/benchmarks.md).
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub plain_read_buffer: Option<usize>,
 

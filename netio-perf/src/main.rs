@@ -223,7 +223,6 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         baseline,
         layout,
         socket_buffers: cli.socket_buffers,
-        plain_read_buffer: cli.plain_read_buffer.unwrap_or(plain::READ_BUFFER),
     };
     let mut progress = Progress::new();
     let mut rows = Vec::new();
@@ -285,7 +284,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     plain_write_buffer: cli
                         .plain_write_buffer
                         .unwrap_or_else(|| plain::write_buffer(size)),
-                    plain_read_buffer: setup.plain_read_buffer,
+                    plain_read_buffer: cli
+                        .plain_read_buffer
+                        .unwrap_or_else(|| plain::read_buffer(size)),
                 };
                 if mode.is_batch() && test == TestKind::Pingpong {
                     let mut row = Row::new(test, Some(size), Some(mode));
@@ -325,7 +326,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         "default_duration_s": tests.iter().filter(|&&t| t != TestKind::Conns).map(|&t| (t.name().to_string(), json!(defaults(t, 64).1.as_secs_f64()))).collect::<serde_json::Map<_, _>>(),
         "socket_buffers": cli.socket_buffers,
         "plain_write_buffer": cli.plain_write_buffer,
-        "plain_read_buffer": setup.plain_read_buffer,
+        "plain_read_buffer": cli.plain_read_buffer,
         "sizes": cli.sizes.as_ref().map(|s| s.0.clone()),
         "count": cli.count,
         "duration_s": cli.duration,
@@ -419,14 +420,17 @@ fn measure_note(spec: &Spec, baseline: bool) -> String {
         (None, None) => String::new(),
     };
     n += &format!(", after {} unmeasured", spec.warmup);
-    if baseline && spec.role() == proto::Role::Sink {
-        n += &match spec.plain_write_buffer {
-            0 => "; plain TCP writes each frame straight to the socket".to_string(),
-            b => format!(
-                "; plain TCP writes each frame to a {} BufWriter",
-                SizeLabel(b)
-            ),
-        };
+    if baseline {
+        n += &format!(
+            "; plain TCP reads into a {} buffer",
+            SizeLabel(spec.plain_read_buffer)
+        );
+        if spec.role() == proto::Role::Sink {
+            n += &match spec.plain_write_buffer {
+                0 => " and writes each frame straight to the socket".to_string(),
+                b => format!(" and writes each frame to a {} BufWriter", SizeLabel(b)),
+            };
+        }
     }
     n
 }

@@ -9,8 +9,8 @@
 //!   as netio-tcp's `TcpConfig` does not: the system's default with
 //!   autotuning).
 //! - Receivers parse frames in place out of one read buffer
-//!   ([`FrameReader`], `--plain-read-buffer`, default
-//!   [`READ_BUFFER`]): one `read` per buffer-full, no copy of a frame, as
+//!   ([`FrameReader`], `--plain-read-buffer`, default [`read_buffer`]):
+//!   one `read` per buffer-full, no copy of a frame, as
 //!   netio-tcp parses frames in place out of its read buffer. The echo
 //!   server writes each frame back straight from that buffer.
 //! - One-way senders write each length-prefixed message to a `BufWriter`
@@ -37,11 +37,11 @@ use crate::provider::{RunError, Spec};
 /// provider's sender sends at most as many between two reads).
 pub const CHUNK: u64 = 256;
 
-/// Default receive buffer of the baseline's receivers: 256 KiB, the
-/// size of the sender's `BufWriter` for small messages, so that one
-/// `read` can take what one `write` sent. Frames are parsed in place, so
-/// the size only sets how many messages a `read` takes; larger frames grow
-/// the buffer.
+/// Receive buffer of the baseline's receivers for messages below 64 KiB
+/// (see [`read_buffer`]): 256 KiB, the size of the sender's `BufWriter`
+/// for them, so that one `read` can take what one `write` sent. Frames are
+/// parsed in place, so the size only sets how many messages a `read`
+/// takes; a larger frame grows the buffer.
 ///
 /// Measured (`--plain-read-buffer 64k` and `1m` against this default,
 /// `rate --sizes 64 --mode copy --baseline --runs 2`, three interleaved
@@ -50,6 +50,21 @@ pub const CHUNK: u64 = 256;
 /// commands to measure it on a quiet machine are in
 /// `docs/benchmarks.md`.
 pub const READ_BUFFER: usize = 256 << 10;
+
+/// Default receive buffer of the baseline's receivers for messages of
+/// `size` bytes: [`READ_BUFFER`] below 64 KiB; from 64 KiB up, one frame
+/// (`size` + 4), so that every `read` ends at most at the end of the frame
+/// being read and no part of a frame is ever moved to the front of the
+/// buffer (with a larger buffer, the partial frame at its end is, up to a
+/// whole message per buffer-full); a `read` per 64 KiB or more costs less
+/// than moving it.
+pub fn read_buffer(size: usize) -> usize {
+    if size < 64 << 10 {
+        READ_BUFFER
+    } else {
+        size + 4
+    }
+}
 
 /// Default capacity of the one-way sender's `BufWriter` for messages of
 /// `size` bytes (0: no `BufWriter`, each frame written straight to the
@@ -536,5 +551,66 @@ pub fn serve(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader that hands out at most `step` bytes per `read`.
+    struct Trickle<'a> {
+        data: &'a [u8],
+        step: usize,
+    }
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.step.min(buf.len()).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn frames_are_parsed_across_reads_and_the_buffer_grows_for_large_ones() {
+        let sizes = [1usize, 64, 5000, 70_000, 3, 200_000, 64];
+        let mut stream = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            stream.extend_from_slice(&frame_of(&vec![i as u8; n]));
+        }
+        for step in [1, 7, 4096, 1 << 20] {
+            let mut src = Trickle {
+                data: &stream,
+                step,
+            };
+            let mut rd = FrameReader::new(4096);
+            for (i, &n) in sizes.iter().enumerate() {
+                let f = rd.next(&mut src).unwrap().expect("a frame");
+                let f = rd.get(f);
+                assert_eq!(f.len(), 4 + n, "step {step}");
+                assert_eq!(&f[..4], &(n as u32).to_le_bytes());
+                assert!(f[4..].iter().all(|&b| b == i as u8), "step {step}");
+            }
+            assert_eq!(rd.next(&mut src).unwrap(), None, "clean end");
+        }
+        // A stream that ends inside a frame is an error, not an end.
+        let mut src = Trickle {
+            data: &stream[..10],
+            step: 3,
+        };
+        let mut rd = FrameReader::new(4096);
+        rd.next(&mut src).unwrap().unwrap();
+        assert!(rd.next(&mut src).is_err());
+    }
+
+    #[test]
+    fn buffer_sizes_by_message_size() {
+        assert_eq!(write_buffer(64), 256 << 10);
+        assert_eq!(write_buffer((64 << 10) - 1), 256 << 10);
+        assert_eq!(write_buffer(64 << 10), 0);
+        assert_eq!(read_buffer(64), READ_BUFFER);
+        assert_eq!(read_buffer(1 << 20), (1 << 20) + 4);
     }
 }

@@ -180,8 +180,6 @@ pub struct Setup {
     pub layout: String,
     /// `--socket-buffers`, if given.
     pub socket_buffers: Option<usize>,
-    /// The plain baseline's receive buffer.
-    pub plain_read_buffer: usize,
 }
 
 /// What the provider's runs are alternated with.
@@ -264,13 +262,12 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
         )?;
         writeln!(
             out,
-            "plain TCP: TCP_NODELAY and the socket buffers of {}'s side ({}); frames parsed in place out of a {} read buffer; one-way: each length-prefixed message written to a BufWriter (its size per row below), the baseline of per-message and batch sends alike",
+            "plain TCP: TCP_NODELAY and the socket buffers of {}'s side ({}); frames parsed in place out of one read buffer; one-way: each length-prefixed message written to a BufWriter, the baseline of per-message and batch sends alike (sizes in each row's note)",
             setup.provider,
             match setup.socket_buffers {
                 Some(n) => format!("SO_SNDBUF = SO_RCVBUF = {}", SizeLabel(n)),
                 None => "the system's default, autotuned".into(),
             },
-            SizeLabel(setup.plain_read_buffer)
         )?;
     } else {
         writeln!(out, "each figure: median of {} runs", setup.runs)?;
