@@ -679,6 +679,7 @@ fn serve(cli: &Cli, addr: std::net::SocketAddr, timeout: Duration) -> Result<Exi
         addr.into(),
         max_size,
         cli.busy_poll,
+        cli.socket_buffers,
         limit,
         |a| {
             println!(

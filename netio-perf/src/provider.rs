@@ -988,21 +988,24 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
 
 /// Serves every test on `address` with a socket provider until `limit`
 /// passes (forever with `None`): echo or sink per connection, messages up
-/// to `max_size`, echoes in any of `modes`.
+/// to `max_size`, echoes in any of `modes`; with `socket_buffers` (tcp
+/// provider), that `SO_SNDBUF` and `SO_RCVBUF`.
 pub fn serve(
     provider: &str,
     address: EndpointAddress,
     max_size: usize,
     busy_poll: bool,
+    socket_buffers: Option<usize>,
     limit: Option<Duration>,
     on_listening: impl FnOnce(EndpointAddress),
 ) -> Result<(), RunError> {
     let lp = new_loop(busy_poll)?;
     let region = data_region(max_size);
-    let backend = netio::create_backend(
+    let backend = create_socket_backend(
         provider,
-        &AnyLoop::Mio(lp.clone()),
+        &lp,
         BackendConfig::default(),
+        socket_buffers,
         Server::new(Some(region.clone()), false),
     )
     .map_err(|e| failed("cannot create the server backend", e))?;
