@@ -541,7 +541,10 @@ fn fabric_settings() -> Result<FabricSettings, String> {
 
 /// The count of a `--fi-baseline` row without `--count`: one short run
 /// of each side (not reported), then enough round trips that the faster
-/// side takes at least [`FI_SECS`], rounded up to a thousand.
+/// side takes at least [`FI_SECS`], with a fifth to spare, rounded up to a
+/// thousand. netio's side is taken at its median round trip (a stall in
+/// its short run would make the count too small); `fi_pingpong` gives
+/// only its mean.
 fn fi_count(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong) -> Result<u64, String> {
     const PROBE: u64 = 2_000;
     let probe = Spec {
@@ -552,8 +555,8 @@ fn fi_count(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong) -> Result<u64, String> 
     let netio_us = provider::run_socket(&cli.provider, &probe, None)
         .map(|f| {
             f.iter()
-                .find(|(m, _)| *m == metrics::ROUND_TRIPS)
-                .map_or(f64::NAN, |(_, v)| 1e6 / v)
+                .find(|(m, _)| *m == metrics::MEDIAN)
+                .map_or(f64::NAN, |(_, v)| *v)
         })
         .map_err(|e| format!("{} calibration run: {e}", cli.provider))?;
     let fi_us = fi
@@ -564,8 +567,8 @@ fn fi_count(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong) -> Result<u64, String> 
     if !(fastest.is_finite() && fastest > 0.0) {
         return Err("calibration: no round-trip time measured".into());
     }
-    let n = (FI_SECS * 1e6 / fastest).ceil() as u64;
-    Ok(n.div_ceil(1000).max(1) * 1000).map(|n: u64| n.min(i32::MAX as u64))
+    let n = (1.2 * FI_SECS * 1e6 / fastest).ceil() as u64;
+    Ok((n.div_ceil(1000).max(1) * 1000).min(i32::MAX as u64))
 }
 
 /// Runs one `--fi-baseline` row: `runs` pairs of a run of the provider's
@@ -633,7 +636,7 @@ fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progre
     }
     if calibrated {
         row.notes.push(format!(
-            "count {count}: calibrated by one unreported run of each side so that the faster one takes at least {FI_SECS} s"
+            "count {count}: calibrated by one unreported run of each side so that the faster one takes at least {FI_SECS} s (with a fifth to spare; a stall in either short run can still make it shorter)"
         ));
     }
     row.notes.push(format!(
