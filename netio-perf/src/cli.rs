@@ -58,8 +58,9 @@ pub struct Cli {
 
     /// Measured iterations per run (round trips or messages), instead of
     /// measuring for a time. Default: none, runs are timed (--duration);
-    /// with --fi-baseline, a count calibrated before the first pair so
-    /// that the faster side's run lasts at least 0.5 s.
+    /// with --fi-baseline, a count calibrated by one short run of each side
+    /// before the first pair, so that the faster side's run lasts at least
+    /// 0.5 s, with a fifth to spare.
     #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
 
