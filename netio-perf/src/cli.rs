@@ -12,12 +12,19 @@ use clap::{Parser, ValueEnum};
 ///
 /// By default server and client run in this process, on separate event
 /// loops and separate threads, over 127.0.0.1. With no test named, every
-/// test runs with small defaults (with --fi-baseline: pingpong).
+/// test runs (with --fi-baseline: pingpong). Every latency figure is
+/// given as mean, median, p99 and p99.9; the mean is the headline.
 #[derive(Debug, Parser)]
 #[command(name = "netio-perf", version, about, long_about = None)]
 #[command(after_help = "\
+Method: with a baseline, runs are made in pairs in the order A B B A A B B A ...
+(A: the provider, B: the baseline); each ratio is taken within its pair, each
+figure is the median over the runs. Round trips are reported as mean (the
+headline, its ratio first), median, p99, p99.9 and max. Runs are timed unless
+--count is given; each row's notes say what was measured.
+
 Examples:
-  netio-perf --provider tcp --baseline                  every test, small defaults
+  netio-perf --provider tcp --baseline                  every test, default times
   netio-perf pingpong --sizes 64 --baseline --busy-poll
   netio-perf bw --sizes 1m --mode zero-copy --baseline
   netio-perf rate --provider sim                        simulated deliveries per real second
@@ -49,24 +56,56 @@ pub struct Cli {
     #[arg(long, value_parser = parse_sizes, value_name = "SIZES")]
     pub sizes: Option<Sizes>,
 
-    /// Measured iterations per run (round trips or messages). Default:
-    /// 10000 round trips, 256 MiB worth of messages for bw, 200000 messages
-    /// for rate.
+    /// Measured iterations per run (round trips or messages), instead of
+    /// measuring for a time. Default: none, runs are timed (--duration);
+    /// with --fi-baseline, a count calibrated by one short run of each side
+    /// before the first pair, so that the faster side's run lasts at least
+    /// 0.5 s, with a fifth to spare.
     #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
 
-    /// Measure for this many seconds per run instead of a count.
+    /// Seconds measured per run, after the warm-up. Default: 0.5 for
+    /// pingpong (round trips until 0.5 s have passed), 0.6 for bw and
+    /// rate (the sender sends for 0.6 s; the receiver's measured span
+    /// starts when the first measured message arrives, up to a few ms
+    /// later, so it too lasts at least 0.5 s).
     #[arg(long, value_parser = parse_duration, value_name = "SECS")]
     pub duration: Option<f64>,
 
     /// Iterations before measuring starts, per run. Default: 1000 round
-    /// trips, 16 MiB worth of messages for bw, 20000 messages for rate.
+    /// trips, 16 MiB worth of messages for bw, 100000 messages for rate.
     #[arg(long)]
     pub warmup: Option<u64>,
 
-    /// Send modes, comma-separated or repeated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "copy")]
+    /// Send modes, comma-separated or repeated: copy (send_data_copy),
+    /// buffered (get_buffer + send_buffer) and zero-copy (send_data) send
+    /// one message per call; copy-batch (send_copy_batch) and
+    /// buffered-batch (get_buffers + send_buffer_batch) send up to 256
+    /// messages per call, one-way tests only. Default: copy for pingpong
+    /// and bw, copy,copy-batch for rate.
+    #[arg(long, value_enum, value_delimiter = ',')]
     pub mode: Vec<SendMode>,
+
+    /// SO_SNDBUF and SO_RCVBUF of every socket, netio's (tcp provider) and
+    /// the plain baseline's alike, with k/m suffixes. Default: not set,
+    /// the system's default with autotuning, on both sides (as netio-tcp's
+    /// TcpConfig does by default).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub socket_buffers: Option<usize>,
+
+    /// The plain baseline's sending BufWriter capacity (bw and rate), with
+    /// k/m suffixes; 0: none, each frame written straight to the socket.
+    /// Default: 256k for messages below 64 KiB, 0 from 64 KiB up (see
+    /// docs/benchmarks.md for the measurements behind it).
+    #[arg(long, value_parser = parse_size_or_zero, value_name = "SIZE")]
+    pub plain_write_buffer: Option<usize>,
+
+    /// The plain baseline's receive buffer, out of which frames are parsed
+    /// in place, with k/m suffixes (a larger frame grows it). Default: 256k
+    /// for messages below 64 KiB, one frame (the message size + 4) from
+    /// 64 KiB up (see docs/benchmarks.md).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub plain_read_buffer: Option<usize>,
 
     /// Busy-polling event loops (and busy-polling non-blocking sockets for
     /// the baseline) instead of sleeping in epoll.
@@ -78,7 +117,11 @@ pub struct Cli {
     #[arg(long)]
     pub thread_unsafe: bool,
 
-    /// Runs of each figure (alternated with the baseline: A B A B ...).
+    /// Runs of each side per row. With a baseline, runs are made in pairs
+    /// in the order A B B A A B B A ... (A: the provider, B: the
+    /// baseline; the first pair starts with the provider, the second with
+    /// the baseline, and so on), each ratio is taken within its pair, and
+    /// each figure is the median over the runs.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: u32,
 
@@ -90,8 +133,10 @@ pub struct Cli {
     /// With --provider libfabric, pingpong only: alternate every run with
     /// libfabric's own fi_pingpong (server and client processes over
     /// 127.0.0.1, the same fabric provider: NETIO_LIBFABRIC_PROVIDER,
-    /// default tcp; `-e msg`, the same size `-S` and count `-I`, a fresh
-    /// control port per run) and print each figure as a ratio
+    /// default tcp; `-e msg`, or `-e rdm` for the reliable-datagram
+    /// fabrics (shm, tcp;ofi_rxm: the endpoint type the libfabric provider
+    /// uses); the same size `-S` and count `-I`, a fresh control port per
+    /// run) and print each figure as a ratio
     /// libfabric/fi_pingpong. fi_pingpong polls its completion queues in a
     /// tight loop, so this implies --busy-poll. It reports only the mean of
     /// a one-way transfer (usec/xfer); its round trip is taken as 2 ×
@@ -166,6 +211,11 @@ pub enum SendMode {
     ZeroCopy,
     /// `send_data_copy`: copied at once.
     Copy,
+    /// `send_copy_batch`: up to 256 copy sends per call (one-way tests).
+    CopyBatch,
+    /// `get_buffers` + `send_buffer_batch`: up to 256 pool buffers per
+    /// call (one-way tests).
+    BufferedBatch,
     /// Asynchronous sends (not in this version).
     Async,
 }
@@ -177,8 +227,27 @@ impl SendMode {
             Self::Buffered => "buffered",
             Self::ZeroCopy => "zero-copy",
             Self::Copy => "copy",
+            Self::CopyBatch => "copy-batch",
+            Self::BufferedBatch => "buffered-batch",
             Self::Async => "async",
         }
+    }
+
+    /// What the mode calls, for the table: per message or per batch.
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::Buffered => "per message: get_buffer + send_buffer",
+            Self::ZeroCopy => "per message: send_data",
+            Self::Copy => "per message: send_data_copy",
+            Self::CopyBatch => "batch: send_copy_batch, up to 256 per call",
+            Self::BufferedBatch => "batch: get_buffers + send_buffer_batch, up to 256 per call",
+            Self::Async => "asynchronous",
+        }
+    }
+
+    /// Whether the mode sends batches (one-way tests only).
+    pub fn is_batch(self) -> bool {
+        matches!(self, Self::CopyBatch | Self::BufferedBatch)
     }
 
     /// Wire code in the benchmark's set-up message.
@@ -188,6 +257,8 @@ impl SendMode {
             Self::ZeroCopy => 1,
             Self::Copy => 2,
             Self::Async => 3,
+            Self::CopyBatch => 4,
+            Self::BufferedBatch => 5,
         }
     }
 
@@ -197,6 +268,8 @@ impl SendMode {
             0 => Self::Buffered,
             1 => Self::ZeroCopy,
             2 => Self::Copy,
+            4 => Self::CopyBatch,
+            5 => Self::BufferedBatch,
             _ => return None,
         })
     }
@@ -251,6 +324,15 @@ pub fn parse_size(part: &str) -> Result<usize, String> {
         ));
     }
     Ok(n)
+}
+
+/// Parses a size as [`parse_size`] does, or `0`.
+pub fn parse_size_or_zero(part: &str) -> Result<usize, String> {
+    if part.trim() == "0" {
+        Ok(0)
+    } else {
+        parse_size(part)
+    }
 }
 
 fn parse_duration(s: &str) -> Result<f64, String> {

@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! netio-perf [pingpong] [bw] [rate] [conns] [--provider sim|tcp|libfabric] [--baseline] [--busy-poll]
-//!            [--sizes 64,1k,64k,1m] [--mode buffered,zero-copy,copy] [--count N | --duration SECS]
-//!            [--warmup N] [--runs N] [--json [FILE]] [--listen ADDR | --connect ADDR]
+//!            [--sizes 64,1k,64k,1m] [--mode copy,copy-batch,buffered,buffered-batch,zero-copy]
+//!            [--count N | --duration SECS] [--warmup N] [--runs N] [--socket-buffers SIZE]
+//!            [--json [FILE]] [--listen ADDR | --connect ADDR]
 //! netio-perf pingpong --provider libfabric --fi-baseline [--sizes ...] [--count N] [--runs N] [--json [FILE]]
 //! ```
 //!
@@ -16,7 +17,12 @@
 //! one-way transfer (`usec/xfer`): its round trip is 2 × `usec/xfer`,
 //! compared with netio-perf's mean round trip (see the `fi` module).
 //!
-//! See `docs/benchmarks.md` for the method and the results.
+//! The method (see `docs/benchmarks.md` for it and the results): runs in
+//! pairs, A B B A A B B A … (provider, baseline), each ratio within its
+//! pair, each figure the median over the runs; runs timed (0.5 s of round
+//! trips, 0.6 s of sending) unless `--count` is given; round trips
+//! reported as mean (the headline), median, p99, p99.9 and max; the plain
+//! baseline tuned by measurement (see the `plain` module).
 
 mod cli;
 mod conns;
@@ -36,7 +42,7 @@ use serde_json::json;
 
 use cli::{Cli, SendMode, SizeLabel, TestKind};
 use provider::{RunError, Spec};
-use report::{Baseline, Progress, Row, Setup, Status};
+use report::{Baseline, Progress, Row, Setup, Side, Status};
 
 /// Exit code for usage errors.
 const USAGE: u8 = 2;
@@ -70,6 +76,18 @@ fn validate(cli: &Cli) -> Result<(), String> {
             "send mode `async` is not available in this version of netio: the contract has no asynchronous send yet (use buffered, zero-copy or copy)"
                 .into(),
         );
+    }
+    if let Some(n) = cli.socket_buffers {
+        if cli.provider != "tcp" {
+            return Err(format!(
+                "--socket-buffers sets the tcp provider's sockets and the plain baseline's alike; \
+                 provider `{}` does not take it",
+                cli.provider
+            ));
+        }
+        if n < 4096 || n > i32::MAX as usize {
+            return Err("--socket-buffers: between 4k and 2047m".into());
+        }
     }
     if cli.fi_baseline {
         if cli.provider != "libfabric" {
@@ -170,8 +188,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             TestKind::Conns,
         ];
     }
-    let mut modes = cli.mode.clone();
-    modes.dedup();
+
     if let Some(addr) = cli.listen {
         return serve(&cli, addr, timeout);
     }
@@ -205,8 +222,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         runs: cli.runs,
         baseline,
         layout,
+        socket_buffers: cli.socket_buffers,
     };
-    let duration = cli.duration.map(Duration::from_secs_f64);
     let mut progress = Progress::new();
     let mut rows = Vec::new();
     for &test in &tests {
@@ -233,24 +250,53 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             None if test == TestKind::Bw => vec![64 << 10, 1 << 20],
             None => vec![64],
         };
+        let mut modes = cli.mode.clone();
+        if modes.is_empty() {
+            modes = default_modes(test);
+        }
+        let mut seen = Vec::new();
+        modes.retain(|m| {
+            let new = !seen.contains(m);
+            seen.push(*m);
+            new
+        });
         for &size in &sizes {
             for &mode in &modes {
-                let (count, warmup) = defaults(test, size);
+                let (warmup, default_duration) = defaults(test, size);
+                let (count, duration) = match (cli.count, cli.duration) {
+                    (Some(n), _) => (Some(n), None),
+                    (None, Some(d)) => (None, Some(Duration::from_secs_f64(d))),
+                    // fi_pingpong takes a count: calibrated in run_fi_row.
+                    (None, None) if fi.is_some() => (None, None),
+                    (None, None) => (None, Some(default_duration)),
+                };
                 let spec = Spec {
                     test,
                     size,
                     mode,
                     warmup: cli.warmup.unwrap_or(warmup),
-                    count: match duration {
-                        Some(_) => None,
-                        None => Some(cli.count.unwrap_or(count)),
-                    },
+                    count,
                     duration,
                     busy_poll,
                     thread_unsafe: cli.thread_unsafe,
                     timeout,
+                    socket_buffers: cli.socket_buffers,
+                    plain_write_buffer: cli
+                        .plain_write_buffer
+                        .unwrap_or_else(|| plain::write_buffer(size)),
+                    plain_read_buffer: cli
+                        .plain_read_buffer
+                        .unwrap_or_else(|| plain::read_buffer(size)),
                 };
-                rows.push(match &fi {
+                if mode.is_batch() && test == TestKind::Pingpong {
+                    let mut row = Row::new(test, Some(size), Some(mode));
+                    row.status = Status::Unsupported(
+                        "batch sends apply to the one-way tests (bw, rate); ping-pong sends one message at a time".into(),
+                    );
+                    rows.push(row);
+                    continue;
+                }
+                let mut row = match &fi {
                     Some(fi) => run_fi_row(&cli, &spec, fi, &mut progress),
                     None => run_row(
                         &cli,
@@ -258,7 +304,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                         baseline == Some(Baseline::PlainTcp),
                         &mut progress,
                     ),
-                });
+                };
+                if fi.is_none() {
+                    row.notes
+                        .insert(0, measure_note(&spec, baseline == Some(Baseline::PlainTcp)));
+                }
+                rows.push(row);
             }
         }
     }
@@ -270,7 +321,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     }
     let settings = json!({
         "tests": tests.iter().map(|t| t.name()).collect::<Vec<_>>(),
-        "modes": modes.iter().map(|m| m.name()).collect::<Vec<_>>(),
+        "modes": cli.mode.iter().map(|m| m.name()).collect::<Vec<_>>(),
+        "default_modes": tests.iter().map(|&t| (t.name().to_string(), json!(default_modes(t).iter().map(|m| m.name()).collect::<Vec<_>>()))).collect::<serde_json::Map<_, _>>(),
+        "default_duration_s": tests.iter().filter(|&&t| t != TestKind::Conns).map(|&t| (t.name().to_string(), json!(defaults(t, 64).1.as_secs_f64()))).collect::<serde_json::Map<_, _>>(),
+        "socket_buffers": cli.socket_buffers,
+        "plain_write_buffer": cli.plain_write_buffer,
+        "plain_read_buffer": cli.plain_read_buffer,
         "sizes": cli.sizes.as_ref().map(|s| s.0.clone()),
         "count": cli.count,
         "duration_s": cli.duration,
@@ -313,20 +369,74 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     })
 }
 
-/// Default (count, warm-up) of a test at a size.
-fn defaults(test: TestKind, size: usize) -> (u64, u64) {
+/// Measured time per run of ping-pong without `--count` or `--duration`.
+const PINGPONG_SECS: f64 = 0.5;
+
+/// Sending time per run of the one-way tests without `--count` or
+/// `--duration`: the receiver's measured span starts when the first
+/// measured message arrives, behind up to a window of warm-up messages
+/// (16 MiB), so the sender sends a little longer than the 0.5 s every run
+/// is to measure.
+const ONE_WAY_SECS: f64 = 0.6;
+
+/// Per run with `--fi-baseline` and no `--count`: the count is chosen so
+/// that the faster side takes at least this long.
+const FI_SECS: f64 = 0.5;
+
+/// Default (warm-up, measured time) of a test at a size.
+fn defaults(test: TestKind, size: usize) -> (u64, Duration) {
     match test {
-        TestKind::Pingpong => (10_000, 1_000),
+        TestKind::Pingpong => (1_000, Duration::from_secs_f64(PINGPONG_SECS)),
         TestKind::Bw => (
-            ((256u64 << 20) / size as u64).clamp(64, 1_000_000),
             ((16u64 << 20) / size as u64).clamp(8, 100_000),
+            Duration::from_secs_f64(ONE_WAY_SECS),
         ),
-        TestKind::Rate => (500_000, 50_000),
-        TestKind::Conns => (0, 0),
+        TestKind::Rate => (100_000, Duration::from_secs_f64(ONE_WAY_SECS)),
+        TestKind::Conns => (0, Duration::ZERO),
     }
 }
 
-/// Runs one row: `runs` provider runs, each followed by a baseline run.
+/// Default send modes of a test: per-message copy sends, and for `rate`
+/// batch copy sends too.
+fn default_modes(test: TestKind) -> Vec<SendMode> {
+    match test {
+        TestKind::Rate => vec![SendMode::Copy, SendMode::CopyBatch],
+        _ => vec![SendMode::Copy],
+    }
+}
+
+/// What a row measured and how the baseline was set up, for its notes.
+fn measure_note(spec: &Spec, baseline: bool) -> String {
+    let what = match spec.test {
+        TestKind::Pingpong => "round trips",
+        _ => "messages",
+    };
+    let mut n = match (spec.count, spec.duration) {
+        (Some(c), _) => format!("{c} {what} per run"),
+        (None, Some(d)) if spec.role() == proto::Role::Sink => {
+            format!("sending for {} s per run", d.as_secs_f64())
+        }
+        (None, Some(d)) => format!("{} s of {what} per run", d.as_secs_f64()),
+        (None, None) => String::new(),
+    };
+    n += &format!(", after {} unmeasured", spec.warmup);
+    if baseline {
+        n += &format!(
+            "; plain TCP reads into a {} buffer",
+            SizeLabel(spec.plain_read_buffer)
+        );
+        if spec.role() == proto::Role::Sink {
+            n += &match spec.plain_write_buffer {
+                0 => " and writes each frame straight to the socket".to_string(),
+                b => format!(" and writes each frame to a {} BufWriter", SizeLabel(b)),
+            };
+        }
+    }
+    n
+}
+
+/// Runs one row: `runs` pairs of a provider run and a baseline run, in
+/// the order A B B A A B B A …; without a baseline, `runs` provider runs.
 fn run_row(cli: &Cli, spec: &Spec, baseline: bool, progress: &mut Progress) -> Row {
     let mut row = Row::new(spec.test, Some(spec.size), Some(spec.mode));
     let label = format!(
@@ -336,43 +446,57 @@ fn run_row(cli: &Cli, spec: &Spec, baseline: bool, progress: &mut Progress) -> R
         spec.mode.name()
     );
     let connect = cli.connect.map(netio::EndpointAddress::from);
+    let plain_addr = cli.connect.map(|mut a| {
+        a.set_port(a.port().wrapping_add(1));
+        a
+    });
     for i in 0..cli.runs {
-        progress.update(&format!(
-            "{label}: run {}/{} {}",
-            i + 1,
-            cli.runs,
-            cli.provider
-        ));
-        let r = if cli.provider == "sim" {
-            provider::run_sim(spec)
+        let order = if baseline {
+            report::pair_order(i).to_vec()
         } else {
-            provider::run_socket(&cli.provider, spec, connect)
+            vec![Side::Provider]
         };
-        match r {
-            Ok(f) => row.provider_runs.push(f),
-            Err(RunError::Unsupported(m)) => {
-                row.status = Status::Unsupported(m);
-                return row;
-            }
-            Err(RunError::Failed(m)) => {
-                row.status = Status::Failed(format!("{} run {}: {m}", cli.provider, i + 1));
-                return row;
-            }
-        }
-        if baseline {
-            progress.update(&format!("{label}: run {}/{} plain TCP", i + 1, cli.runs));
-            let plain_addr = cli.connect.map(|mut a| {
-                a.set_port(a.port().wrapping_add(1));
-                a
-            });
-            match plain::run(spec, plain_addr) {
-                Ok(f) => row.baseline_runs.push(f),
-                Err(e) => {
-                    row.status = Status::Failed(format!("plain TCP run {}: {e}", i + 1));
-                    row.provider_runs.truncate(row.baseline_runs.len());
-                    return row;
+        for side in order {
+            match side {
+                Side::Provider => {
+                    progress.update(&format!(
+                        "{label}: run {}/{} {}",
+                        i + 1,
+                        cli.runs,
+                        cli.provider
+                    ));
+                    let r = if cli.provider == "sim" {
+                        provider::run_sim(spec)
+                    } else {
+                        provider::run_socket(&cli.provider, spec, connect)
+                    };
+                    match r {
+                        Ok(f) => row.provider_runs.push(f),
+                        Err(RunError::Unsupported(m)) => {
+                            row.status = Status::Unsupported(m);
+                            return row;
+                        }
+                        Err(RunError::Failed(m)) => {
+                            row.status =
+                                Status::Failed(format!("{} run {}: {m}", cli.provider, i + 1));
+                            row.baseline_runs.truncate(row.provider_runs.len());
+                            return row;
+                        }
+                    }
+                }
+                Side::Baseline => {
+                    progress.update(&format!("{label}: run {}/{} plain TCP", i + 1, cli.runs));
+                    match plain::run(spec, plain_addr) {
+                        Ok(f) => row.baseline_runs.push(f),
+                        Err(e) => {
+                            row.status = Status::Failed(format!("plain TCP run {}: {e}", i + 1));
+                            row.provider_runs.truncate(row.baseline_runs.len());
+                            return row;
+                        }
+                    }
                 }
             }
+            row.order.push(side);
         }
     }
     if cli.provider == "sim" {
@@ -415,8 +539,41 @@ fn fabric_settings() -> Result<FabricSettings, String> {
     Err("--fi-baseline needs the libfabric provider, which is not built in".into())
 }
 
-/// Runs one `--fi-baseline` row: `runs` runs of the provider's ping-pong,
-/// each followed by a run of `fi_pingpong` with the same size and count.
+/// The count of a `--fi-baseline` row without `--count`: one short run
+/// of each side (not reported), then enough round trips that the faster
+/// side takes at least [`FI_SECS`], with a fifth to spare, rounded up to a
+/// thousand. netio's side is taken at its median round trip (a stall in
+/// its short run would make the count too small); `fi_pingpong` gives
+/// only its mean.
+fn fi_count(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong) -> Result<u64, String> {
+    const PROBE: u64 = 2_000;
+    let probe = Spec {
+        count: Some(PROBE),
+        duration: None,
+        ..spec.clone()
+    };
+    let netio_us = provider::run_socket(&cli.provider, &probe, None)
+        .map(|f| {
+            f.iter()
+                .find(|(m, _)| *m == metrics::MEDIAN)
+                .map_or(f64::NAN, |(_, v)| *v)
+        })
+        .map_err(|e| format!("{} calibration run: {e}", cli.provider))?;
+    let fi_us = fi
+        .run(spec.size, PROBE, spec.timeout)
+        .map(|s| s.mean_round_trip_us())
+        .map_err(|e| format!("fi_pingpong calibration run: {e}"))?;
+    let fastest = netio_us.min(fi_us);
+    if !(fastest.is_finite() && fastest > 0.0) {
+        return Err("calibration: no round-trip time measured".into());
+    }
+    let n = (1.2 * FI_SECS * 1e6 / fastest).ceil() as u64;
+    Ok((n.div_ceil(1000).max(1) * 1000).min(i32::MAX as u64))
+}
+
+/// Runs one `--fi-baseline` row: `runs` pairs of a run of the provider's
+/// ping-pong and a run of `fi_pingpong` with the same size and count, in
+/// the order A B B A A B B A ….
 fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progress) -> Row {
     let mut row = Row::new(spec.test, Some(spec.size), Some(spec.mode));
     let label = format!(
@@ -425,34 +582,62 @@ fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progre
         SizeLabel(spec.size),
         spec.mode.name()
     );
+    let mut spec = spec.clone();
+    let calibrated = spec.count.is_none();
+    if calibrated {
+        progress.update(&format!("{label}: calibrating the count"));
+        match fi_count(cli, &spec, fi) {
+            Ok(n) => spec.count = Some(n),
+            Err(e) => {
+                row.status = Status::Failed(e);
+                return row;
+            }
+        }
+    }
     let count = spec.count.unwrap_or(1);
     for i in 0..cli.runs {
-        progress.update(&format!(
-            "{label}: run {}/{} {}",
-            i + 1,
-            cli.runs,
-            cli.provider
+        for side in report::pair_order(i) {
+            match side {
+                Side::Provider => {
+                    progress.update(&format!(
+                        "{label}: run {}/{} {}",
+                        i + 1,
+                        cli.runs,
+                        cli.provider
+                    ));
+                    match provider::run_socket(&cli.provider, &spec, None) {
+                        Ok(f) => row.provider_runs.push(metrics::with_means(f, spec.size)),
+                        Err(RunError::Unsupported(m)) => {
+                            row.status = Status::Unsupported(m);
+                            return row;
+                        }
+                        Err(RunError::Failed(m)) => {
+                            row.status =
+                                Status::Failed(format!("{} run {}: {m}", cli.provider, i + 1));
+                            row.baseline_runs.truncate(row.provider_runs.len());
+                            return row;
+                        }
+                    }
+                }
+                Side::Baseline => {
+                    progress.update(&format!("{label}: run {}/{} fi_pingpong", i + 1, cli.runs));
+                    match fi.run(spec.size, count, spec.timeout) {
+                        Ok(s) => row.baseline_runs.push(s.figures()),
+                        Err(e) => {
+                            row.status = Status::Failed(format!("fi_pingpong run {}: {e}", i + 1));
+                            row.provider_runs.truncate(row.baseline_runs.len());
+                            return row;
+                        }
+                    }
+                }
+            }
+            row.order.push(side);
+        }
+    }
+    if calibrated {
+        row.notes.push(format!(
+            "count {count}: calibrated by one unreported run of each side so that the faster one takes at least {FI_SECS} s (with a fifth to spare; a stall in either short run can still make it shorter)"
         ));
-        match provider::run_socket(&cli.provider, spec, None) {
-            Ok(f) => row.provider_runs.push(metrics::with_means(f, spec.size)),
-            Err(RunError::Unsupported(m)) => {
-                row.status = Status::Unsupported(m);
-                return row;
-            }
-            Err(RunError::Failed(m)) => {
-                row.status = Status::Failed(format!("{} run {}: {m}", cli.provider, i + 1));
-                return row;
-            }
-        }
-        progress.update(&format!("{label}: run {}/{} fi_pingpong", i + 1, cli.runs));
-        match fi.run(spec.size, count, spec.timeout) {
-            Ok(s) => row.baseline_runs.push(s.figures()),
-            Err(e) => {
-                row.status = Status::Failed(format!("fi_pingpong run {}: {e}", i + 1));
-                row.provider_runs.truncate(row.baseline_runs.len());
-                return row;
-            }
-        }
     }
     row.notes.push(format!(
         "fi_pingpong: {} (fabric provider `{}`); it times all {count} iterations with no warm-up, netio-perf times {count} after {} unmeasured",
@@ -479,9 +664,13 @@ fn serve(cli: &Cli, addr: std::net::SocketAddr, timeout: Duration) -> Result<Exi
     if cli.baseline {
         let mut plain_addr = addr;
         plain_addr.set_port(addr.port().wrapping_add(1));
-        let busy = cli.busy_poll;
+        let o = plain::ServeOptions {
+            busy: cli.busy_poll,
+            socket_buffers: cli.socket_buffers,
+            read_buffer: cli.plain_read_buffer.unwrap_or(plain::READ_BUFFER),
+        };
         std::thread::spawn(move || {
-            if let Err(e) = plain::serve(plain_addr, busy, limit, |a| {
+            if let Err(e) = plain::serve(plain_addr, o, limit, |a| {
                 println!("plain TCP baseline listening on {a}")
             }) {
                 eprintln!("netio-perf: plain TCP baseline server: {e}");
@@ -493,6 +682,7 @@ fn serve(cli: &Cli, addr: std::net::SocketAddr, timeout: Duration) -> Result<Exi
         addr.into(),
         max_size,
         cli.busy_poll,
+        cli.socket_buffers,
         limit,
         |a| {
             println!(

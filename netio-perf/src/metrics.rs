@@ -28,6 +28,8 @@ pub enum Unit {
     Bytes,
     /// A plain count.
     Count,
+    /// Seconds of real time.
+    Seconds,
 }
 
 impl Unit {
@@ -44,6 +46,7 @@ impl Unit {
             Self::VirtualMillis => "virtual_ms",
             Self::Bytes => "bytes",
             Self::Count => "count",
+            Self::Seconds => "s",
         }
     }
 
@@ -62,6 +65,7 @@ impl Unit {
             Self::Millis => format!("{} ms", sig(value)),
             Self::VirtualMillis => format!("{} ms (virtual)", sig(value)),
             Self::Count => sig(value),
+            Self::Seconds => format!("{} s", sig(value)),
             Self::Bytes => {
                 if value.abs() >= 1024.0 * 1024.0 {
                     format!("{} MiB", sig(value / 1048576.0))
@@ -107,6 +111,9 @@ pub enum Better {
     Lower,
     /// Larger is better (throughput).
     Higher,
+    /// Neither: a fact about the run (its measured time), given without a
+    /// ratio.
+    Neither,
 }
 
 /// A figure's identity.
@@ -134,6 +141,7 @@ macro_rules! metric {
     };
 }
 
+metric!(MEAN, "mean_rtt", "mean round trip", Micros, Lower);
 metric!(MEDIAN, "median_rtt", "median round trip", Micros, Lower);
 metric!(P99, "p99_rtt", "p99 round trip", Micros, Lower);
 metric!(P999, "p999_rtt", "p99.9 round trip", Micros, Lower);
@@ -145,7 +153,6 @@ metric!(
     PerSec,
     Higher
 );
-metric!(MEAN, "mean_rtt", "mean round trip", Micros, Lower);
 metric!(
     PP_THROUGHPUT,
     "pingpong_bytes_per_s",
@@ -154,11 +161,39 @@ metric!(
     Higher
 );
 metric!(
+    V_MEAN,
+    "virtual_mean_rtt",
+    "mean round trip",
+    VirtualMicros,
+    Lower
+);
+metric!(
     V_MEDIAN,
     "virtual_median_rtt",
     "median round trip",
     VirtualMicros,
     Lower
+);
+metric!(
+    V_P99,
+    "virtual_p99_rtt",
+    "p99 round trip",
+    VirtualMicros,
+    Lower
+);
+metric!(
+    V_P999,
+    "virtual_p999_rtt",
+    "p99.9 round trip",
+    VirtualMicros,
+    Lower
+);
+metric!(
+    MEASURED,
+    "measured_s",
+    "measured time per run",
+    Seconds,
+    Neither
 );
 metric!(BANDWIDTH, "bandwidth", "bandwidth", BytesPerSec, Higher);
 metric!(MESSAGES, "messages_per_s", "messages", PerSec, Higher);
@@ -237,9 +272,17 @@ metric!(
 /// The figures of one run.
 pub type Figures = Vec<(Metric, f64)>;
 
+/// The mean of `samples` (ns) in µs.
+fn mean_us(samples: &[u64]) -> f64 {
+    let sum: u128 = samples.iter().map(|&x| u128::from(x)).sum();
+    sum as f64 / samples.len() as f64 / 1e3
+}
+
 /// Figures of a ping-pong run: `samples` in ns (measured round trips),
 /// `virtual_samples` likewise in virtual time (simulator), `elapsed` the
-/// real time of the measured round trips.
+/// real time of the measured round trips. The mean round trip comes
+/// first: it is the headline figure (a transport's stalls show in its
+/// mean and tail, not in its median); then median, p99, p99.9 and max.
 pub fn pingpong(samples: &mut [u64], virtual_samples: &mut [u64], elapsed: Duration) -> Figures {
     if samples.is_empty() {
         return Vec::new();
@@ -247,6 +290,7 @@ pub fn pingpong(samples: &mut [u64], virtual_samples: &mut [u64], elapsed: Durat
     samples.sort_unstable();
     let us = |ns: u64| ns as f64 / 1e3;
     let mut f = vec![
+        (MEAN, mean_us(samples)),
         (MEDIAN, us(percentile(samples, 500))),
         (P99, us(percentile(samples, 990))),
         (P999, us(percentile(samples, 999))),
@@ -258,15 +302,21 @@ pub fn pingpong(samples: &mut [u64], virtual_samples: &mut [u64], elapsed: Durat
     ];
     if !virtual_samples.is_empty() {
         virtual_samples.sort_unstable();
+        f.push((V_MEAN, mean_us(virtual_samples)));
         f.push((V_MEDIAN, us(percentile(virtual_samples, 500))));
+        f.push((V_P99, us(percentile(virtual_samples, 990))));
+        f.push((V_P999, us(percentile(virtual_samples, 999))));
     }
+    f.push((MEASURED, elapsed.as_secs_f64()));
     f
 }
 
 /// The figures of a ping-pong run (`figures`, from [`pingpong`]) that
-/// compare with `fi_pingpong`'s, first: the mean round trip (the measured
-/// time over the round trips) and the bytes of both directions per second;
-/// then the others.
+/// compare with `fi_pingpong`'s, first: the mean round trip as
+/// `fi_pingpong` takes it (the measured time over the round trips, which
+/// includes the work between one round trip and the next, in place of the
+/// mean of the samples) and the bytes of both directions per second; then
+/// the others.
 pub fn with_means(figures: Figures, size: usize) -> Figures {
     let Some(&(_, per_s)) = figures.iter().find(|(m, _)| *m == ROUND_TRIPS) else {
         return figures;
@@ -276,7 +326,11 @@ pub fn with_means(figures: Figures, size: usize) -> Figures {
         (ROUND_TRIPS, per_s),
         (PP_THROUGHPUT, 2.0 * size as f64 * per_s),
     ];
-    f.extend(figures.into_iter().filter(|(m, _)| *m != ROUND_TRIPS));
+    f.extend(
+        figures
+            .into_iter()
+            .filter(|(m, _)| *m != ROUND_TRIPS && *m != MEAN),
+    );
     f
 }
 
@@ -306,6 +360,7 @@ pub fn one_way(bw: bool, r: &Report, sim: bool) -> Result<Figures, String> {
         }
         f.push((V_MESSAGES, r.measured as f64 / vs));
     }
+    f.push((MEASURED, secs));
     Ok(f)
 }
 
@@ -339,14 +394,31 @@ mod tests {
                 "median_rtt"
             ]
         );
-        assert_eq!(
-            keys.iter().filter(|k| **k == "round_trips_per_s").count(),
-            1
-        );
+        for once in ["round_trips_per_s", "mean_rtt"] {
+            assert_eq!(keys.iter().filter(|k| **k == once).count(), 1);
+        }
         // 100 round trips in 2 ms: 20 µs each, 50 k/s, 128 bytes each.
         assert!((f[0].1 - 20.0).abs() < 1e-9);
         assert!((f[1].1 - 50_000.0).abs() < 1e-6);
         assert!((f[2].1 - 6.4e6).abs() < 1e-3);
         assert!(with_means(Vec::new(), 64).is_empty());
+    }
+
+    #[test]
+    fn pingpong_gives_mean_median_and_tails_mean_first() {
+        // 1000 samples: 990 of 10 µs, 9 of 100 µs, 1 of 1000 µs.
+        let mut s: Vec<u64> = std::iter::repeat_n(10_000, 990)
+            .chain(std::iter::repeat_n(100_000, 9))
+            .chain([1_000_000])
+            .collect();
+        let f = pingpong(&mut s, &mut [], Duration::from_secs(1));
+        let get = |k: &str| f.iter().find(|(m, _)| m.key == k).unwrap().1;
+        assert_eq!(f[0].0.key, "mean_rtt");
+        assert!((get("mean_rtt") - 11.8).abs() < 1e-9, "{f:?}");
+        assert_eq!(get("median_rtt"), 10.0);
+        assert_eq!(get("p99_rtt"), 10.0);
+        assert_eq!(get("p999_rtt"), 100.0);
+        assert_eq!(get("max_rtt"), 1000.0);
+        assert_eq!(get("measured_s"), 1.0);
     }
 }

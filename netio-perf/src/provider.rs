@@ -44,6 +44,14 @@ pub struct Spec {
     pub thread_unsafe: bool,
     /// Bound of the whole run.
     pub timeout: Duration,
+    /// `SO_SNDBUF` and `SO_RCVBUF` of every socket (netio's tcp provider
+    /// and the baseline), or `None` for the system's default.
+    pub socket_buffers: Option<usize>,
+    /// The plain baseline's sending `BufWriter` capacity (0: none, every
+    /// frame written straight to the socket).
+    pub plain_write_buffer: usize,
+    /// The plain baseline's receive buffer.
+    pub plain_read_buffer: usize,
 }
 
 impl Spec {
@@ -121,6 +129,7 @@ fn recv_size(size: usize) -> usize {
 pub fn check_mode(provider: &str, f: Features, mode: SendMode) -> Result<(), RunError> {
     let missing = match mode {
         SendMode::Copy if !f.send_copy => Some("copy sends (send_data_copy)"),
+        SendMode::CopyBatch if !f.send_copy => Some("copy sends (send_copy_batch)"),
         SendMode::ZeroCopy if !f.send_zero_copy => Some("zero-copy sends (send_data)"),
         SendMode::Async => Some("asynchronous sends"),
         _ => None,
@@ -217,8 +226,8 @@ fn send_msg<B: Backend + ?Sized>(
     key: u64,
 ) -> Result<(), SendError> {
     match mode {
-        SendMode::Copy => b.send_data_copy(conn, &[data], &[], key),
-        SendMode::Buffered => {
+        SendMode::Copy | SendMode::CopyBatch => b.send_data_copy(conn, &[data], &[], key),
+        SendMode::Buffered | SendMode::BufferedBatch => {
             let Some(mut buf) = b
                 .get_buffer(conn)
                 .map_err(|e| SendError::Failed(e.into()))?
@@ -492,7 +501,8 @@ impl Client {
                     }
                 }
                 // As many as the window has room for, up to the end of the
-                // warm-up or of the count (batches do not cross either).
+                // warm-up or of the count (neither is crossed), at most
+                // MAX_BATCH between two reads of the clock.
                 let mut n = (self.window - self.inflight) as u64;
                 if let Some(count) = self.spec.count {
                     n = n.min(self.spec.warmup + count - self.data_sent);
@@ -523,8 +533,9 @@ impl Client {
         }
     }
 
-    /// Sends up to `n` data messages (at least one), as one batch where
-    /// the mode has a batch operation; returns how many were accepted.
+    /// Sends up to `n` data messages (at least one): one batch call in the
+    /// batch modes, one call per message in the others; returns how many
+    /// were accepted.
     fn send_batch<B: Backend + ?Sized>(
         &mut self,
         b: &B,
@@ -533,7 +544,7 @@ impl Client {
     ) -> (usize, Result<(), SendError>) {
         let first = self.key.wrapping_add(1);
         let (sent, r) = match self.spec.mode {
-            SendMode::Copy => {
+            SendMode::CopyBatch => {
                 let msgs: Vec<CopyMessage<'_>> = (0..n as u64)
                     .map(|i| CopyMessage::new(&self.msg, first.wrapping_add(i)))
                     .collect();
@@ -542,7 +553,7 @@ impl Client {
                     Err(e) => (e.sent, Err(e.error)),
                 }
             }
-            SendMode::Buffered => match b.get_buffers(conn, n, &mut self.bufs) {
+            SendMode::BufferedBatch => match b.get_buffers(conn, n, &mut self.bufs) {
                 Err(e) => (0, Err(SendError::Failed(e.into()))),
                 Ok(0) => (0, Err(SendError::NoResources)),
                 Ok(_) => {
@@ -564,16 +575,19 @@ impl Client {
                     }
                 }
             },
-            _ => {
-                let r = send_msg(
-                    b,
-                    conn,
-                    self.spec.mode,
-                    &self.msg,
-                    self.region.as_ref(),
-                    first,
-                );
-                (usize::from(r.is_ok()), r)
+            mode => {
+                let mut key = first;
+                let mut sent = 0;
+                let mut r = Ok(());
+                while sent < n {
+                    r = send_msg(b, conn, mode, &self.msg, self.region.as_ref(), key);
+                    if r.is_err() {
+                        break;
+                    }
+                    sent += 1;
+                    key = key.wrapping_add(1);
+                }
+                (sent, r)
             }
         };
         self.key = self.key.wrapping_add(sent as u64);
@@ -680,7 +694,7 @@ impl<B: Backend + ?Sized> Handler<B> for Client {
 fn client_params(spec: &Spec, region: Option<&MemoryRegion>) -> ConnectionParams {
     let mut p = ConnectionParams::receive(recv_size(spec.size), 4);
     match spec.mode {
-        SendMode::Buffered => {
+        SendMode::Buffered | SendMode::BufferedBatch => {
             let n = if spec.role() == Role::Echo {
                 4
             } else {
@@ -763,6 +777,34 @@ impl Drop for LoopThread {
     }
 }
 
+/// A backend of `provider` on the real loop `lp`; with `socket_buffers`
+/// (tcp provider only), its sockets get that `SO_SNDBUF` and `SO_RCVBUF`,
+/// as the plain baseline's do.
+fn create_socket_backend<H>(
+    provider: &str,
+    lp: &MioLoop,
+    config: BackendConfig,
+    socket_buffers: Option<usize>,
+    handler: H,
+) -> Result<Box<dyn Backend>, netio::CreateError>
+where
+    H: Handler<dyn Backend> + Handler<netio::tcp::TcpBackend> + 'static,
+{
+    match socket_buffers {
+        Some(n) if provider == "tcp" => {
+            let tcp = netio::tcp::TcpConfig {
+                send_buffer_size: Some(n),
+                recv_buffer_size: Some(n),
+                ..netio::tcp::TcpConfig::default()
+            };
+            Ok(Box::new(netio::tcp::TcpBackend::with_tcp_config(
+                lp, config, tcp, handler,
+            )?))
+        }
+        _ => netio::create_backend(provider, &AnyLoop::Mio(lp.clone()), config, handler),
+    }
+}
+
 /// A new real event loop.
 pub fn new_loop(busy_poll: bool) -> Result<MioLoop, RunError> {
     MioLoop::with_config(LoopConfig {
@@ -787,10 +829,11 @@ pub fn run_socket(
         None => {
             let lp = new_loop(spec.busy_poll)?;
             let backend = Arc::new(
-                netio::create_backend(
+                create_socket_backend(
                     provider,
-                    &AnyLoop::Mio(lp.clone()),
+                    &lp,
                     backend_config(spec),
+                    spec.socket_buffers,
                     Server::new(region.clone(), false),
                 )
                 .map_err(|e| failed("cannot create the server backend", e))?,
@@ -827,10 +870,11 @@ pub fn run_socket(
     let outcome: Outcome = Arc::default();
     let (tx, rx) = mpsc::channel();
     let client = Arc::new(
-        netio::create_backend(
+        create_socket_backend(
             provider,
-            &AnyLoop::Mio(lp.clone()),
+            &lp,
             client_config(spec),
+            spec.socket_buffers,
             Client::new(
                 spec.clone(),
                 region.clone(),
@@ -944,21 +988,24 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
 
 /// Serves every test on `address` with a socket provider until `limit`
 /// passes (forever with `None`): echo or sink per connection, messages up
-/// to `max_size`, echoes in any of `modes`.
+/// to `max_size`, echoes in any of `modes`; with `socket_buffers` (tcp
+/// provider), that `SO_SNDBUF` and `SO_RCVBUF`.
 pub fn serve(
     provider: &str,
     address: EndpointAddress,
     max_size: usize,
     busy_poll: bool,
+    socket_buffers: Option<usize>,
     limit: Option<Duration>,
     on_listening: impl FnOnce(EndpointAddress),
 ) -> Result<(), RunError> {
     let lp = new_loop(busy_poll)?;
     let region = data_region(max_size);
-    let backend = netio::create_backend(
+    let backend = create_socket_backend(
         provider,
-        &AnyLoop::Mio(lp.clone()),
+        &lp,
         BackendConfig::default(),
+        socket_buffers,
         Server::new(Some(region.clone()), false),
     )
     .map_err(|e| failed("cannot create the server backend", e))?;

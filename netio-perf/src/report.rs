@@ -42,6 +42,37 @@ pub struct Row {
     pub baseline_runs: Vec<Figures>,
     /// Remarks printed under the row.
     pub notes: Vec<String>,
+    /// The sides in the order their runs were made.
+    pub order: Vec<Side>,
+}
+
+/// Which side a run measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The provider (A).
+    Provider,
+    /// The baseline (B).
+    Baseline,
+}
+
+impl Side {
+    /// The side's name in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Provider => "provider",
+            Self::Baseline => "baseline",
+        }
+    }
+}
+
+/// The order of the two runs of pair `i` (from 0): A B B A A B B A …, so
+/// that neither side always runs first.
+pub fn pair_order(i: u32) -> [Side; 2] {
+    if i % 2 == 0 {
+        [Side::Provider, Side::Baseline]
+    } else {
+        [Side::Baseline, Side::Provider]
+    }
 }
 
 impl Row {
@@ -56,6 +87,7 @@ impl Row {
             provider_runs: Vec::new(),
             baseline_runs: Vec::new(),
             notes: Vec::new(),
+            order: Vec::new(),
         }
     }
 
@@ -65,7 +97,7 @@ impl Row {
             t += &format!(" {}", SizeLabel(s));
         }
         if let Some(m) = self.mode {
-            t += &format!(", {}", m.name());
+            t += &format!(", {} ({})", m.name(), m.description());
         }
         if let Some(v) = &self.variant {
             t += &format!(", {v}");
@@ -97,12 +129,16 @@ impl Row {
             .map(|m| {
                 let provider = value(&self.provider_runs, &m);
                 let baseline = value(&self.baseline_runs, &m);
-                let ratios: Vec<f64> = provider
-                    .iter()
-                    .zip(&baseline)
-                    .map(|(p, b)| p / b)
-                    .filter(|r| r.is_finite())
-                    .collect();
+                let ratios: Vec<f64> = if m.better == Better::Neither {
+                    Vec::new()
+                } else {
+                    provider
+                        .iter()
+                        .zip(&baseline)
+                        .map(|(p, b)| p / b)
+                        .filter(|r| r.is_finite())
+                        .collect()
+                };
                 Aggregate {
                     metric: m,
                     provider,
@@ -142,6 +178,8 @@ pub struct Setup {
     pub baseline: Option<Baseline>,
     /// Where the server runs.
     pub layout: String,
+    /// `--socket-buffers`, if given.
+    pub socket_buffers: Option<usize>,
 }
 
 /// What the provider's runs are alternated with.
@@ -204,8 +242,9 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
     if setup.baseline == Some(Baseline::FiPingpong) {
         writeln!(
             out,
-            "each figure: median of {} runs, each run alternated with libfabric's fi_pingpong (server and client processes over 127.0.0.1, same fabric provider and endpoint type) (A B A B ...); ratio = {}/fi_pingpong of the same pair of runs, median (min–max)",
+            "each figure: median of {} runs, in pairs with libfabric's fi_pingpong (server and client processes over 127.0.0.1, same fabric provider and endpoint type), in the order A B B A A B B A ... (A: {}); ratio = {}/fi_pingpong of the same pair of runs, median (min–max)",
             setup.runs,
+            setup.provider,
             setup.provider
         )?;
         writeln!(
@@ -215,14 +254,28 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
     } else if setup.baseline.is_some() {
         writeln!(
             out,
-            "each figure: median of {} runs, each run alternated with {} (A B A B ...); ratio = {}/plain of the same pair of runs, median (min–max)",
+            "each figure: median of {} runs, in pairs with {}, in the order A B B A A B B A ... (A: {}, B: plain); ratio = {}/plain of the same pair of runs, median (min–max)",
             setup.runs,
             setup.baseline_name(),
+            setup.provider,
             setup.provider
+        )?;
+        writeln!(
+            out,
+            "plain TCP: TCP_NODELAY and the socket buffers of {}'s side ({}); frames parsed in place out of one read buffer; one-way: each length-prefixed message written to a BufWriter, the baseline of per-message and batch sends alike (sizes in each row's note)",
+            setup.provider,
+            match setup.socket_buffers {
+                Some(n) => format!("SO_SNDBUF = SO_RCVBUF = {}", SizeLabel(n)),
+                None => "the system's default, autotuned".into(),
+            },
         )?;
     } else {
         writeln!(out, "each figure: median of {} runs", setup.runs)?;
     }
+    writeln!(
+        out,
+        "latency: the mean round trip is the headline (its ratio first); median, p99, p99.9 and max follow"
+    )?;
     if sim {
         writeln!(
             out,
@@ -258,7 +311,13 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
         for a in &aggs {
             let p = a.metric.unit.format(median(&a.provider));
             if a.ratios.is_empty() {
-                writeln!(out, "  {:<30} {:>22}", a.metric.label, p)?;
+                let b = median(&a.baseline);
+                if with_base && b.is_finite() {
+                    let b = a.metric.unit.format(b);
+                    writeln!(out, "  {:<30} {:>22} {:>22}", a.metric.label, p, b)?;
+                } else {
+                    writeln!(out, "  {:<30} {:>22}", a.metric.label, p)?;
+                }
             } else {
                 let b = a.metric.unit.format(median(&a.baseline));
                 let (lo, hi) = min_max(&a.ratios);
@@ -273,7 +332,7 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
                     hi,
                     match a.metric.better {
                         Better::Lower => "  lower is better",
-                        Better::Higher => "",
+                        Better::Higher | Better::Neither => "",
                     }
                 )?;
             }
@@ -312,7 +371,7 @@ pub fn to_json(setup: &Setup, settings: Value, rows: &[Row]) -> Value {
                         "key": a.metric.key,
                         "label": a.metric.label,
                         "unit": a.metric.unit.json_name(),
-                        "better": match a.metric.better { Better::Lower => "lower", Better::Higher => "higher" },
+                        "better": match a.metric.better { Better::Lower => "lower", Better::Higher => "higher", Better::Neither => "neither" },
                         "provider": stat(&a.provider),
                         "baseline": stat(&a.baseline),
                         "ratio": stat(&a.ratios),
@@ -327,7 +386,10 @@ pub fn to_json(setup: &Setup, settings: Value, rows: &[Row]) -> Value {
                 "variant": row.variant,
                 "status": status,
                 "message": message,
+                "mode_description": row.mode.map(SendMode::description),
                 "figures": figures,
+                "headline": row.aggregate().first().map(|a| a.metric.key),
+                "run_order": row.order.iter().map(|s| s.name()).collect::<Vec<_>>(),
                 "notes": row.notes,
             })
         })

@@ -71,10 +71,74 @@ fn help_and_version() {
         "--sizes",
         "--busy-poll",
         "--json",
+        "--socket-buffers",
+        "--plain-write-buffer",
+        "--plain-read-buffer",
+        "copy-batch",
+        "buffered-batch",
+        "A B B A",
+        "mean",
+        "p99.9",
     ] {
         assert!(help.contains(word), "help lacks {word}");
     }
+    // fi_pingpong's endpoint type follows the fabric's.
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("`-e msg`, or `-e rdm`"), "{flat}");
+    assert!(flat.contains("(shm, tcp;ofi_rxm"), "{flat}");
     assert!(perf(&["--version"]).status.success());
+}
+
+/// `--help` states the defaults the program uses: the measured time per
+/// test, the warm-ups and the default send modes, as the JSON reports them.
+#[test]
+fn help_states_the_defaults() {
+    let help = text(&perf(&["--help"]).stdout);
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    for needle in [
+        "Default: none, runs are timed (--duration)",
+        "Default: 0.5 for pingpong (round trips until 0.5 s have passed), 0.6 for bw and rate",
+        "Default: 1000 round trips, 16 MiB worth of messages for bw, 100000 messages for rate",
+        "Default: copy for pingpong and bw, copy,copy-batch for rate",
+        "[default: 5]",
+        "Default: not set, the system's default with autotuning, on both sides",
+        "Default: 256k for messages below 64 KiB, one frame (the message size + 4) from 64 KiB up",
+        "Default: 256k for messages below 64 KiB, 0 from 64 KiB up",
+    ] {
+        assert!(flat.contains(needle), "help lacks `{needle}`:\n{help}");
+    }
+    // The same defaults, as the program applies them (sim: no sockets, a
+    // quick run; the settings do not depend on the provider).
+    let doc = json_of(&perf(&[
+        "--provider",
+        "sim",
+        "pingpong",
+        "rate",
+        "bw",
+        "--count",
+        "20",
+        "--warmup",
+        "2",
+        "--runs",
+        "1",
+        "--sizes",
+        "64",
+        "--json",
+        "-",
+    ]));
+    let s = &doc["settings"];
+    assert_eq!(
+        s["default_duration_s"],
+        serde_json::json!({"pingpong": 0.5, "bw": 0.6, "rate": 0.6}),
+        "{s}"
+    );
+    assert_eq!(
+        s["default_modes"],
+        serde_json::json!({"pingpong": ["copy"], "bw": ["copy"], "rate": ["copy", "copy-batch"]}),
+        "{s}"
+    );
+    assert!(s["plain_read_buffer"].is_null(), "{s}");
+    assert!(s["plain_write_buffer"].is_null(), "{s}");
 }
 
 #[test]
@@ -119,6 +183,11 @@ fn bad_input_is_rejected_clearly() {
         "cannot be used with",
     );
     rejects(&["--connect", "not-an-address"], "--connect");
+    rejects(
+        &["--provider", "sim", "--socket-buffers", "1m"],
+        "--socket-buffers",
+    );
+    rejects(&["--socket-buffers", "1k"], "between 4k");
 }
 
 #[test]
@@ -176,9 +245,15 @@ fn every_test_over_tcp_with_the_baseline() {
     for needle in [
         "pingpong 64 B, copy",
         "bw 4 KiB, copy",
-        "rate 64 B, copy",
+        "rate 64 B, copy (per message: send_data_copy)",
+        "plain TCP reads into a 256 KiB buffer and writes each frame to a 256 KiB BufWriter",
+        "rate 64 B, copy-batch (batch: send_copy_batch",
         "conns, 10 connections",
+        "mean round trip",
         "median round trip",
+        "p99 round trip",
+        "p99.9 round trip",
+        "A B B A",
         "plain TCP",
         "µs",
         "GB/s",
@@ -189,15 +264,54 @@ fn every_test_over_tcp_with_the_baseline() {
     }
     let doc: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     assert_eq!(doc["baseline"], "plain blocking TCP");
+    // The mean is the headline: first in the table too.
+    let mean = table.find("mean round trip").unwrap();
+    assert!(mean < table.find("median round trip").unwrap(), "{table}");
     for r in results(&doc) {
         assert_eq!(r["status"], "ok", "{r}");
         if r["test"] != "conns" {
+            assert_eq!(
+                r["run_order"],
+                serde_json::json!(["provider", "baseline", "baseline", "provider"]),
+                "{r}"
+            );
             for f in r["figures"].as_array().unwrap() {
                 assert_eq!(f["baseline"]["runs"].as_array().unwrap().len(), 2, "{f}");
-                assert_eq!(f["ratio"]["runs"].as_array().unwrap().len(), 2, "{f}");
+                if f["better"] == "neither" {
+                    assert!(f["ratio"].is_null(), "{f}");
+                } else {
+                    assert_eq!(f["ratio"]["runs"].as_array().unwrap().len(), 2, "{f}");
+                }
             }
         }
     }
+    // Round trips: mean (the headline), median and tails, on both sides.
+    let pp = results(&doc)
+        .iter()
+        .find(|r| r["test"] == "pingpong")
+        .unwrap();
+    assert_eq!(pp["headline"], "mean_rtt", "{pp}");
+    let figs = pp["figures"].as_array().unwrap();
+    assert_eq!(figs[0]["key"], "mean_rtt", "{pp}");
+    for key in ["mean_rtt", "median_rtt", "p99_rtt", "p999_rtt"] {
+        let f = figs.iter().find(|f| f["key"] == key).expect(key);
+        assert!(f["provider"]["median"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(f["baseline"]["median"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(f["ratio"]["median"].as_f64().unwrap() > 0.0, "{f}");
+    }
+    // Per-message and batch rate rows are told apart.
+    let rate_modes: Vec<_> = results(&doc)
+        .iter()
+        .filter(|r| r["test"] == "rate")
+        .map(|r| (r["mode"].clone(), r["mode_description"].clone()))
+        .collect();
+    assert_eq!(rate_modes.len(), 4, "{rate_modes:?}");
+    assert!(rate_modes
+        .iter()
+        .any(|(m, d)| m == "copy" && d.as_str().unwrap().starts_with("per message")));
+    assert!(rate_modes
+        .iter()
+        .any(|(m, d)| m == "copy-batch" && d.as_str().unwrap().starts_with("batch")));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -209,7 +323,7 @@ fn every_send_mode_busy_polling() {
         "--busy-poll",
         "--baseline",
         "--mode",
-        "buffered,zero-copy,copy",
+        "buffered,buffered-batch,zero-copy,copy,copy-batch",
         "--json",
         "-",
     ];
@@ -218,10 +332,90 @@ fn every_send_mode_busy_polling() {
     assert_eq!(doc["busy_poll"], true);
     assert_eq!(doc["baseline"], "plain busy-polling TCP");
     let rs = results(&doc);
-    assert_eq!(rs.len(), 6);
+    assert_eq!(rs.len(), 10);
     for mode in ["buffered", "zero-copy", "copy"] {
-        assert!(rs.iter().any(|r| r["mode"] == mode && r["status"] == "ok"));
+        for test in ["pingpong", "rate"] {
+            assert!(
+                rs.iter()
+                    .any(|r| r["mode"] == mode && r["test"] == test && r["status"] == "ok"),
+                "{mode} {test}"
+            );
+        }
     }
+    for mode in ["buffered-batch", "copy-batch"] {
+        let row = |test| {
+            rs.iter()
+                .find(|r| r["mode"] == mode && r["test"] == test)
+                .unwrap()
+        };
+        assert_eq!(row("rate")["status"], "ok", "{}", row("rate"));
+        // Ping-pong sends one message at a time: no batch row.
+        assert_eq!(row("pingpong")["status"], "unsupported");
+        assert!(row("pingpong")["message"]
+            .as_str()
+            .unwrap()
+            .contains("one-way"));
+    }
+}
+
+/// Without --count or --duration, runs are timed: every run measures at
+/// least half a second (one-way: the sender sends for 0.6 s; the
+/// receiver's span starts when the first measured message arrives, so it
+/// is checked with room for that message's way). No speed is checked.
+#[test]
+fn default_runs_are_timed() {
+    let doc = json_of(&perf(&[
+        "pingpong",
+        "rate",
+        "--baseline",
+        "--mode",
+        "copy",
+        "--runs",
+        "1",
+        "--json",
+        "-",
+    ]));
+    for r in results(&doc) {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["run_order"], serde_json::json!(["provider", "baseline"]));
+        let m = r["figures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["key"] == "measured_s")
+            .unwrap_or_else(|| panic!("no measured time: {r}"));
+        let least = if r["test"] == "pingpong" { 0.5 } else { 0.45 };
+        for side in ["provider", "baseline"] {
+            let s = m[side]["median"].as_f64().unwrap();
+            assert!(s >= least, "{side} measured {s} s: {r}");
+        }
+    }
+}
+
+/// Three pairs: A B, B A, A B.
+#[test]
+fn runs_alternate_a_b_b_a() {
+    let doc = json_of(&perf(&[
+        "pingpong",
+        "--baseline",
+        "--count",
+        "50",
+        "--warmup",
+        "5",
+        "--runs",
+        "3",
+        "--socket-buffers",
+        "256k",
+        "--json",
+        "-",
+    ]));
+    let r = &results(&doc)[0];
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(
+        r["run_order"],
+        serde_json::json!(["provider", "baseline", "baseline", "provider", "provider", "baseline"])
+    );
+    assert_eq!(doc["settings"]["socket_buffers"], 256 * 1024);
 }
 
 #[test]

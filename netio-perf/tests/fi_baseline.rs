@@ -39,7 +39,7 @@ fn fi_run(extra: &[&str], path: Option<OsString>) -> Output {
         "--warmup",
         "20",
         "--runs",
-        "1",
+        "2",
     ])
     .args(extra);
     if let Some(p) = path {
@@ -129,10 +129,20 @@ fn libfabric_against_fi_pingpong() {
             .unwrap_or_else(|| panic!("no {key}: {row}"));
         for side in ["provider", "baseline", "ratio"] {
             let runs = f[side]["runs"].as_array().unwrap();
-            assert_eq!(runs.len(), 1, "{key} {side}: {f}");
-            assert!(runs[0].as_f64().unwrap() > 0.0, "{key} {side}: {f}");
+            assert_eq!(runs.len(), 2, "{key} {side}: {f}");
+            assert!(
+                runs.iter().all(|r| r.as_f64().unwrap() > 0.0),
+                "{key} {side}: {f}"
+            );
         }
     }
+    // Pairs in the order A B B A; the mean round trip is the headline.
+    assert_eq!(
+        row["run_order"],
+        serde_json::json!(["provider", "baseline", "baseline", "provider"]),
+        "{row}"
+    );
+    assert_eq!(row["headline"], "mean_rtt", "{row}");
     // netio-perf's own percentiles have no fi_pingpong counterpart.
     let median = figs.iter().find(|f| f["key"] == "median_rtt").unwrap();
     assert!(median["baseline"].is_null(), "{median}");
