@@ -11,7 +11,8 @@
 //! `fi_trywait` does not report it: without a read after re-posting
 //! buffers, the last messages of a stream waited for unrelated traffic.
 //!
-//! `NETIO_LF_STREAM_RUNS` sets the number of runs per test (default 10).
+//! `NETIO_LF_STREAM_RUNS` sets the number of runs per test (default 10 on
+//! `tcp`, where the lost wake-up was found; 3 elsewhere).
 //! With the `verbs-conformance` feature the same streams run on `verbs`
 //! and `verbs;ofi_rxm` (in the soft-RoCE guest of `scripts/verbs-guest.sh`),
 //! and without it on each reliable-datagram fabric provider of this machine
@@ -38,11 +39,12 @@ const STALL: Duration = Duration::from_secs(5);
 /// The receiver pauses with this many messages unread, resumes at half.
 const HIGH_WATER: usize = 64;
 
-fn runs() -> usize {
+/// Runs per test: `NETIO_LF_STREAM_RUNS`, else `default`.
+fn runs(default: usize) -> usize {
     std::env::var("NETIO_LF_STREAM_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(10)
+        .unwrap_or(default)
 }
 
 #[derive(Default)]
@@ -149,11 +151,11 @@ fn side(sender: bool, pause: bool) -> Side {
 }
 
 fn stream(lf: LibfabricConfig, ip: std::net::IpAddr, pause: bool) {
-    stream_on(lf, ip, pause, false)
+    stream_on(lf, ip, pause, false, runs(10))
 }
 
-/// A stream between two loops, busy polling or not.
-fn stream_on(lf: LibfabricConfig, ip: std::net::IpAddr, pause: bool, busy: bool) {
+/// A stream between two loops, busy polling or not, `runs` times.
+fn stream_on(lf: LibfabricConfig, ip: std::net::IpAddr, pause: bool, busy: bool, runs: usize) {
     let provider = lf.provider.clone();
     let start = if busy {
         Running::start_busy
@@ -161,7 +163,7 @@ fn stream_on(lf: LibfabricConfig, ip: std::net::IpAddr, pause: bool, busy: bool)
         Running::start
     };
     let (rx_loop, tx_loop) = (start(), start());
-    for run in 0..runs() {
+    for run in 0..runs {
         let rx = side(false, pause);
         let tx = side(true, false);
         let receiver = LibfabricBackend::new(
@@ -239,7 +241,7 @@ fn stream_on(lf: LibfabricConfig, ip: std::net::IpAddr, pause: bool, busy: bool)
                     "{provider}, run {run} of {}: no progress for {STALL:?} with {} of {MESSAGES} \
                      messages delivered, {} of {} sends completed, {} closes seen; receiver \
                      (paused, unread, pauses so far): {paused:?}",
-                    runs(),
+                    runs,
                     now.0,
                     now.1,
                     tx.next.lock().unwrap(),
@@ -296,12 +298,24 @@ fn a_stream_to_a_receiver_paused_and_resumed_from_another_thread_delivers_every_
 // loop the spin alone found the held messages here.)
 #[test]
 fn on_busy_polling_loops_a_stream_to_a_counting_receiver_delivers_every_message() {
-    stream_on(LibfabricConfig::provider("tcp"), localhost(), false, true);
+    stream_on(
+        LibfabricConfig::provider("tcp"),
+        localhost(),
+        false,
+        true,
+        runs(3),
+    );
 }
 
 #[test]
 fn on_busy_polling_loops_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message() {
-    stream_on(LibfabricConfig::provider("tcp"), localhost(), true, true);
+    stream_on(
+        LibfabricConfig::provider("tcp"),
+        localhost(),
+        true,
+        true,
+        runs(3),
+    );
 }
 
 /// The reliable-datagram streams: one test per fabric provider and mode.
@@ -309,12 +323,12 @@ macro_rules! rdm_streams {
     ($($fabric:literal: $plain:ident, $paused:ident;)*) => {$(
         #[test]
         fn $plain() {
-            stream(harness::rdm_config($fabric), localhost(), false);
+            stream_on(harness::rdm_config($fabric), localhost(), false, false, runs(3));
         }
 
         #[test]
         fn $paused() {
-            stream(harness::rdm_config($fabric), localhost(), true);
+            stream_on(harness::rdm_config($fabric), localhost(), true, false, runs(3));
         }
     )*};
 }
