@@ -4818,12 +4818,19 @@ pub fn a_close_racing_an_unreported_establishment_reports_a_refusal_or_establish
             .expect("closing a connection that is opening or just established");
         conns.push(conn);
     }
-    let clog = cl.log.clone();
+    let (clog, slog) = (cl.log.clone(), s.log.clone());
     let all = conns.clone();
-    c.wait("every connection's end is reported", || {
-        all.iter()
-            .all(|k| clog.closed_count(*k) == 1 || clog.refused().iter().any(|r| r.0 == *k))
-    });
+    c.wait(
+        "every connection's end is reported, on the listener's side too",
+        || {
+            all.iter()
+                .all(|k| clog.closed_count(*k) == 1 || clog.refused().iter().any(|r| r.0 == *k))
+                && slog
+                    .established()
+                    .iter()
+                    .all(|(k, _, _)| slog.closed_count(*k) == 1)
+        },
+    );
     c.settle();
     for conn in &conns {
         let events = cl.log.events_of(*conn);
