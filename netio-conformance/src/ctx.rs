@@ -4,9 +4,9 @@
 
 use std::net::IpAddr;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use netio_core::{
@@ -16,7 +16,7 @@ use netio_core::{
 
 use crate::harness::{Harness, NodeId};
 use crate::recorder::{Event, Log, PerKey, React, Recorder};
-use crate::watch::{Watch, WatchdogGuard};
+use crate::watch::{lock, Runner, Watch, WatchdogGuard};
 
 /// Wall time the suite waits for a posted call to run on a loop thread.
 const POST_DEADLINE: Duration = Duration::from_secs(20);
@@ -25,26 +25,79 @@ const POST_DEADLINE: Duration = Duration::from_secs(20);
 /// tests choose themselves).
 pub(crate) const KEY_BASE: u64 = 1 << 48;
 
-/// Taken shared by every test of the suite and exclusively by the one that
-/// counts the process's resources, so no other test opens or closes
-/// descriptors meanwhile.
-static TURN: RwLock<()> = RwLock::new(());
+/// Who holds the turn of the suite's tests in this process: any number of
+/// tests at once, or the one that counts the process's resources alone (so
+/// no other test opens or closes descriptors meanwhile).
+struct Turns {
+    shared: usize,
+    alone: bool,
+}
 
-/// A guard on [`TURN`].
-pub(crate) enum Turn {
-    /// Any number of tests at once.
-    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
-    /// This test alone.
-    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
+static TURNS: Mutex<Turns> = Mutex::new(Turns {
+    shared: 0,
+    alone: false,
+});
+static TURN_FREE: Condvar = Condvar::new();
+
+/// One test's turn, given back when dropped, or by the runner when the
+/// test is left behind stuck (so a deadlocked test does not keep the one
+/// that runs alone waiting for ever).
+pub(crate) struct Turn(Arc<TurnHandle>);
+
+pub(crate) struct TurnHandle {
+    alone: bool,
+    released: AtomicBool,
 }
 
 impl Turn {
+    /// A turn shared with any number of tests.
     pub(crate) fn shared() -> Self {
-        Self::Shared(TURN.read().unwrap_or_else(|p| p.into_inner()))
+        Self::take(false)
     }
+
     fn alone() -> Self {
-        Self::Alone(TURN.write().unwrap_or_else(|p| p.into_inner()))
+        Self::take(true)
     }
+
+    fn take(alone: bool) -> Self {
+        let mut t = lock(&TURNS);
+        while t.alone || (alone && t.shared > 0) {
+            t = TURN_FREE.wait(t).unwrap_or_else(|p| p.into_inner());
+        }
+        if alone {
+            t.alone = true;
+        } else {
+            t.shared += 1;
+        }
+        let handle = Arc::new(TurnHandle {
+            alone,
+            released: AtomicBool::new(false),
+        });
+        if let Some(r) = Runner::current() {
+            r.holds(handle.clone());
+        }
+        Self(handle)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        release_turn(&self.0);
+    }
+}
+
+/// Gives a turn back (once, however often it is called).
+pub(crate) fn release_turn(h: &TurnHandle) {
+    if h.released.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let mut t = lock(&TURNS);
+    if h.alone {
+        t.alone = false;
+    } else {
+        t.shared -= 1;
+    }
+    TURN_FREE.notify_all();
 }
 
 /// A backend made for a test, with the log of its events.
@@ -95,6 +148,9 @@ pub enum SendMode {
     ZeroCopy(MemoryRegion),
     /// `send_data_copy`.
     Copy,
+    /// `send_chunk` of chunks of this region (registered on the
+    /// connection), each the first free range ([`MemoryRegion::chunk`]).
+    Chunk(MemoryRegion),
 }
 
 /// What [`Ctx::fill`] sent before the provider pushed back.
@@ -120,6 +176,8 @@ pub struct Ctx<H: Harness> {
     /// Every node's log, for the summary a timed-out wait prints.
     logs: Vec<Log>,
     next_key: AtomicU64,
+    /// The keys [`Ctx::send_buffered_key`] sent, per node and connection.
+    sent_buffered: std::collections::HashMap<(NodeId, ConnId), Vec<u64>>,
     _watchdog: WatchdogGuard,
     _turn: Turn,
 }
@@ -159,6 +217,7 @@ impl<H: Harness> Ctx<H> {
             nodes: 0,
             logs: Vec::new(),
             next_key: AtomicU64::new(KEY_BASE),
+            sent_buffered: std::collections::HashMap::new(),
             _watchdog: watchdog,
             _turn: turn,
         }
@@ -323,8 +382,9 @@ impl<H: Harness> Ctx<H> {
             if Instant::now() > end {
                 panic!(
                     "the loop thread of backend #{id} did not run a posted call ({what}) within \
-                     {} s: it is stuck or not running",
-                    POST_DEADLINE.as_secs()
+                     {} s: it is stuck or not running; {}",
+                    POST_DEADLINE.as_secs(),
+                    self.seen_so_far()
                 );
             }
         }
@@ -383,31 +443,41 @@ impl<H: Harness> Ctx<H> {
         use std::collections::BTreeMap;
         let mut out = Vec::new();
         for (id, log) in self.logs.iter().enumerate() {
-            let mut per: BTreeMap<String, [usize; 4]> = BTreeMap::new();
+            let mut per: BTreeMap<String, [usize; 5]> = BTreeMap::new();
+            let (mut timers, mut wakes) = (0, 0);
             for e in log.events() {
-                let (Some(conn), slot) = (
-                    e.conn(),
+                let Some(conn) = e.conn() else {
                     match e {
-                        Event::Data { .. } => 0,
-                        Event::Completed { .. } => 1,
-                        Event::Closed { .. } => 2,
-                        Event::Established { .. } | Event::Refused { .. } => 3,
-                        _ => continue,
-                    },
-                ) else {
+                        Event::Timer { .. } => timers += 1,
+                        Event::Wake { .. } => wakes += 1,
+                        _ => {}
+                    }
                     continue;
                 };
-                per.entry(format!("{conn:?}")).or_default()[slot] += 1;
+                let n = per.entry(format!("{conn:?}")).or_default();
+                match e {
+                    Event::Data { .. } => n[0] += 1,
+                    Event::Completed { .. } => n[1] += 1,
+                    Event::Closed { keys, .. } => {
+                        n[2] += 1;
+                        n[3] += keys.len();
+                    }
+                    _ => n[4] += 1,
+                }
             }
-            let conns: Vec<String> = per
+            let mut conns: Vec<String> = per
                 .iter()
                 .map(|(c, n)| {
                     format!(
-                        "{c}: {} messages, {} completions, {} closes, {} set-up events",
-                        n[0], n[1], n[2], n[3]
+                        "{c}: {} messages, {} completions, {} closes with {} cancelled keys, {} \
+                         set-up events",
+                        n[0], n[1], n[2], n[3], n[4]
                     )
                 })
                 .collect();
+            if timers + wakes > 0 {
+                conns.push(format!("{timers} on_timer, {wakes} on_wake"));
+            }
             out.push(format!("backend #{id} saw [{}]", conns.join("; ")));
         }
         if out.is_empty() {
@@ -438,13 +508,15 @@ impl<H: Harness> Ctx<H> {
     }
 
     /// Waits until `node` has recorded more than `seen` events (a send
-    /// completed, say), or the harness deadline passes.
-    fn wait_for_news(&mut self, node: &Node<H>, seen: usize) {
+    /// completed, say); `false` if the harness deadline passed first.
+    fn wait_for_news(&mut self, node: &Node<H>, seen: usize) -> bool {
         let log = node.log.clone();
         let watch = self.watch.clone();
-        self.h
+        let news = self
+            .h
             .wait_until(&mut || watch.failing() || log.len() > seen);
         self.watch.check();
+        news
     }
 
     /// Lets pending events run (see [`Harness::settle`]).
@@ -534,19 +606,28 @@ impl<H: Harness> Ctx<H> {
 
     /// Sends `data` by copy from `from` on connection `to` with `key`,
     /// retrying (after letting the loops run) while the provider answers
-    /// `NoResources`.
+    /// `NoResources`; fails, saying what every node saw, when nothing
+    /// happens on `from` within the harness deadline.
     #[track_caller]
     pub fn send_copy(&mut self, from: &Node<H>, to: ConnId, data: Vec<u8>, key: u64) {
-        for _ in 0..10_000 {
+        loop {
             let d = data.clone();
             let seen = from.log.len();
             match self.call(from, move |b| b.send_data_copy(to, &[&d], &[], key)) {
                 Ok(()) => return,
-                Err(e) if e.is_retryable() => self.wait_for_news(from, seen),
+                Err(e) if e.is_retryable() => {
+                    if !self.wait_for_news(from, seen) {
+                        panic!(
+                            "send_data_copy to {to} kept answering {e} and backend #{} reported \
+                             nothing (no completion) within the harness deadline; {}",
+                            from.id,
+                            self.seen_so_far()
+                        );
+                    }
+                }
                 Err(e) => panic!("send_data_copy to {to} failed: {e}"),
             }
         }
-        panic!("send_data_copy to {to} kept answering NoResources");
     }
 
     /// Sends `data` through a pool buffer from `from` on connection `to`,
@@ -560,9 +641,20 @@ impl<H: Harness> Ctx<H> {
     }
 
     /// Like [`Ctx::send_buffered`] with the caller's `key`.
+    ///
+    /// While `get_buffer` gives `None` it waits for `from` to report
+    /// something (a completion brings a buffer back). It fails within
+    /// seconds, naming the rule, when every send this test made through
+    /// the suite's helpers on `to` has been reported and still no buffer
+    /// comes free (the provider keeps the buffers of ended sends: a send
+    /// buffer is back in its pool when its completion is reported), and
+    /// after the harness deadline when nothing happens at all.
     #[track_caller]
     pub fn send_buffered_key(&mut self, from: &Node<H>, to: ConnId, data: Vec<u8>, key: u64) {
-        for _ in 0..10_000 {
+        // The log's length when every send had been reported and no buffer
+        // was free.
+        let mut suspect: Option<usize> = None;
+        loop {
             let d = data.clone();
             let seen = from.log.len();
             let r = self.call(from, move |b| {
@@ -571,12 +663,54 @@ impl<H: Harness> Ctx<H> {
                 Some(b.send_buffer(to, buf, key).map(|()| key))
             });
             match r {
-                Some(Ok(_)) => return,
+                Some(Ok(_)) => {
+                    self.sent_buffered
+                        .entry((from.id, to))
+                        .or_default()
+                        .push(key);
+                    return;
+                }
                 Some(Err(e)) if !e.is_retryable() => panic!("send_buffer to {to} failed: {e}"),
-                _ => self.wait_for_news(from, seen),
+                _ => {}
+            }
+            let sent = self
+                .sent_buffered
+                .get(&(from.id, to))
+                .cloned()
+                .unwrap_or_default();
+            let ended: std::collections::HashSet<u64> = from
+                .log
+                .completed(to)
+                .into_iter()
+                .chain(from.log.cancelled(to))
+                .collect();
+            if sent.iter().all(|k| ended.contains(k)) {
+                if suspect == Some(from.log.len()) {
+                    panic!(
+                        "a send buffer is back in its pool when its completion is reported: \
+                         all {} buffered sends on {to} have been reported (completed or \
+                         cancelled) and nothing else happened, yet get_buffer gives None (the \
+                         provider keeps the buffers of ended sends); {}",
+                        sent.len(),
+                        self.seen_so_far()
+                    );
+                }
+                // Let a provider that returns buffers a little after it
+                // reported their sends catch up, once.
+                suspect = Some(from.log.len());
+                self.settle();
+                continue;
+            }
+            suspect = None;
+            if !self.wait_for_news(from, seen) {
+                panic!(
+                    "no send buffer of {to} came free: get_buffer gives None and backend #{} \
+                     reported nothing (no completion) within the harness deadline; {}",
+                    from.id,
+                    self.seen_so_far()
+                );
             }
         }
-        panic!("no send buffer to {to} came free");
     }
 
     /// Sends messages of `size` bytes (at least 8: each starts with its key)
@@ -622,6 +756,15 @@ impl<H: Harness> Ctx<H> {
                             }
                             let s = region.slice(off, size.max(8)).expect("slice in region");
                             b.send_data(to, &[s], &[], n).map(|()| n)
+                        }
+                        SendMode::Chunk(region) => {
+                            let Some(mut chunk) = region.chunk(size.max(8)) else {
+                                return (keys, Some("the region is all lent out".into()));
+                            };
+                            chunk.copy_from_slice(&msg);
+                            b.send_chunk(to, chunk, &[], n)
+                                .map(|()| n)
+                                .map_err(|e| e.error)
                         }
                         SendMode::Buffered => match b.get_buffer(to) {
                             Ok(Some(mut buf)) => {
@@ -671,10 +814,30 @@ impl<H: Harness> Ctx<H> {
         );
     }
 
-    /// Breaks the connection of `node` whose remote address is `remote`
-    /// like a network failure (see [`Harness::reset`]).
-    pub fn reset(&mut self, node: &Node<H>, remote: EndpointAddress) {
-        self.h.reset(node.id, remote);
+    /// Breaks the connection `conn` of `node`, whose remote address is
+    /// `remote`, like a network failure (see [`Harness::reset_connection`]).
+    pub fn reset(&mut self, node: &Node<H>, conn: ConnId, remote: EndpointAddress) {
+        self.h.reset_connection(node.id, conn, remote);
+    }
+
+    /// Makes `peer` stop answering `node` (see [`Harness::partition`] and
+    /// [`Harness::silence`]): partitions the two where the harness can,
+    /// else silences `peer`. The test called [`Ctx::isolate`] first.
+    pub fn cut_off(&mut self, node: &Node<H>, peer: &Node<H>) {
+        if self.h.can_partition() {
+            self.h.partition(node.id, peer.id);
+        } else {
+            self.h.silence(peer.id);
+        }
+    }
+
+    /// Undoes [`Ctx::cut_off`].
+    pub fn reconnect(&mut self, node: &Node<H>, peer: &Node<H>) {
+        if self.h.can_partition() {
+            self.h.heal(node.id, peer.id);
+        } else {
+            self.h.unsilence(peer.id);
+        }
     }
 
     /// Prepares the harness for [`Ctx::partition`] (see

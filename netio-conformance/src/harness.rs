@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use netio_core::{Backend, BackendConfig, EndpointAddress, EventLoop, Features, Handler};
+use netio_core::{Backend, BackendConfig, ConnId, EndpointAddress, EventLoop, Features, Handler};
 
 /// The index of a backend in the order the harness created it during one
 /// test (0 for the first [`Harness::backend`] call, 1 for the second, …).
@@ -180,5 +180,55 @@ pub trait Harness: Sized + 'static {
     fn heal(&mut self, a: NodeId, b: NodeId) {
         let _ = (a, b);
         panic!("this harness cannot partition nodes (Harness::can_partition is false)");
+    }
+
+    /// `true` (default) if the provider enforces
+    /// [`BackendConfig::peer_timeout`]: a connection whose peer stops
+    /// answering closes with [`CloseReason::TimedOut`](netio_core::CloseReason::TimedOut)
+    /// after about that long. A provider that accepts the setting and
+    /// leaves liveness to its transport returns `false` and declares
+    /// `liveness` unsupported in [`suite!`](crate::suite), with the reason.
+    fn enforces_peer_timeout(&self) -> bool {
+        true
+    }
+
+    /// `true` if [`Harness::silence`] works. The liveness behaviours make a
+    /// peer stop answering with [`Harness::partition`] where the harness
+    /// can partition, else with [`Harness::silence`]: a transport that
+    /// cannot be partitioned (shared memory, a fabric without a packet
+    /// filter) runs them by silencing a peer. A harness that can do
+    /// neither declares `partition` unsupported, which ignores them.
+    fn can_silence(&self) -> bool {
+        false
+    }
+
+    /// Makes backend `node` stop answering, without closing anything or
+    /// telling anyone: nothing it sends reaches a peer and nothing a peer
+    /// sends reaches it (or is acknowledged), until
+    /// [`Harness::unsilence`]. Its loop keeps running, so its own
+    /// `peer_timeout` can fire. A harness implements it however its
+    /// transport allows: a fault hook of the provider's own (drop every
+    /// frame in and out), a proxy between the nodes that stops forwarding,
+    /// a device it can take down. Called only when [`Harness::can_silence`]
+    /// says so and [`Harness::can_partition`] does not.
+    fn silence(&mut self, node: NodeId) {
+        let _ = node;
+        panic!("this harness cannot silence a node (Harness::can_silence is false)");
+    }
+
+    /// Undoes [`Harness::silence`] of `node`.
+    fn unsilence(&mut self, node: NodeId) {
+        let _ = node;
+        panic!("this harness cannot silence a node (Harness::can_silence is false)");
+    }
+
+    /// Like [`Harness::reset`], naming the connection by its handle `conn`
+    /// on backend `node` as well as by its remote address (two connections
+    /// may share one). The default calls [`Harness::reset`] with the
+    /// address; a harness whose transport has no IP addresses, or that can
+    /// reset one connection of several to one address, overrides it.
+    fn reset_connection(&mut self, node: NodeId, conn: ConnId, remote: EndpointAddress) {
+        let _ = conn;
+        self.reset(node, remote);
     }
 }

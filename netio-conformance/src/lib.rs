@@ -36,7 +36,10 @@
 //! and no handler call is nested in another or made from inside a backend
 //! call. A watchdog fails a test within seconds, naming the cause, when
 //! the loop thread is stuck inside a handler call or a backend call does
-//! not return; it never hangs.
+//! not return; it never hangs. Each behaviour runs on a thread of its own,
+//! so a test whose own thread is stuck (a simulator driven by it) fails
+//! with the watchdog's message under plain `cargo test` and is left
+//! behind while the rest of the suite runs.
 //!
 //! Providers on [`MioLoop`](netio_core::mio_loop::MioLoop) use the
 //! ready-made [`mio::MioHarness`] and write no loop-thread code.
@@ -60,8 +63,11 @@
 //! `shared_send_pool`; `reset`, for a harness that cannot break a
 //! connection the way a network failure does ([`Harness::can_reset`]); and
 //! `partition`, for a harness that cannot make one node unreachable from
-//! another ([`Harness::can_partition`]), which the liveness behaviour
-//! needs; and `backpressure`, for a provider whose transport buffers sends
+//! another ([`Harness::can_partition`]) nor silence one
+//! ([`Harness::can_silence`]), which the liveness behaviour needs;
+//! `liveness`, for a provider that does not enforce
+//! `BackendConfig::peer_timeout` ([`Harness::enforces_peer_timeout`]);
+//! and `backpressure`, for a provider whose transport buffers sends
 //! without bound when the receiver takes nothing
 //! ([`Harness::pushes_back`]), so that no send can be held in flight; and
 //! `one_local_port`, for a harness that cannot make a backend whose
@@ -99,6 +105,7 @@ pub use watch::STUCK;
 
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::watch::run_behaviour;
     pub use netio_core::ThreadSafety;
 }
 
@@ -113,7 +120,8 @@ pub struct Behaviour {
     /// Features (or `reset`, `partition`) it needs; `thread_unsafe_mode`
     /// for the `thread_unsafe` module.
     pub needs: &'static [&'static str],
-    /// Runs it (panics on failure).
+    /// Runs it on a thread of its own (panics on failure, also when that
+    /// thread is stuck: it is then left behind).
     pub run: fn(),
 }
 
@@ -134,7 +142,9 @@ pub fn behaviours<H: Harness>() -> Vec<Behaviour> {
                 module: $module,
                 name: stringify!($name),
                 needs: &[$(stringify!($f)),*],
-                run: || tests::$name::<H>(netio_core::ThreadSafety::$mode),
+                run: || crate::watch::run_behaviour(|| {
+                    tests::$name::<H>(netio_core::ThreadSafety::$mode)
+                }),
             })
         };
     }
@@ -177,6 +187,7 @@ macro_rules! __behaviours {
             both listener_params_apply_to_every_accepted_connection [],
             both connecting_to_nothing_is_refused_on_initiator_only [],
             both closing_a_connection_still_opening_reports_it_refused_as_cancelled [],
+            both a_close_racing_an_unreported_establishment_reports_a_refusal_or_establishment_then_close [],
             both sends_on_a_connection_still_opening_answer_unknown_connection [],
             both two_connections_to_one_address_are_distinct_connections [],
             both two_connections_from_one_local_port_to_two_listeners_are_distinct [one_local_port],
@@ -198,8 +209,10 @@ macro_rules! __behaviours {
             both zero_copy_header_is_prepended_to_payload [send_zero_copy],
             both a_chunk_written_in_place_arrives_and_its_range_is_free_again_after_completion [send_zero_copy],
             both a_refused_chunk_send_gives_the_chunk_back_unchanged [send_zero_copy],
+            both a_region_chunk_comes_back_on_completion_and_on_cancellation_exactly_once [send_zero_copy, backpressure],
             both zero_copy_header_longer_than_16_bytes_is_rejected [send_zero_copy],
             both zero_copy_data_outside_region_is_rejected [send_zero_copy],
+            both a_region_range_held_by_a_chunk_is_refused_and_one_in_flight_may_be_sent_again [send_zero_copy],
             both zero_copy_completion_carries_callers_key [send_zero_copy],
             both zero_copy_scatter_gather_arrives_as_one_message [send_zero_copy],
             both buffered_and_zero_copy_work_on_one_connection [buffered_with_zero_copy],
@@ -228,6 +241,7 @@ macro_rules! __behaviours {
             both local_close_with_sends_held_in_flight_reports_each_key_once_on_both_sides [send_copy, backpressure],
             both peer_close_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy, backpressure],
             both listener_close_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy, backpressure],
+            both a_listener_close_reports_every_key_of_its_accepted_connections_once [send_copy, backpressure],
             both reset_with_sends_in_flight_reports_each_key_once_on_both_sides [send_copy, reset, backpressure],
             both sender_close_after_completions_delivers_everything_before_the_peer_hears_of_it [send_copy],
             both messages_before_a_peer_close_are_delivered_before_the_close [send_copy],
@@ -247,8 +261,10 @@ macro_rules! __behaviours {
             both set_timer_calls_on_timer_after_the_delay_in_order [],
             both wake_from_another_thread_calls_on_wake_once_per_call [],
             both now_never_goes_backwards [],
+            both time_and_timers_seen_from_callbacks_advance_with_the_loops_clock [],
+            both wake_never_calls_the_handler_inside_the_call [],
             // liveness
-            both peer_timeout_closes_an_unreachable_connection_with_timed_out [partition],
+            both peer_timeout_ends_a_connection_whose_peer_stops_answering_with_timed_out [liveness, partition],
             // threads
             both handler_can_send_and_close_inside_callbacks [],
             both handlers_are_never_called_from_inside_a_backend_call [send_copy],
@@ -359,7 +375,9 @@ macro_rules! __test {
     ($h:ty, $mode:ident, [], $u:tt, $name:ident) => {
         #[test]
         fn $name() {
-            $crate::tests::$name::<$h>($crate::__private::ThreadSafety::$mode);
+            $crate::__private::run_behaviour(|| {
+                $crate::tests::$name::<$h>($crate::__private::ThreadSafety::$mode)
+            });
         }
     };
     ($h:ty, $mode:ident, [$f:ident $(, $rest:ident)*], $u:tt, $name:ident) => {
@@ -383,6 +401,7 @@ macro_rules! __member {
     (shared_send_pool, [shared_send_pool $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (reset, [reset $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (partition, [partition $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (liveness, [liveness $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (backpressure, [backpressure $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (one_local_port, [one_local_port $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     ($f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?], $yes:tt, $no:tt) => {
@@ -434,6 +453,9 @@ macro_rules! __reason_text {
     (@$m:ident $(: $n:ident)?, partition, []) => {
         $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: partition" }
     };
+    (@$m:ident $(: $n:ident)?, liveness, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: liveness" }
+    };
     (@$m:ident $(: $n:ident)?, backpressure, []) => {
         $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: backpressure" }
     };
@@ -462,6 +484,9 @@ macro_rules! __reason_text {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
     (@$m:ident $(: $n:ident)?, partition, [partition = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, liveness, [liveness = $why:literal $(, $($r:tt)*)?]) => {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
     (@$m:ident $(: $n:ident)?, backpressure, [backpressure = $why:literal $(, $($r:tt)*)?]) => {

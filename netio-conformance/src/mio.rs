@@ -63,7 +63,7 @@ use std::time::{Duration, Instant};
 
 use netio_core::mio_loop::{LoopConfig, MioLoop};
 use netio_core::{
-    Backend, BackendConfig, CreateError, EndpointAddress, EventLoop, Features, Handler,
+    Backend, BackendConfig, ConnId, CreateError, EndpointAddress, EventLoop, Features, Handler,
 };
 
 use crate::harness::{Harness, NodeId};
@@ -103,7 +103,8 @@ pub trait MioProvider: 'static {
 
     /// The address backends listen on and are reached at (a loopback
     /// address for IP transports; for a transport without IP addresses,
-    /// the address its [`EndpointAddress`]es carry).
+    /// the address its [`EndpointAddress`]es carry). Every node has it
+    /// unless [`MioProvider::node_ip`] gives each its own.
     fn local_ip() -> IpAddr;
 
     /// An address where nothing listens, whose connection attempts are
@@ -159,6 +160,88 @@ pub trait MioProvider: 'static {
     fn reset(local: IpAddr, remote: EndpointAddress) {
         let _ = (local, remote);
         panic!("this provider's harness cannot reset connections");
+    }
+
+    /// The address of backend `node` (the `node`-th backend the test made,
+    /// from 0): where it listens and is reached. By default
+    /// [`MioProvider::local_ip`] for every node. A transport whose nodes
+    /// need addresses of their own (a non-IP transport whose
+    /// [`EndpointAddress`]es carry a node number, a fabric with an address
+    /// per device or per process) gives each its own here, and makes
+    /// backend `node` with that address in [`MioProvider::create_node`].
+    fn node_ip(node: NodeId) -> IpAddr {
+        let _ = node;
+        Self::local_ip()
+    }
+
+    /// Creates backend `node` on `lp` (the harness runs the loop). By
+    /// default [`MioProvider::create`]; override it with
+    /// [`MioProvider::node_ip`] when nodes need addresses of their own.
+    fn create_node(
+        node: NodeId,
+        lp: &MioLoop,
+        config: BackendConfig,
+        handler: Box<dyn Handler<Self::Backend>>,
+    ) -> Result<Self::Backend, CreateError> {
+        let _ = node;
+        Self::create(lp, config, handler)
+    }
+
+    /// Like [`MioProvider::create_node`], for a backend whose connections
+    /// all leave from one local port. By default
+    /// [`MioProvider::create_from_one_port`].
+    fn create_node_from_one_port(
+        node: NodeId,
+        lp: &MioLoop,
+        config: BackendConfig,
+        handler: Box<dyn Handler<Self::Backend>>,
+    ) -> Result<Self::Backend, CreateError> {
+        let _ = node;
+        Self::create_from_one_port(lp, config, handler)
+    }
+
+    /// Breaks the connection `conn` of `backend` (backend `node`), whose
+    /// remote address is `remote`, like a network failure would (see
+    /// [`Harness::reset_connection`]). By default
+    /// [`MioProvider::reset`] with the node's address
+    /// ([`MioProvider::node_ip`]) and `remote`; a transport that can name
+    /// the connection itself (a provider's fault hook taking the handle)
+    /// overrides this instead.
+    fn reset_connection(
+        backend: &Self::Backend,
+        node: NodeId,
+        conn: ConnId,
+        remote: EndpointAddress,
+    ) {
+        let _ = (backend, conn);
+        Self::reset(Self::node_ip(node), remote)
+    }
+
+    /// `true` (default) if the provider enforces
+    /// [`BackendConfig::peer_timeout`] (see
+    /// [`Harness::enforces_peer_timeout`]); declare `liveness` unsupported
+    /// otherwise.
+    const LIVENESS: bool = true;
+
+    /// `true` if [`MioProvider::silence`] works (see
+    /// [`Harness::can_silence`]): the way to run the liveness behaviours
+    /// on a transport that [`MioProvider::NETNS_PARTITION`] cannot
+    /// partition.
+    fn can_silence() -> bool {
+        false
+    }
+
+    /// Makes `backend` (backend `node`) stop answering its peers until
+    /// [`MioProvider::unsilence`] (see [`Harness::silence`]).
+    fn silence(backend: &Self::Backend, node: NodeId) {
+        let _ = (backend, node);
+        panic!("this provider's harness cannot silence a node");
+    }
+
+    /// Undoes [`MioProvider::silence`].
+    fn unsilence(backend: &Self::Backend, node: NodeId) {
+        let _ = (backend, node);
+        panic!("this provider's harness cannot silence a node");
     }
 }
 
@@ -281,7 +364,7 @@ impl<P: MioProvider> Harness for MioHarness<P> {
         handler: Box<dyn Handler<P::Backend>>,
     ) -> P::Backend {
         let lp = Self::new_loop();
-        let b = P::create(&lp, config, handler).expect("creating a backend");
+        let b = P::create_node(self.loops.len(), &lp, config, handler).expect("creating a backend");
         self.run_backend(lp, b)
     }
 
@@ -295,12 +378,13 @@ impl<P: MioProvider> Harness for MioHarness<P> {
         handler: Box<dyn Handler<P::Backend>>,
     ) -> P::Backend {
         let lp = Self::new_loop();
-        let b = P::create_from_one_port(&lp, config, handler).expect("creating a backend");
+        let b = P::create_node_from_one_port(self.loops.len(), &lp, config, handler)
+            .expect("creating a backend");
         self.run_backend(lp, b)
     }
 
-    fn local_ip(&self, _node: NodeId) -> IpAddr {
-        P::local_ip()
+    fn local_ip(&self, node: NodeId) -> IpAddr {
+        P::node_ip(node)
     }
 
     fn refusing_address(&mut self) -> EndpointAddress {
@@ -371,8 +455,39 @@ impl<P: MioProvider> Harness for MioHarness<P> {
     }
 
     fn reset(&mut self, node: NodeId, remote: EndpointAddress) {
-        let _ = node;
-        P::reset(P::local_ip(), remote);
+        P::reset(P::node_ip(node), remote);
+    }
+
+    fn reset_connection(&mut self, node: NodeId, conn: ConnId, remote: EndpointAddress) {
+        let b = self.loops[node]
+            .backend
+            .clone()
+            .unwrap_or_else(|| panic!("backend #{node} is gone"));
+        P::reset_connection(&b, node, conn, remote);
+    }
+
+    fn enforces_peer_timeout(&self) -> bool {
+        P::LIVENESS
+    }
+
+    fn can_silence(&self) -> bool {
+        P::can_silence()
+    }
+
+    fn silence(&mut self, node: NodeId) {
+        let b = self.loops[node]
+            .backend
+            .clone()
+            .unwrap_or_else(|| panic!("backend #{node} is gone"));
+        P::silence(&b, node);
+    }
+
+    fn unsilence(&mut self, node: NodeId) {
+        let b = self.loops[node]
+            .backend
+            .clone()
+            .unwrap_or_else(|| panic!("backend #{node} is gone"));
+        P::unsilence(&b, node);
     }
 
     fn can_partition(&self) -> bool {
@@ -397,11 +512,13 @@ impl<P: MioProvider> Harness for MioHarness<P> {
             "Harness::isolate must be called before any loop or backend is made"
         );
         assert!(self.netns.is_none(), "Harness::isolate was called twice");
-        assert!(
-            P::local_ip().is_loopback(),
-            "MioProvider::NETNS_PARTITION needs a loopback local_ip(), not {}",
-            P::local_ip()
-        );
+        for node in 0..2 {
+            assert!(
+                P::node_ip(node).is_loopback(),
+                "MioProvider::NETNS_PARTITION needs loopback node addresses, not {}",
+                P::node_ip(node)
+            );
+        }
         let ns = Netns::enter().unwrap_or_else(|e| {
             panic!(
                 "partitioning needs a private network namespace for the test's threads, \

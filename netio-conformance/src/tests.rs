@@ -528,7 +528,9 @@ pub fn foreign_buffer_is_rejected<H: Harness>(mode: ThreadSafety) {
 }
 
 /// `get_buffer` and `num_available_buffers` on a connection without send
-/// buffers fail with `NoBuffersAllocated`.
+/// buffers fail with `NoBuffersAllocated`; `send_buffer` there answers
+/// `ForeignBuffer` (a buffer of another connection's pool), and the buffer
+/// is back in its own pool at once.
 pub fn get_buffer_without_send_buffers_fails_with_no_buffers_allocated<H: Harness>(
     mode: ThreadSafety,
 ) {
@@ -552,6 +554,30 @@ pub fn get_buffer_without_send_buffers_fails_with_no_buffers_allocated<H: Harnes
     assert!(
         matches!(n, Err(BufferError::NoBuffersAllocated(_))),
         "num_available_buffers: {n:?}"
+    );
+    // `send_buffer` there: any buffer the caller holds is another pool's.
+    let other = c.connect(
+        &p.server,
+        &p.client,
+        p.listen,
+        ConnectionParams::receive(64, 2).with_buffered(64, 1),
+    );
+    let (r, again) = c.call(&p.client, move |b| {
+        let buf = b
+            .get_buffer(other.client)
+            .expect("get_buffer")
+            .expect("the other connection's only buffer");
+        let r = b.send_buffer(to_server, buf, 1);
+        (r, b.get_buffer(other.client).map(|o| o.is_some()))
+    });
+    assert!(
+        matches!(r, Err(SendError::ForeignBuffer)),
+        "send_buffer on a connection without send buffers answers ForeignBuffer (the buffer \
+         belongs to another pool): {r:?}"
+    );
+    assert!(
+        matches!(again, Ok(true)),
+        "the refused buffer is back in its own pool at once: get_buffer there gave {again:?}"
     );
 }
 
@@ -2322,7 +2348,10 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         ("shared_receive_pool", f.shared_receive_pool),
         ("shared_send_pool", f.shared_send_pool),
         ("reset", reset),
-        ("partition", h.can_partition()),
+        // `partition`: the harness can make no peer stop answering, by
+        // partition or by silencing it.
+        ("partition", h.can_partition() || h.can_silence()),
+        ("liveness", h.enforces_peer_timeout()),
         ("backpressure", h.pushes_back()),
         ("one_local_port", h.can_fix_local_port()),
     ];
@@ -2336,7 +2365,9 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         assert_eq!(
             unsupported.contains(&name),
             !supported,
-            "feature `{name}`: Harness::features (or can_reset, can_partition, pushes_back, can_fix_local_port) says supported = {supported}, the suite! list disagrees"
+            "feature `{name}`: Harness::features (or can_reset, can_partition or can_silence, \
+             enforces_peer_timeout, pushes_back, can_fix_local_port) says supported = \
+             {supported}, the suite! list disagrees"
         );
     }
 }
@@ -2973,6 +3004,11 @@ fn backpressure<H: Harness>(mode: ThreadSafety, how: &str) {
                 region.write(0, &msg).expect("the region is free again");
                 b.send_data(to_server, &[region.slice(0, 64).unwrap()], &[], k)
             }
+            SendMode::Chunk(region) => {
+                let mut chunk = region.chunk(64).expect("the region is free again");
+                chunk.copy_from_slice(&msg);
+                b.send_chunk(to_server, chunk, &[], k).map_err(|e| e.error)
+            }
             SendMode::Buffered => {
                 let mut buf = b
                     .get_buffer(to_server)
@@ -3054,7 +3090,9 @@ pub fn message_to_a_side_without_receive_buffers_closes_with_protocol_error<H: H
 
 /// Closing locally while the peer is held back, with sends truly in
 /// flight: every key is reported once on both sides, the queued ones
-/// cancelled, and nothing cancelled is delivered.
+/// cancelled, nothing cancelled is delivered, and a message partly written
+/// at the close (on a stream) is finished, never cut: the peer gets every
+/// message whole.
 pub fn local_close_with_sends_held_in_flight_reports_each_key_once_on_both_sides<H: Harness>(
     mode: ThreadSafety,
 ) {
@@ -3095,6 +3133,20 @@ pub fn local_close_with_sends_held_in_flight_reports_each_key_once_on_both_sides
         filled.pushed_back
     );
     assert_delivered_in_order(&p.server, p.to_client, &p.client, to_server, &filled.keys);
+    let cut: Vec<usize> = p
+        .server
+        .log
+        .data_on(p.to_client)
+        .iter()
+        .map(Vec::len)
+        .filter(|n| *n != HELD_MSG)
+        .collect();
+    assert!(
+        cut.is_empty(),
+        "a message partly written when its connection is closed is finished first: the peer \
+         gets every message whole ({HELD_MSG} bytes) or not at all, never cut; got messages of \
+         {cut:?} bytes"
+    );
     assert_closed_for(
         &p.client,
         to_server,
@@ -3164,7 +3216,7 @@ pub fn reset_with_sends_in_flight_reports_each_key_once_on_both_sides<H: Harness
         0,
         FILL_LIMIT,
     );
-    c.reset(&p.server, p.accepted);
+    c.reset(&p.server, p.to_client, p.accepted);
     c.resume(&p.server);
     let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
     c.wait("both sides report the reset connection closed", || {
@@ -3277,7 +3329,7 @@ fn arrived_then_closed<H: Harness>(mode: ThreadSafety, reset: bool) {
     // Give the bytes time to cross into the held peer's transport.
     c.settle();
     if reset {
-        c.reset(&p.client, p.listen);
+        c.reset(&p.client, p.to_server, p.listen);
     } else {
         let to_server = p.to_server;
         c.call(&p.client, move |b| b.close_active_endpoint(to_server))
@@ -4317,10 +4369,13 @@ pub fn now_never_goes_backwards<H: Harness>(mode: ThreadSafety) {
 
 // ------------------------------------------------------- v2: liveness
 
-/// With `peer_timeout`, a connection whose peer became unreachable (a
-/// partition: no answer, no reset) closes on each side with `TimedOut`, no
-/// earlier than the timeout, each unfinished key reported once.
-pub fn peer_timeout_closes_an_unreachable_connection_with_timed_out<H: Harness>(
+/// With `peer_timeout`, a connection whose peer stops answering (no
+/// answer, no reset: a partition, or the harness silencing the peer where
+/// the transport cannot be partitioned) closes on each side with
+/// `TimedOut`, no earlier than the timeout, each unfinished key reported
+/// once. Runs on every provider that enforces `peer_timeout` (declared
+/// liveness) and whose harness can partition or silence a peer.
+pub fn peer_timeout_ends_a_connection_whose_peer_stops_answering_with_timed_out<H: Harness>(
     mode: ThreadSafety,
 ) {
     // Short, for real transports: TCP closes within about twice this.
@@ -4351,7 +4406,7 @@ pub fn peer_timeout_closes_an_unreachable_connection_with_timed_out<H: Harness>(
         !sl.data_on(to_client).is_empty()
     });
     let t0 = c.direct(|| p.client.backend.now());
-    c.partition(&p.client, &p.server);
+    c.cut_off(&p.client, &p.server);
     let sent: Vec<u64> = (10..14).collect();
     for k in &sent {
         c.send_buffered_key(&p.client, to_server, k.to_le_bytes().to_vec(), *k);
@@ -4363,7 +4418,7 @@ pub fn peer_timeout_closes_an_unreachable_connection_with_timed_out<H: Harness>(
         assert_eq!(
             cl.closed_count(to_server),
             0,
-            "a partitioned connection stays open until peer_timeout passed"
+            "a connection whose peer stopped answering stays open until peer_timeout passed"
         );
     }
     c.wait("both sides close the unreachable connection", || {
@@ -4375,7 +4430,7 @@ pub fn peer_timeout_closes_an_unreachable_connection_with_timed_out<H: Harness>(
         "closed {:?} after the partition, before peer_timeout ({TIMEOUT:?})",
         t1.saturating_sub(t0)
     );
-    c.heal(&p.client, &p.server);
+    c.reconnect(&p.client, &p.server);
     c.settle();
     assert_closed_for(&p.client, to_server, &[CloseReason::TimedOut], "the sender");
     assert_closed_for(
@@ -4393,4 +4448,417 @@ pub fn peer_timeout_closes_an_unreachable_connection_with_timed_out<H: Harness>(
             .all(|d| d.as_slice() == b"before" || sent.contains(&key_of(d))),
         "only sent messages arrive"
     );
+}
+
+// ------------------------------------------------------- v3: the edges
+
+/// Time and timers seen from callbacks advance with the loop's clock
+/// (virtual on the simulator, real elsewhere), and a timer fires no
+/// earlier than its delay: a chain of timers, each set from the callback
+/// of the one before with a delay of `D`, sees `now()` move on by at
+/// least `D` from one callback to the next; every reading lies between
+/// the loop's own clock read before the chain and after it; and the
+/// loop's clock says the chain took at least its `N × D`.
+pub fn time_and_timers_seen_from_callbacks_advance_with_the_loops_clock<H: Harness>(
+    mode: ThreadSafety,
+) {
+    const N: u64 = 5;
+    const D: Duration = Duration::from_millis(20);
+    let mut c = Ctx::<H>::new(mode);
+    let chain: React<H::Backend> = Box::new(|b, ev| {
+        if let Event::Timer { token, .. } = ev {
+            if *token < N {
+                b.set_timer(D, token + 1);
+            }
+        }
+    });
+    let cfg = c.config();
+    let n = c.node_with(cfg, Some(chain));
+    let b = n.backend.clone();
+    let loop_before = c.h.event_loop(n.id).now();
+    let set_at = c.direct(|| {
+        let t = b.now();
+        b.set_timer(D, 1);
+        t
+    });
+    let log = n.log.clone();
+    c.wait("the chain of timers ends", || {
+        log.timers().len() as u64 >= N
+    });
+    let loop_after = c.h.event_loop(n.id).now();
+    c.settle();
+    let timers = n.log.timers();
+    let tokens: Vec<u64> = timers.iter().map(|t| t.0).collect();
+    assert_eq!(
+        tokens,
+        (1..=N).collect::<Vec<_>>(),
+        "each timer of the chain fires once, in order"
+    );
+    assert!(
+        set_at >= loop_before,
+        "now() read off the loop ({set_at:?}) is the loop's clock, which read {loop_before:?} \
+         just before"
+    );
+    let mut previous = set_at;
+    for (token, at) in &timers {
+        assert!(
+            *at >= previous + D,
+            "now() seen from on_timer({token}) is {at:?}, less than {D:?} after {previous:?}, \
+             when the timer was set with that delay: time seen from callbacks must advance with \
+             the loop's clock (a cached clock stands still), and a timer fires no earlier than \
+             its delay; all readings from callbacks: {timers:?}"
+        );
+        assert!(
+            *at <= loop_after,
+            "now() seen from on_timer({token}) is {at:?}, later than the loop's own clock \
+             after the chain ({loop_after:?}): now() is the loop's clock"
+        );
+        previous = *at;
+    }
+    let took = loop_after.saturating_sub(loop_before);
+    assert!(
+        took >= D * N as u32,
+        "a chain of {N} timers of {D:?}, each set when the one before fired, ended after \
+         {took:?} by the loop's clock: timers fired before their delay"
+    );
+}
+
+/// `wake` never calls the handler inside the call, wherever it is called
+/// from: the test thread, the loop thread outside a handler (a posted
+/// call), and inside `on_wake`, `on_timer` and `on_data`. Each call brings
+/// exactly one `on_wake` with its token, later, on the loop thread.
+pub fn wake_never_calls_the_handler_inside_the_call<H: Harness>(mode: ThreadSafety) {
+    // The threads now inside a `wake` call of this test.
+    let inside: Arc<Mutex<Vec<std::thread::ThreadId>>> = Arc::default();
+    let problems: Arc<Mutex<Vec<String>>> = Arc::default();
+    fn checked<B: Backend + ?Sized>(inside: &Mutex<Vec<std::thread::ThreadId>>, b: &B, token: u64) {
+        let me = std::thread::current().id();
+        inside.lock().unwrap().push(me);
+        b.wake(token);
+        let mut v = inside.lock().unwrap();
+        let i = v.iter().position(|t| *t == me).expect("this thread's mark");
+        v.swap_remove(i);
+    }
+    let (ins, probs) = (inside.clone(), problems.clone());
+    let react: React<H::Backend> = Box::new(move |b, ev| {
+        let me = std::thread::current().id();
+        if let Event::Wake { token, .. } = ev {
+            if ins.lock().unwrap().contains(&me) {
+                probs.lock().unwrap().push(format!(
+                    "on_wake({token}) was called from inside the wake call that asked for it"
+                ));
+            }
+        }
+        let next = match ev {
+            Event::Wake { token: 20, .. } => 21,
+            Event::Timer { token: 30, .. } => 31,
+            Event::Data { .. } => 41,
+            _ => return,
+        };
+        checked(&ins, b, next);
+    });
+    let mut c = Ctx::<H>::new(mode);
+    let cfg = c.config();
+    let s = c.node_with(cfg, Some(react));
+    let cl = c.node();
+    let p = c.pair_of(s, cl, full_params(64, 4), full_params(64, 4));
+    let b = p.server.backend.clone();
+    let ins = inside.clone();
+    c.direct(|| checked(&ins, &b, 10));
+    let ins = inside.clone();
+    c.on_loop(&p.server, move |b| checked(&ins, b, 20));
+    c.direct(|| b.set_timer(Duration::ZERO, 30));
+    c.send_buffered(&p.client, p.to_server, b"wake".to_vec());
+    let log = p.server.log.clone();
+    c.wait("every wake is delivered", || log.wakes().len() >= 5);
+    c.settle();
+    let problems = problems.lock().unwrap().clone();
+    assert!(
+        problems.is_empty(),
+        "wake never calls the handler inside the call (on_wake comes later, from the loop): \
+         {problems:?}"
+    );
+    let mut tokens: Vec<u64> = p.server.log.wakes().iter().map(|w| w.0).collect();
+    tokens.sort_unstable();
+    assert_eq!(
+        tokens,
+        vec![10, 20, 21, 31, 41],
+        "one on_wake per wake call (from the test thread, a posted call, on_wake, on_timer \
+         and on_data), with its token"
+    );
+}
+
+/// A chunk of a registered region comes back once its send ends, on
+/// completion and on cancellation: after sends that completed, and again
+/// after a close cancelled sends held in flight (the peer's loop held
+/// back), the whole region is one free chunk again; every key is reported
+/// exactly once, completed or cancelled.
+pub fn a_region_chunk_comes_back_on_completion_and_on_cancellation_exactly_once<H: Harness>(
+    mode: ThreadSafety,
+) {
+    const COMPLETED: u64 = 8;
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::new(HELD_MSG * (HELD_DEPTH + 32));
+    let cfg = BackendConfig {
+        send_queue_depth: HELD_DEPTH,
+        ..c.config()
+    };
+    let (s, cl) = (c.node(), c.node_with(cfg, None));
+    let p = c.pair_of(
+        s,
+        cl,
+        ConnectionParams::receive(HELD_MSG, 8),
+        ConnectionParams::receive(64, 4).with_zero_copy(region.clone()),
+    );
+    let to_server = p.to_server;
+    // On completion.
+    for k in 0..COMPLETED {
+        let r = region.clone();
+        let sent = c.call(&p.client, move |b| {
+            let mut chunk = r.chunk(HELD_MSG).expect("a free chunk");
+            chunk[..8].copy_from_slice(&k.to_le_bytes());
+            b.send_chunk(to_server, chunk, &[], k).map_err(|e| e.error)
+        });
+        sent.unwrap_or_else(|e| panic!("send_chunk {k}: {e}"));
+    }
+    let cl_log = p.client.log.clone();
+    c.wait("the chunk sends complete", || {
+        cl_log.completed(to_server).len() as u64 == COMPLETED
+    });
+    c.settle();
+    assert!(
+        region.chunk(region.len()).is_some(),
+        "a chunk's range comes back when its send completes: after {COMPLETED} chunk sends \
+         completed, the region ({} bytes) is not free as a whole",
+        region.len()
+    );
+    // On cancellation: sends held in flight, then a local close.
+    c.pause(&p.server);
+    let filled = c.fill(
+        &p.client,
+        to_server,
+        SendMode::Chunk(region.clone()),
+        HELD_MSG,
+        1 << 32,
+        FILL_LIMIT,
+    );
+    c.call(&p.client, move |b| b.close_active_endpoint(to_server))
+        .expect("closing with chunk sends in flight");
+    c.wait("the closing side reports its close", || {
+        cl_log.closed_count(to_server) == 1
+    });
+    c.settle();
+    let mut sent: Vec<u64> = (0..COMPLETED).collect();
+    sent.extend(&filled.keys);
+    assert_each_key_once(&p.client, to_server, &sent, "the sender");
+    let cancelled = p.client.log.cancelled(to_server);
+    assert!(
+        !cancelled.is_empty(),
+        "the chunk sends still queued when the provider pushed back ({}) cannot have left; \
+         the close must report them cancelled, but none was",
+        filled.pushed_back
+    );
+    let free = region.chunk(region.len());
+    assert!(
+        free.is_some(),
+        "a chunk's range comes back when its send is cancelled by a close: the close reported \
+         {} chunk sends cancelled, yet the region ({} bytes) is not free as a whole (the \
+         provider still holds their ranges)",
+        cancelled.len(),
+        region.len()
+    );
+    drop(free);
+    c.resume(&p.server);
+    let sl = p.server.log.clone();
+    c.wait("the peer reports the close", || {
+        sl.closed_count(p.to_client) == 1
+    });
+    assert_delivered_in_order(&p.server, p.to_client, &p.client, to_server, &sent);
+}
+
+/// Closing a listener reports every key of the sends in flight on each
+/// connection it accepted exactly once (completed, or cancelled in that
+/// connection's `on_connection_closed`), on two accepted connections whose
+/// peers hold their loops back; nothing cancelled is delivered.
+pub fn a_listener_close_reports_every_key_of_its_accepted_connections_once<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let cfg = BackendConfig {
+        send_queue_depth: HELD_DEPTH,
+        ..c.config()
+    };
+    let params = ConnectionParams::receive(HELD_MSG, 8).with_buffered(HELD_MSG, 8);
+    let s = c.node_with(cfg, None);
+    let (a, b) = (c.node(), c.node());
+    let listen = connect_target(c.listen(&s, params.clone()), s.ip);
+    let ca = c.connect(&s, &a, listen, params.clone());
+    let cb = c.connect(&s, &b, listen, params);
+    c.pause(&a);
+    c.pause(&b);
+    let fa = c.fill(&s, ca.server, SendMode::Copy, HELD_MSG, 0, FILL_LIMIT);
+    let fb = c.fill(&s, cb.server, SendMode::Copy, HELD_MSG, 1 << 32, FILL_LIMIT);
+    c.call(&s, move |bk| bk.close_listen_endpoint(listen))
+        .expect("closing the listener");
+    let sl = s.log.clone();
+    c.wait(
+        "the listener's side reports both connections closed",
+        || sl.closed_count(ca.server) == 1 && sl.closed_count(cb.server) == 1,
+    );
+    c.resume(&a);
+    c.resume(&b);
+    let (al, bl) = (a.log.clone(), b.log.clone());
+    c.wait("both peers report their connection closed", || {
+        al.closed_count(ca.client) == 1 && bl.closed_count(cb.client) == 1
+    });
+    c.settle();
+    for (conn, filled, who) in [
+        (ca.server, &fa, "the first accepted connection"),
+        (cb.server, &fb, "the second accepted connection"),
+    ] {
+        assert_each_key_once(&s, conn, &filled.keys, who);
+        assert!(
+            !s.log.cancelled(conn).is_empty(),
+            "{who}: the sends still queued when the provider pushed back ({}) cannot have \
+             left; the listener's close must report them cancelled, but none was",
+            filled.pushed_back
+        );
+        assert_closed_for(&s, conn, &[CloseReason::ListenerClosed], who);
+    }
+    assert_delivered_in_order(&a, ca.client, &s, ca.server, &fa.keys);
+    assert_delivered_in_order(&b, cb.client, &s, cb.server, &fb.keys);
+}
+
+/// A range of a registered region held by a [`RegionChunk`](netio_core::RegionChunk)
+/// cannot be sent by `send_data`: `OutsideRegion`, and nothing is sent. A
+/// range already in flight may be sent again (both sends only read it):
+/// both arrive, both complete; the chunk, sent afterwards, arrives too.
+pub fn a_region_range_held_by_a_chunk_is_refused_and_one_in_flight_may_be_sent_again<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::new(64);
+    let p = zc_pair(&mut c, &region);
+    let to_server = p.to_server;
+    let mut chunk = region.chunk_at(0, 8).expect("a free chunk");
+    chunk.copy_from_slice(b"chunk!!!");
+    region.write(32, b"twice!!!").expect("a free range");
+    let r = region.clone();
+    let (held, first, second) = c.call(&p.client, move |b| {
+        (
+            b.send_data(to_server, &[r.slice(0, 8).unwrap()], &[], 1),
+            b.send_data(to_server, &[r.slice(32, 8).unwrap()], &[], 2),
+            b.send_data(to_server, &[r.slice(32, 8).unwrap()], &[], 3),
+        )
+    });
+    assert!(
+        matches!(held, Err(SendError::OutsideRegion)),
+        "send_data of a range held by a chunk answers OutsideRegion: {held:?}"
+    );
+    assert!(
+        first.is_ok() && second.is_ok(),
+        "a range in flight may be sent again: {first:?}, {second:?}"
+    );
+    c.call(&p.client, move |b| b.send_chunk(to_server, chunk, &[], 4))
+        .expect("the chunk itself can be sent");
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("three messages arrive and complete", || {
+        sl.data_on(p.to_client).len() >= 3 && cl.completed(to_server).len() >= 3
+    });
+    c.settle();
+    assert_eq!(
+        p.server.log.data_on(p.to_client),
+        vec![
+            b"twice!!!".to_vec(),
+            b"twice!!!".to_vec(),
+            b"chunk!!!".to_vec()
+        ],
+        "the refused send is not delivered; the others arrive in order"
+    );
+    assert_eq!(p.client.log.completed(to_server), vec![2, 3, 4]);
+}
+
+/// A close that races an establishment not yet reported ends the
+/// connection one of two ways, decided by the provider's own state at the
+/// close call, never both and never neither: still opening,
+/// `on_connection_refused(Cancelled)` alone; already established inside
+/// the provider, `on_connection_established` and then
+/// `on_connection_closed(Local)` (with no keys: nothing was sent). The
+/// listener's side sees either nothing or an establishment and then its
+/// close. Closes come at every point of the opening, from right after
+/// `open_active_endpoint` to after the handshake.
+pub fn a_close_racing_an_unreported_establishment_reports_a_refusal_or_establishment_then_close<
+    H: Harness,
+>(
+    mode: ThreadSafety,
+) {
+    const ROUNDS: u32 = 24;
+    let mut c = Ctx::<H>::new(mode);
+    let (s, cl) = (c.node(), c.node());
+    let listen = connect_target(c.listen(&s, full_params(64, 2)), s.ip);
+    let mut conns = Vec::new();
+    for round in 0..ROUNDS {
+        let spin = Duration::from_micros(u64::from(round) * 25);
+        let conn = c.call(&cl, move |b| {
+            let conn = b.open_active_endpoint(listen, full_params(64, 2))?;
+            if spin > Duration::ZERO {
+                let start = Instant::now();
+                while start.elapsed() < spin {
+                    std::hint::spin_loop();
+                }
+            }
+            Ok::<_, OpenActiveError>(conn)
+        });
+        let conn = conn.unwrap_or_else(|e| panic!("connecting: {e}"));
+        if round % 3 == 2 {
+            // Let the loops run a little: the handshake may be done.
+            c.settle();
+        }
+        c.call(&cl, move |b| b.close_active_endpoint(conn))
+            .expect("closing a connection that is opening or just established");
+        conns.push(conn);
+    }
+    let (clog, slog) = (cl.log.clone(), s.log.clone());
+    let all = conns.clone();
+    c.wait(
+        "every connection's end is reported, on the listener's side too",
+        || {
+            all.iter()
+                .all(|k| clog.closed_count(*k) == 1 || clog.refused().iter().any(|r| r.0 == *k))
+                && slog
+                    .established()
+                    .iter()
+                    .all(|(k, _, _)| slog.closed_count(*k) == 1)
+        },
+    );
+    c.settle();
+    for conn in &conns {
+        let events = cl.log.events_of(*conn);
+        let refused = matches!(
+            events.as_slice(),
+            [Event::Refused {
+                reason: RefuseReason::Cancelled,
+                ..
+            }]
+        );
+        let established_then_closed = matches!(
+            events.as_slice(),
+            [Event::Established { .. }, Event::Closed { reason: CloseReason::Local, keys, .. }]
+                if keys.is_empty()
+        );
+        assert!(
+            refused || established_then_closed,
+            "a close racing the establishment of {conn} reports refused(Cancelled) alone, or \
+             established then closed(Local); got {events:?}"
+        );
+    }
+    for (conn, _, _) in s.log.established() {
+        let events = s.log.events_of(conn);
+        assert!(
+            matches!(events.last(), Some(Event::Closed { .. })) && s.log.closed_count(conn) == 1,
+            "the listener's side closes every connection it saw established: {events:?}"
+        );
+    }
+    // The listener still works.
+    c.connect(&s, &cl, listen, full_params(64, 2));
 }

@@ -2,10 +2,18 @@
 //! test does (order of events per remote, no re-entrant or nested handler
 //! calls), and a watchdog that turns a stuck loop thread or a backend call
 //! that never returns into a failure that names the cause within seconds.
+//!
+//! Every behaviour runs on a thread of its own ([`run_behaviour`]), so that
+//! a test whose own thread is stuck (a simulator drives its loop on the
+//! test thread, and a deadlocked handler holds it) still fails: the thread
+//! libtest gave the test waits for the behaviour's thread, and when the
+//! watchdog gives up on it, fails with the watchdog's message and leaves
+//! the stuck thread behind. The rest of the suite goes on.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -23,6 +31,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 thread_local! {
+    /// The runner of the behaviour this thread runs, if [`run_behaviour`]
+    /// started it.
+    static RUNNER: RefCell<Option<Arc<Runner>>> = const { RefCell::new(None) };
     /// Set while this thread runs a handler call of the suite's recorder.
     static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
     /// Set while this thread runs a backend call made by the suite.
@@ -45,12 +56,15 @@ pub(crate) struct Watch {
     call_clock: Arc<Mutex<Clock>>,
     stuck: Mutex<Option<String>>,
     done: AtomicBool,
+    /// The runner of the behaviour, if it runs under [`run_behaviour`].
+    runner: Option<Arc<Runner>>,
 }
 
 impl Watch {
     pub(crate) fn new(name: String) -> Arc<Self> {
         Arc::new(Self {
             name,
+            runner: RUNNER.with(|r| r.borrow().clone()),
             ..Self::default()
         })
     }
@@ -130,13 +144,25 @@ impl Watch {
             if let Some(at) = found_at {
                 if at.elapsed() >= GRACE && !self.done.load(Ordering::SeqCst) {
                     // The test thread did not fail by itself: it is the
-                    // stuck one. Say why and end the process rather than
-                    // hang it.
-                    eprintln!(
-                        "\nconformance test {} failed: {}\n(the test thread itself is stuck, \
-                         so the watchdog ends the test process)",
-                        self.name,
-                        self.stuck().unwrap_or_default()
+                    // stuck one.
+                    let what = self.stuck().unwrap_or_default();
+                    if let Some(runner) = &self.runner {
+                        // The thread libtest waits on fails the test with
+                        // this and leaves the stuck one behind.
+                        runner.give_up(format!(
+                            "{what} (the test's own thread is stuck there too: the suite left \
+                             it behind and went on)"
+                        ));
+                        return;
+                    }
+                    // Run without [`run_behaviour`]: nothing can fail the
+                    // test but ending the process. Say why on the real
+                    // standard error (captured output would be lost).
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "\nconformance test {} failed: {what}\n(the test thread itself is \
+                         stuck, so the watchdog ends the test process)",
+                        self.name
                     );
                     std::process::exit(101);
                 }
@@ -229,5 +255,82 @@ impl HandlerClock {
             lock(&self.0).since = None;
             IN_HANDLER.with(|c| c.set(false));
         }
+    }
+}
+
+/// What the thread libtest gave a behaviour knows of the thread that runs
+/// it.
+#[derive(Default)]
+pub(crate) struct Runner {
+    /// Set by the watchdog when it gave up on the behaviour's thread.
+    gave_up: Mutex<Option<String>>,
+    woken: Condvar,
+    /// Turns the behaviour holds, released if it is left behind.
+    turns: Mutex<Vec<Arc<crate::ctx::TurnHandle>>>,
+}
+
+impl Runner {
+    fn give_up(&self, why: String) {
+        *lock(&self.gave_up) = Some(why);
+        self.woken.notify_all();
+    }
+
+    /// The runner of the behaviour on this thread, if any.
+    pub(crate) fn current() -> Option<Arc<Runner>> {
+        RUNNER.with(|r| r.borrow().clone())
+    }
+
+    /// Remembers a turn the behaviour holds (see `ctx::Turn`), so that it
+    /// is given back if the behaviour is left behind stuck.
+    pub(crate) fn holds(&self, turn: Arc<crate::ctx::TurnHandle>) {
+        lock(&self.turns).push(turn);
+    }
+}
+
+/// Runs one behaviour of the suite on a thread of its own and waits for it.
+/// A panic there fails the calling test with the same payload; when the
+/// watchdog finds the behaviour's own thread stuck (a deadlocked handler on
+/// a loop the test thread drives), the calling test fails with the
+/// watchdog's message and the stuck thread is left behind, so the process
+/// and the rest of the suite go on. Used by [`suite!`](crate::suite) and
+/// [`behaviours`](crate::behaviours).
+#[doc(hidden)]
+pub fn run_behaviour(f: fn()) {
+    let runner = Arc::new(Runner::default());
+    let r = runner.clone();
+    // The same name, so that the test's name shows in messages and in the
+    // behaviour's own panics.
+    let name = thread::current()
+        .name()
+        .unwrap_or("conformance test")
+        .to_string();
+    let body = thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            RUNNER.with(|slot| *slot.borrow_mut() = Some(r));
+            f()
+        })
+        .expect("starting a behaviour's thread");
+    let mut gave_up = lock(&runner.gave_up);
+    loop {
+        if body.is_finished() {
+            drop(gave_up);
+            if let Err(payload) = body.join() {
+                std::panic::resume_unwind(payload);
+            }
+            return;
+        }
+        if let Some(why) = gave_up.clone() {
+            drop(gave_up);
+            for t in lock(&runner.turns).iter() {
+                crate::ctx::release_turn(t);
+            }
+            panic!("{why}");
+        }
+        gave_up = runner
+            .woken
+            .wait_timeout(gave_up, Duration::from_millis(10))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
     }
 }

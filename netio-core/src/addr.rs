@@ -7,8 +7,17 @@ use std::str::FromStr;
 /// The address of an endpoint: an IP address (v4 or v6) and a port.
 ///
 /// Listen endpoints may use port 0 ("pick one"); the backend then returns
-/// the address it actually bound. Active endpoints are keyed by the remote
-/// address they connect to, accepted connections by the peer's address.
+/// the address it actually bound. An address says where a peer is, not
+/// which connection: connections are named by their
+/// [`ConnId`](crate::ConnId) handle, and two connections may share a
+/// remote address (two connections to one listener from one backend have
+/// the same remote address on the initiator; a client whose connections
+/// leave from one local port towards two listeners has the same remote
+/// address on the server). [`Backend::remote_address`](crate::Backend::remote_address)
+/// gives a connection's remote address (the listener's on the initiator,
+/// the peer's ip:port on the acceptor), and
+/// [`Backend::connection_to`](crate::Backend::connection_to) the oldest
+/// connection with a given one, for code that names peers by address.
 ///
 /// ```
 /// use netio_core::EndpointAddress;
