@@ -41,6 +41,9 @@ const DEFAULT_RX_QUEUE: usize = 256;
 /// (so that a send whose bytes left is not reported cancelled). Local
 /// closes linger instead, without blocking (`LibfabricConfig::close_linger`).
 const CLOSE_SETTLE: Duration = Duration::from_millis(2);
+/// How often connections closed while opening are looked at (see
+/// `State::abandoned`).
+const ABANDONED_POLL: Duration = Duration::from_millis(10);
 
 /// The libfabric backend: a cheap `Clone` handle.
 ///
@@ -184,6 +187,11 @@ struct State {
     next_linger: u64,
     /// The earliest set-up deadline the set-up timer is started for.
     setup_deadline: Option<Duration>,
+    /// Connections closed locally while still opening, on a fabric
+    /// provider whose peer learns of such a close only once the endpoint
+    /// is connected (`sockets`): each is closed when its set-up ends, or at
+    /// its deadline.
+    abandoned: Vec<(Link, Duration)>,
     /// The connection whose completion queue had entries last (read first
     /// by the spin callback of a busy-polling loop).
     hot: Option<ConnId>,
@@ -618,7 +626,20 @@ impl Inner {
                 st.events
                     .push_back(Ev::Refused(id, c.remote, RefuseReason::Cancelled));
             }
-            let _ = c.link.close();
+            if c.initiator && self.fabric.provider == "sockets" {
+                // libfabric 1.17 `sockets` tells the peer of a close only
+                // from a connected endpoint: one closed while its set-up
+                // is under way left the peer's side established for good.
+                // It is closed once its set-up ended.
+                let deadline = self
+                    .lp
+                    .now()
+                    .saturating_add(self.fabric.lf.handshake_timeout);
+                st.abandoned.push((c.link, deadline));
+                self.setup_timer.start(ABANDONED_POLL);
+            } else {
+                let _ = c.link.close();
+            }
             self.post_dispatch(st);
             return;
         }
@@ -1194,6 +1215,23 @@ impl Inner {
                 self.refused.fetch_add(1, Ordering::Relaxed);
             }
             self.refuse_conn(&mut st, id, RefuseReason::Unreachable);
+        }
+        // Connections abandoned while opening: closed once their set-up
+        // ended (connected, refused, or past the deadline).
+        for (link, deadline) in std::mem::take(&mut st.abandoned) {
+            // Any event (connected, refused, an error) ends the set-up.
+            let ended = match link.eq().read() {
+                Ok(Some(_)) | Err(_) => true,
+                Ok(None) => deadline <= now,
+            };
+            if ended {
+                let _ = link.close();
+            } else {
+                st.abandoned.push((link, deadline));
+            }
+        }
+        if !st.abandoned.is_empty() {
+            next = Some(next.map_or(now + ABANDONED_POLL, |n| n.min(now + ABANDONED_POLL)));
         }
         st.setup_deadline = next;
         match next {
