@@ -26,6 +26,8 @@ netio_conformance::suite!(
         backpressure = "libfabric 1.17 sockets keeps completing sends to a receiver that posts no \
                         buffers (its progress thread buffers them without bound), so a sender \
                         is never pushed back and no send can be held in flight",
+        liveness = "connected endpoints (FI_EP_MSG) have no netio heartbeat, and libfabric 1.17 \
+                    sockets endpoints no keepalive or user timeout: peer_timeout is not enforced",
         one_local_port = "netio-libfabric has no setting for the source port of its connections \
                           (the fabric provider picks it), so two connections from one local \
                           port cannot be made"

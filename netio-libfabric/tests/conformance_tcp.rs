@@ -15,6 +15,8 @@ netio_conformance::suite!(
                                sharing them needs shared receive contexts, not implemented",
         partition = "libfabric 1.17 tcp endpoints offer no keepalive or user timeout, so an \
                      unreachable peer cannot be detected (peer_timeout is not enforced)",
+        liveness = "connected endpoints (FI_EP_MSG) have no netio heartbeat, and libfabric 1.17 \
+                    tcp endpoints no keepalive or user timeout: peer_timeout is not enforced",
         one_local_port = "netio-libfabric has no setting for the source port of its connections \
                           (the fabric provider picks it), so two connections from one local \
                           port cannot be made"

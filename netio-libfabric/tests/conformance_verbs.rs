@@ -25,6 +25,8 @@ netio_conformance::suite!(
                                sharing them needs shared receive contexts, not implemented",
         partition = "the harness cannot cut a verbs link in the guest (one device, no second \
                      host), and peer_timeout is not enforced on libfabric endpoints",
+        liveness = "connected endpoints (FI_EP_MSG) have no netio heartbeat, and libfabric 1.17 \
+                    verbs endpoints no keepalive or user timeout: peer_timeout is not enforced",
         one_local_port = "netio-libfabric has no setting for the source port of its connections \
                           (rdma_cm picks it), so two connections from one local port cannot be \
                           made"

@@ -69,10 +69,16 @@ pub fn verbs_config_for(name: &str) -> LibfabricConfig {
 
 macro_rules! flavor {
     ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr) => {
-        flavor!($(#[$m])* $name, $config, $ip, pushes_back = $pb, reset = false, netns = false);
+        flavor!($(#[$m])* $name, $config, $ip, pushes_back = $pb, reset = false, netns = false,
+                liveness = false);
     };
     ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr,
      reset = $reset:expr, netns = $netns:expr) => {
+        flavor!($(#[$m])* $name, $config, $ip, pushes_back = $pb, reset = $reset,
+                netns = $netns, liveness = true);
+    };
+    ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr,
+     reset = $reset:expr, netns = $netns:expr, liveness = $live:expr) => {
         $(#[$m])*
         pub struct $name;
         impl MioProvider for $name {
@@ -99,6 +105,7 @@ macro_rules! flavor {
             }
             const PUSHES_BACK: bool = $pb;
             const NETNS_PARTITION: bool = $netns;
+            const LIVENESS: bool = $live;
             fn can_reset() -> bool {
                 $reset
             }
