@@ -470,18 +470,8 @@ fn run_row(cli: &Cli, spec: &Spec, baseline: bool, progress: &mut Progress) -> R
                     } else {
                         provider::run_socket(&cli.provider, spec, connect)
                     };
-                    match r {
-                        Ok(f) => row.provider_runs.push(f),
-                        Err(RunError::Unsupported(m)) => {
-                            row.status = Status::Unsupported(m);
-                            return row;
-                        }
-                        Err(RunError::Failed(m)) => {
-                            row.status =
-                                Status::Failed(format!("{} run {}: {m}", cli.provider, i + 1));
-                            row.baseline_runs.truncate(row.provider_runs.len());
-                            return row;
-                        }
+                    if !add_provider_run(&mut row, r, &cli.provider, i) {
+                        return row;
                     }
                 }
                 Side::Baseline => {
@@ -510,6 +500,31 @@ fn run_row(cli: &Cli, spec: &Spec, baseline: bool, progress: &mut Progress) -> R
 
 /// `fi_pingpong` for `--fi-baseline`, over the libfabric provider's fabric
 /// provider and domain.
+/// Adds the figures of provider run `i` to `row`, or ends the row with
+/// the run's error: `false` when the row is done.
+fn add_provider_run(
+    row: &mut Row,
+    r: Result<metrics::Figures, RunError>,
+    provider: &str,
+    i: u32,
+) -> bool {
+    match r {
+        Ok(f) => {
+            row.provider_runs.push(f);
+            true
+        }
+        Err(RunError::Unsupported(m)) => {
+            row.status = Status::Unsupported(m);
+            false
+        }
+        Err(RunError::Failed(m)) => {
+            row.status = Status::Failed(format!("{provider} run {}: {m}", i + 1));
+            row.baseline_runs.truncate(row.provider_runs.len());
+            false
+        }
+    }
+}
+
 fn fi_pingpong() -> Result<fi::FiPingpong, String> {
     let program = fi::locate()?;
     let (fabric, domain, sockets_pe_waittime, endpoint) = fabric_settings()?;
@@ -605,18 +620,10 @@ fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progre
                         cli.runs,
                         cli.provider
                     ));
-                    match provider::run_socket(&cli.provider, &spec, None) {
-                        Ok(f) => row.provider_runs.push(metrics::with_means(f, spec.size)),
-                        Err(RunError::Unsupported(m)) => {
-                            row.status = Status::Unsupported(m);
-                            return row;
-                        }
-                        Err(RunError::Failed(m)) => {
-                            row.status =
-                                Status::Failed(format!("{} run {}: {m}", cli.provider, i + 1));
-                            row.baseline_runs.truncate(row.provider_runs.len());
-                            return row;
-                        }
+                    let r = provider::run_socket(&cli.provider, &spec, None)
+                        .map(|f| metrics::with_means(f, spec.size));
+                    if !add_provider_run(&mut row, r, &cli.provider, i) {
+                        return row;
                     }
                 }
                 Side::Baseline => {

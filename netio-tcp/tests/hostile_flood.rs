@@ -18,16 +18,6 @@ use netio_tcp::TcpConfig;
 /// Connection attempts per flood.
 const FLOOD: usize = 5000;
 
-/// Resident memory of this process, in KiB (`VmRSS`).
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status")
-}
-
 fn enough_fds() -> bool {
     // The flood's client ends, the server's held ends, and margin.
     let needed = (FLOOD + 1024) as u64;
@@ -130,13 +120,13 @@ fn a_flood_of_silent_connections_holds_at_most_the_handshake_limit() {
         ..TcpConfig::default()
     };
     let (server, addr) = listening(&rt, tcp, ConnectionParams::receive(64 << 10, 16));
-    let rss_before = rss_kib();
+    let rss_before = common::rss_kib();
     let socks = flood(addr, SILENT, &[]);
     let accepted = || server.b.stats().unwrap().connections_accepted;
     assert!(wait_until(|| accepted() == HANDSHAKES as u64));
     // The rest wait in the backlog: not accepted, not refused.
     std::thread::sleep(Duration::from_millis(200));
-    let grown = rss_kib().saturating_sub(rss_before);
+    let grown = common::rss_kib().saturating_sub(rss_before);
     eprintln!(
         "silent flood: {SILENT} connections, {} accepted, {} refused, RSS grew {grown} KiB",
         accepted(),
@@ -175,7 +165,7 @@ fn a_flood_of_handshaking_connections_holds_at_most_the_listener_limit() {
     };
     let per_conn = 16 * 1024 * 4;
     let (server, addr) = listening(&rt, tcp, ConnectionParams::receive(16 << 10, 4));
-    let rss_before = rss_kib();
+    let rss_before = common::rss_kib();
     let hs = netio_tcp::wire::Handshake::new(64 << 10).encode();
     let socks = flood(addr, FLOOD, &hs);
     let refused = (FLOOD - HELD) as u64;
@@ -188,7 +178,7 @@ fn a_flood_of_handshaking_connections_holds_at_most_the_listener_limit() {
             .count()
     };
     assert!(wait_until(|| established() == HELD), "{}", established());
-    let grown = rss_kib().saturating_sub(rss_before);
+    let grown = common::rss_kib().saturating_sub(rss_before);
     eprintln!(
         "handshaking flood: {FLOOD} attempts, {HELD} held, {} refused, RSS grew {grown} KiB, \
          receive memory {} B",

@@ -17,16 +17,6 @@ use netio_tcp::TcpConfig;
 /// Idle connections.
 const IDLE: usize = 2000;
 
-/// Resident memory of this process, in KiB (`VmRSS`).
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status")
-}
-
 #[test]
 fn idle_connections_on_a_shared_pool_hold_no_read_buffer() {
     let needed = (2 * IDLE + 256) as u64;
@@ -53,7 +43,7 @@ fn idle_connections_on_a_shared_pool_hold_no_read_buffer() {
             ConnectionParams::receive(64 << 10, 16).with_shared_receive(),
         )
         .unwrap();
-    let rss_before = rss_kib();
+    let rss_before = common::rss_kib();
     let mut socks: Vec<_> = (0..IDLE)
         .map(|_| raw::connect_with_handshake(addr, 1 << 16))
         .collect();
@@ -62,7 +52,7 @@ fn idle_connections_on_a_shared_pool_hold_no_read_buffer() {
     }
     let established = || server.count(|e| matches!(e, Ev::Established(..)));
     assert!(wait_until(|| established() == IDLE), "{}", established());
-    let grown = rss_kib().saturating_sub(rss_before);
+    let grown = common::rss_kib().saturating_sub(rss_before);
     eprintln!(
         "{IDLE} idle connections: RSS grew {grown} KiB ({} KiB each, both ends)",
         grown / IDLE as u64

@@ -25,6 +25,17 @@ use netio_tcp::{TcpBackend, TcpConfig, TcpProvider};
 /// How long any awaited condition may take on a loaded machine.
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
+/// Resident memory of this process, in KiB (`VmRSS`).
+#[allow(dead_code)] // not every test binary measures memory
+pub fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
+
 /// Waits until `cond` holds or the deadline passes; returns whether it held.
 pub fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + DEADLINE;
