@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use common::raw::{self, ensure_fd_limit};
+use common::raw::{self, require_fd_limit};
 use common::{wait_until, Ev, Recorder, Running, Side};
 use netio_core::{Backend, BackendConfig, ConnId, ConnectionParams, EndpointAddress};
 use netio_tcp::wire::HANDSHAKE_LEN;
@@ -28,13 +28,7 @@ fn hello(conn: ConnId) -> Vec<u8> {
 fn a_burst_of_2000_clients_is_served_in_full_at_a_handshake_limit_of_100() {
     // Both ends of every connection are in this process, plus margin.
     let needed = (2 * BURST + 256) as u64;
-    if !ensure_fd_limit(needed) {
-        eprintln!(
-            "SKIPPED: the hard limit of open files is below the {needed} this test needs \
-             (raise it with `ulimit -Hn`)"
-        );
-        return;
-    }
+    require_fd_limit(needed);
     // Server and clients on loops of their own, so both cores work.
     let server_loop = Running::start();
     let client_loop = Running::start();

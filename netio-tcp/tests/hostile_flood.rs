@@ -10,7 +10,7 @@ mod common;
 use std::net::TcpStream as StdStream;
 use std::time::{Duration, Instant};
 
-use common::raw::ensure_fd_limit;
+use common::raw::require_fd_limit;
 use common::{wait_until, Ev, Running, Side};
 use netio_core::{Backend, BackendConfig, ConnectionParams, EndpointAddress, MemoryUsage};
 use netio_tcp::TcpConfig;
@@ -18,17 +18,9 @@ use netio_tcp::TcpConfig;
 /// Connection attempts per flood.
 const FLOOD: usize = 5000;
 
-fn enough_fds() -> bool {
-    // The flood's client ends, the server's held ends, and margin.
-    let needed = (FLOOD + 1024) as u64;
-    if ensure_fd_limit(needed) {
-        return true;
-    }
-    eprintln!(
-        "SKIPPED: the hard limit of open files is below the {needed} this test needs \
-         (raise it with `ulimit -Hn`)"
-    );
-    false
+/// The flood's client ends, the server's held ends, and margin.
+fn enough_fds() {
+    require_fd_limit((FLOOD + 1024) as u64);
 }
 
 /// Opens `n` plain connections to `addr`, each sending `first` (nothing if
@@ -105,9 +97,7 @@ fn served(rt: &Running, server: &Side, addr: EndpointAddress) {
 
 #[test]
 fn a_flood_of_silent_connections_holds_at_most_the_handshake_limit() {
-    if !enough_fds() {
-        return;
-    }
+    enough_fds();
     const HANDSHAKES: usize = 64;
     // Silent connections: all fit in the backlog, so all connect.
     const SILENT: usize = 2000;
@@ -154,9 +144,7 @@ fn a_flood_of_silent_connections_holds_at_most_the_handshake_limit() {
 
 #[test]
 fn a_flood_of_handshaking_connections_holds_at_most_the_listener_limit() {
-    if !enough_fds() {
-        return;
-    }
+    enough_fds();
     const HELD: usize = 100;
     let rt = Running::start();
     let tcp = TcpConfig {

@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::raw::ensure_fd_limit;
+use common::raw::require_fd_limit;
 use common::{raw, wait_until, Running};
 use netio_core::{
     Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
@@ -169,13 +169,7 @@ fn load(a: &AtomicUsize) -> usize {
 fn thousand_connections_exchange_messages_then_close() {
     // Both ends of every connection are in this process, plus margin.
     let needed = (2 * N + 256) as u64;
-    if !ensure_fd_limit(needed) {
-        eprintln!(
-            "skipped: the hard limit of open files is below the {needed} this test needs \
-             (raise it with `ulimit -Hn`)"
-        );
-        return;
-    }
+    require_fd_limit(needed);
     let fds_at_start = raw::open_fds();
     {
         // The server and the clients on loops of their own, so both cores

@@ -8,7 +8,7 @@ mod common;
 
 use std::io::Write;
 
-use common::raw::{self, ensure_fd_limit};
+use common::raw::{self, require_fd_limit};
 use common::{wait_until, Ev, Recorder, Running, Side};
 use netio_core::{Backend, BackendConfig, ConnectionParams, EndpointAddress};
 use netio_tcp::wire::HANDSHAKE_LEN;
@@ -20,13 +20,7 @@ const IDLE: usize = 2000;
 #[test]
 fn idle_connections_on_a_shared_pool_hold_no_read_buffer() {
     let needed = (2 * IDLE + 256) as u64;
-    if !ensure_fd_limit(needed) {
-        eprintln!(
-            "SKIPPED: the hard limit of open files is below the {needed} this test needs \
-             (raise it with `ulimit -Hn`)"
-        );
-        return;
-    }
+    require_fd_limit(needed);
     let rt = Running::start();
     let server = Side::with(
         &rt.lp,

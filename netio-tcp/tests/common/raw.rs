@@ -91,6 +91,16 @@ pub fn open_fds() -> usize {
 
 /// Raises the soft limit of open files to the hard limit if it is below
 /// `needed`; `false` if even the hard limit is below it.
+/// Raises the open-file limit to at least `needed`, or fails the test
+/// saying so: a test that needs the descriptors must not pass without them.
+pub fn require_fd_limit(needed: u64) {
+    assert!(
+        ensure_fd_limit(needed),
+        "the hard limit of open files is below the {needed} this test needs \
+         (raise it with `ulimit -Hn`)"
+    );
+}
+
 pub fn ensure_fd_limit(needed: u64) -> bool {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
