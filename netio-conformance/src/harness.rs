@@ -123,6 +123,19 @@ pub trait Harness: Sized + 'static {
         true
     }
 
+    /// `true` (default) if the provider tells the listener's side of a
+    /// peer's close that comes while the listener accepts the connection:
+    /// the accepted connection, once established, closes. `false` for a
+    /// transport that loses such a close (libfabric 1.17's `sockets`
+    /// provider marks an accepted endpoint connected only after it watches
+    /// the peer's socket, and drops a close read in between), so that the
+    /// listener's side stays established until liveness ends it; declare
+    /// `close_in_accept` unsupported in [`suite!`](crate::suite), with the
+    /// reason.
+    fn reports_close_in_accept(&self) -> bool {
+        true
+    }
+
     /// `true` if [`Harness::partition`] and [`Harness::heal`] work; declare
     /// `partition` unsupported in [`suite!`](crate::suite) otherwise (with
     /// a reason: `unsupported = [partition = "why"]`).

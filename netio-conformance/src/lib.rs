@@ -73,7 +73,9 @@
 //! `one_local_port`, for a harness that cannot make a backend whose
 //! connections all leave from one local port
 //! ([`Harness::can_fix_local_port`]), which the remote-address collision
-//! behaviour needs.
+//! behaviour needs; and `close_in_accept`, for a provider that loses a
+//! peer's close arriving while the listener accepts the connection
+//! ([`Harness::reports_close_in_accept`]).
 //! Each may carry a reason: `name = "why"`.
 //!
 //! A test that partitions calls [`Harness::isolate`] before it makes its
@@ -188,6 +190,7 @@ macro_rules! __behaviours {
             both connecting_to_nothing_is_refused_on_initiator_only [],
             both closing_a_connection_still_opening_reports_it_refused_as_cancelled [],
             both a_close_racing_an_unreported_establishment_reports_a_refusal_or_establishment_then_close [],
+            both the_listener_ends_every_connection_whose_peer_closed_it_while_it_was_being_accepted [close_in_accept],
             both sends_on_a_connection_still_opening_answer_unknown_connection [],
             both two_connections_to_one_address_are_distinct_connections [],
             both two_connections_from_one_local_port_to_two_listeners_are_distinct [one_local_port],
@@ -404,6 +407,7 @@ macro_rules! __member {
     (liveness, [liveness $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (backpressure, [backpressure $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     (one_local_port, [one_local_port $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
+    (close_in_accept, [close_in_accept $(= $w:literal)? $(, $($r:tt)*)?], {$($yes:tt)*}, $no:tt) => { $($yes)* };
     ($f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?], $yes:tt, $no:tt) => {
         $crate::__member!($f, [$($($r)*)?], $yes, $no);
     };
@@ -462,6 +466,9 @@ macro_rules! __reason_text {
     (@$m:ident $(: $n:ident)?, one_local_port, []) => {
         $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: one_local_port" }
     };
+    (@$m:ident $(: $n:ident)?, close_in_accept, []) => {
+        $crate::__reason_emit! { @$m $(: $n)?, "not supported by this provider: close_in_accept" }
+    };
     (@$m:ident $(: $n:ident)?, send_copy, [send_copy = $why:literal $(, $($r:tt)*)?]) => {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
@@ -493,6 +500,9 @@ macro_rules! __reason_text {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
     (@$m:ident $(: $n:ident)?, one_local_port, [one_local_port = $why:literal $(, $($r:tt)*)?]) => {
+        $crate::__reason_emit! { @$m $(: $n)?, $why }
+    };
+    (@$m:ident $(: $n:ident)?, close_in_accept, [close_in_accept = $why:literal $(, $($r:tt)*)?]) => {
         $crate::__reason_emit! { @$m $(: $n)?, $why }
     };
     (@$m:ident $(: $n:ident)?, $f:ident, [$other:ident $(= $w:literal)? $(, $($r:tt)*)?]) => {

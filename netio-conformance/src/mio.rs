@@ -139,6 +139,11 @@ pub trait MioProvider: 'static {
     /// receiver takes nothing (see [`Harness::pushes_back`]).
     const PUSHES_BACK: bool = true;
 
+    /// `false` for a transport that loses a peer's close arriving while
+    /// the listener accepts (see [`Harness::reports_close_in_accept`]);
+    /// declare `close_in_accept` unsupported then.
+    const CLOSE_IN_ACCEPT: bool = true;
+
     /// `true` if [`MioProvider::create_from_one_port`] works (see
     /// [`Harness::can_fix_local_port`]); declare `one_local_port`
     /// unsupported otherwise.
@@ -496,6 +501,10 @@ impl<P: MioProvider> Harness for MioHarness<P> {
 
     fn pushes_back(&self) -> bool {
         P::PUSHES_BACK
+    }
+
+    fn reports_close_in_accept(&self) -> bool {
+        P::CLOSE_IN_ACCEPT
     }
 
     /// With [`MioProvider::NETNS_PARTITION`]: moves the calling (test)

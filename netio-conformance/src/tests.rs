@@ -2354,6 +2354,7 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
         ("liveness", h.enforces_peer_timeout()),
         ("backpressure", h.pushes_back()),
         ("one_local_port", h.can_fix_local_port()),
+        ("close_in_accept", h.reports_close_in_accept()),
     ];
     for name in unsupported {
         assert!(
@@ -2366,7 +2367,7 @@ pub fn declared_features_match<H: Harness>(unsupported: &[&str]) {
             unsupported.contains(&name),
             !supported,
             "feature `{name}`: Harness::features (or can_reset, can_partition or can_silence, \
-             enforces_peer_timeout, pushes_back, can_fix_local_port) says supported = \
+             enforces_peer_timeout, pushes_back, can_fix_local_port, reports_close_in_accept) says supported = \
              {supported}, the suite! list disagrees"
         );
     }
@@ -4778,22 +4779,16 @@ pub fn a_region_range_held_by_a_chunk_is_refused_and_one_in_flight_may_be_sent_a
     assert_eq!(p.client.log.completed(to_server), vec![2, 3, 4]);
 }
 
-/// A close that races an establishment not yet reported ends the
-/// connection one of two ways, decided by the provider's own state at the
-/// close call, never both and never neither: still opening,
-/// `on_connection_refused(Cancelled)` alone; already established inside
-/// the provider, `on_connection_established` and then
-/// `on_connection_closed(Local)` (with no keys: nothing was sent). The
-/// listener's side sees either nothing or an establishment and then its
-/// close. Closes come at every point of the opening, from right after
-/// `open_active_endpoint` to after the handshake.
-pub fn a_close_racing_an_unreported_establishment_reports_a_refusal_or_establishment_then_close<
-    H: Harness,
->(
-    mode: ThreadSafety,
-) {
+/// Opens `ROUNDS` connections from one node to a listener of another and
+/// closes each at a different point of its opening, from right after
+/// `open_active_endpoint` to after the handshake; waits until the
+/// initiator has heard of every connection's end. Returns the
+/// connections, the listener's node, the initiator's node and the
+/// listener's address.
+fn close_during_openings<H: Harness>(
+    c: &mut Ctx<H>,
+) -> (Vec<ConnId>, Node<H>, Node<H>, EndpointAddress) {
     const ROUNDS: u32 = 24;
-    let mut c = Ctx::<H>::new(mode);
     let (s, cl) = (c.node(), c.node());
     let listen = connect_target(c.listen(&s, full_params(64, 2)), s.ip);
     let mut conns = Vec::new();
@@ -4818,19 +4813,32 @@ pub fn a_close_racing_an_unreported_establishment_reports_a_refusal_or_establish
             .expect("closing a connection that is opening or just established");
         conns.push(conn);
     }
-    let (clog, slog) = (cl.log.clone(), s.log.clone());
+    let clog = cl.log.clone();
     let all = conns.clone();
-    c.wait(
-        "every connection's end is reported, on the listener's side too",
-        || {
-            all.iter()
-                .all(|k| clog.closed_count(*k) == 1 || clog.refused().iter().any(|r| r.0 == *k))
-                && slog
-                    .established()
-                    .iter()
-                    .all(|(k, _, _)| slog.closed_count(*k) == 1)
-        },
-    );
+    c.wait("the initiator hears of every connection's end", || {
+        all.iter()
+            .all(|k| clog.closed_count(*k) == 1 || clog.refused().iter().any(|r| r.0 == *k))
+    });
+    (conns, s, cl, listen)
+}
+
+/// A close that races an establishment not yet reported ends the
+/// connection one of two ways, decided by the provider's own state at the
+/// close call, never both and never neither: still opening,
+/// `on_connection_refused(Cancelled)` alone; already established inside
+/// the provider, `on_connection_established` and then
+/// `on_connection_closed(Local)` (with no keys: nothing was sent). Closes
+/// come at every point of the opening, from right after
+/// `open_active_endpoint` to after the handshake. The listener's side
+/// never closes a connection it did not report established, and its
+/// listener still works afterwards.
+pub fn a_close_racing_an_unreported_establishment_reports_a_refusal_or_establishment_then_close<
+    H: Harness,
+>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let (conns, s, cl, listen) = close_during_openings(&mut c);
     c.settle();
     for conn in &conns {
         let events = cl.log.events_of(*conn);
@@ -4855,10 +4863,44 @@ pub fn a_close_racing_an_unreported_establishment_reports_a_refusal_or_establish
     for (conn, _, _) in s.log.established() {
         let events = s.log.events_of(conn);
         assert!(
-            matches!(events.last(), Some(Event::Closed { .. })) && s.log.closed_count(conn) == 1,
-            "the listener's side closes every connection it saw established: {events:?}"
+            s.log.closed_count(conn) <= 1
+                && matches!(events.first(), Some(Event::Established { .. })),
+            "the listener's side reports a connection established before anything else, and \
+             closes it at most once: {events:?}"
         );
     }
     // The listener still works.
     c.connect(&s, &cl, listen, full_params(64, 2));
+}
+
+/// Every connection the listener reported established, of those whose
+/// initiator closed them at some point of their opening (the closes of
+/// [`a_close_racing_an_unreported_establishment_reports_a_refusal_or_establishment_then_close`]),
+/// is closed on the listener's side too, once: the initiator's close is
+/// not lost however early it came, even while the listener was accepting
+/// the connection.
+pub fn the_listener_ends_every_connection_whose_peer_closed_it_while_it_was_being_accepted<
+    H: Harness,
+>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let (_conns, s, _cl, _listen) = close_during_openings(&mut c);
+    let slog = s.log.clone();
+    c.wait(
+        "every connection the listener saw established is closed on its side",
+        || {
+            slog.established()
+                .iter()
+                .all(|(k, _, _)| slog.closed_count(*k) == 1)
+        },
+    );
+    c.settle();
+    for (conn, _, _) in s.log.established() {
+        let events = s.log.events_of(conn);
+        assert!(
+            matches!(events.last(), Some(Event::Closed { .. })) && s.log.closed_count(conn) == 1,
+            "the listener's side closes every connection it saw established: {events:?}"
+        );
+    }
 }

@@ -69,16 +69,21 @@ pub fn verbs_config_for(name: &str) -> LibfabricConfig {
 
 macro_rules! flavor {
     ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr) => {
+        flavor!($(#[$m])* $name, $config, $ip, pushes_back = $pb, close_in_accept = true);
+    };
+    ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr,
+     close_in_accept = $cia:expr) => {
         flavor!($(#[$m])* $name, $config, $ip, pushes_back = $pb, reset = false, netns = false,
-                liveness = false);
+                liveness = false, close_in_accept = $cia);
     };
     ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr,
      reset = $reset:expr, netns = $netns:expr) => {
         flavor!($(#[$m])* $name, $config, $ip, pushes_back = $pb, reset = $reset,
-                netns = $netns, liveness = true);
+                netns = $netns, liveness = true, close_in_accept = true);
     };
     ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr,
-     reset = $reset:expr, netns = $netns:expr, liveness = $live:expr) => {
+     reset = $reset:expr, netns = $netns:expr, liveness = $live:expr,
+     close_in_accept = $cia:expr) => {
         $(#[$m])*
         pub struct $name;
         impl MioProvider for $name {
@@ -106,6 +111,7 @@ macro_rules! flavor {
             const PUSHES_BACK: bool = $pb;
             const NETNS_PARTITION: bool = $netns;
             const LIVENESS: bool = $live;
+            const CLOSE_IN_ACCEPT: bool = $cia;
             fn can_reset() -> bool {
                 $reset
             }
@@ -129,7 +135,8 @@ flavor!(
     Sockets,
     LibfabricConfig::provider("sockets"),
     Ipv4Addr::LOCALHOST.into(),
-    pushes_back = false
+    pushes_back = false,
+    close_in_accept = false
 );
 flavor!(
     /// libfabric's `verbs` provider on the device's interface address.
