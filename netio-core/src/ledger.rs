@@ -140,14 +140,21 @@ impl<T> SendLedger<T> {
     /// once this returns.
     pub fn drain_completed(&mut self) -> Vec<(u64, T)> {
         let mut out = Vec::new();
+        self.drain_completed_each(|key, payload| out.push((key, payload)));
+        out
+    }
+
+    /// Like [`drain_completed`](Self::drain_completed), handing each
+    /// removed send's key and payload to `f` in send order instead of
+    /// collecting them.
+    pub fn drain_completed_each(&mut self, mut f: impl FnMut(u64, T)) {
         while self.entries.front().is_some_and(|e| e.done) {
             let e = self.entries.pop_front().expect("front exists");
             if e.counted {
                 self.counted -= 1;
             }
-            out.push((e.key, e.payload));
+            f(e.key, e.payload);
         }
-        out
     }
 
     /// Ends every send: the completed prefix, then the rest as cancelled.

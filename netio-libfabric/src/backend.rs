@@ -41,6 +41,9 @@ const DEFAULT_RX_QUEUE: usize = 256;
 /// (so that a send whose bytes left is not reported cancelled). Local
 /// closes linger instead, without blocking (`LibfabricConfig::close_linger`).
 const CLOSE_SETTLE: Duration = Duration::from_millis(2);
+/// How many times the spin callback of a busy-polling loop reads an empty
+/// completion queue again before it returns to the loop.
+const SPIN_READS: u32 = 8;
 /// How often connections closed while opening are looked at (see
 /// `State::abandoned`).
 const ABANDONED_POLL: Duration = Duration::from_millis(10);
@@ -181,6 +184,10 @@ struct State {
     conns: ConnTable<Conn>,
     events: VecDeque<Ev>,
     dispatch_posted: bool,
+    /// The loop thread is handing events over (`Inner::run_dispatch`): an
+    /// event queued meanwhile is taken by that dispatch, which clears this
+    /// under the lock when it finds the queue empty, so none is posted.
+    dispatching: bool,
     domains: HashMap<(String, String), Arc<Domain>>,
     next_order: u64,
     lingering: HashMap<u64, Lingering>,
@@ -533,7 +540,7 @@ impl Inner {
     }
 
     fn post_dispatch(&self, st: &mut State) {
-        if !st.dispatch_posted && !st.events.is_empty() {
+        if !st.dispatch_posted && !st.dispatching && !st.events.is_empty() {
             st.dispatch_posted = true;
             self.post_with(|i| {
                 lock(&i.state).dispatch_posted = false;
@@ -971,24 +978,43 @@ impl Inner {
     /// of the connection that had completions last, as its fd's readiness
     /// would, and dispatches what it found at once.
     fn spin(&self) {
-        let found = {
+        {
             let mut st = lock(&self.state);
             let Some(id) = st.hot else {
                 return;
             };
-            if self.read_cq(&mut st, id, 0) != Some(true) && st.hot == Some(id) {
+            if st.dispatching {
+                return;
+            }
+            // What the read queues is handed over right here, not posted.
+            st.dispatching = true;
+            if self.read_cq(&mut st, id, SPIN_READS) != Some(true) && st.hot == Some(id) {
                 st.hot = None;
             }
-            !st.events.is_empty()
-        };
-        if found {
-            self.dispatch();
+            if st.events.is_empty() {
+                st.dispatching = false;
+                return;
+            }
         }
+        self.run_dispatch();
     }
 
     fn on_cq(&self, id: ConnId) {
-        let mut st = lock(&self.state);
-        self.progress_cq(&mut st, id);
+        {
+            let mut st = lock(&self.state);
+            if st.dispatching {
+                self.progress_cq(&mut st, id);
+                return;
+            }
+            // What the reads queue is handed over right here, not posted.
+            st.dispatching = true;
+            self.progress_cq(&mut st, id);
+            if st.events.is_empty() {
+                st.dispatching = false;
+                return;
+            }
+        }
+        self.run_dispatch();
     }
 
     fn on_eq(&self, id: ConnId) {
@@ -1256,6 +1282,32 @@ impl Inner {
     // -- dispatch (loop thread, no lock held while the handler runs) -------
 
     fn dispatch(&self) {
+        {
+            let mut st = lock(&self.state);
+            if st.dispatching {
+                // Inside a dispatch already: it takes the queued events.
+                return;
+            }
+            st.dispatching = true;
+        }
+        self.run_dispatch();
+    }
+
+    /// Hands the queued events over; `State::dispatching` is set. Clears
+    /// it under the lock when the queue is found empty (or posts another
+    /// dispatch when events are left for another round).
+    fn run_dispatch(&self) {
+        /// Clears `dispatching` if a handler panics, so that a loop run
+        /// again still hands events over.
+        struct Unwinding<'a>(&'a Inner);
+        impl Drop for Unwinding<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    lock(&self.0.state).dispatching = false;
+                }
+            }
+        }
+        let _unwinding = Unwinding(self);
         let backend = self.backend();
         let done = events::dispatch(
             &backend,
@@ -1263,6 +1315,9 @@ impl Inner {
             |batch| {
                 let mut st = lock(&self.state);
                 batch.extend(st.events.drain(..));
+                if batch.is_empty() {
+                    st.dispatching = false;
+                }
             },
             |id| self.deliver(&backend, id),
             // Completions are reported as they are read, on the loop.
@@ -1270,6 +1325,7 @@ impl Inner {
         );
         if !done {
             let mut st = lock(&self.state);
+            st.dispatching = false;
             self.post_dispatch(&mut st);
         }
     }

@@ -1208,6 +1208,12 @@ pub struct Link {
     // Dropped after the endpoint is closed (see Drop), in this order.
     ledger: SendLedger<TxOp>,
     tx_ctx: FastMap<usize, SendSeq>,
+    /// Operation contexts of sends that ended, taken by the next sends: a
+    /// link allocates no more contexts than it had sends in flight at once.
+    /// (Boxed: a context's address is the operation's, fixed while it is
+    /// posted.)
+    #[allow(clippy::vec_box)]
+    ctx_pool: Vec<Box<sys::fi_context2>>,
     recv: Option<RecvSlab>,
     zero_copy: Option<(Mr, MemoryRegion)>,
     buffer_mrs: HashMap<usize, Mr>,
@@ -1268,6 +1274,7 @@ impl Link {
             ep: ptr::null_mut(),
             ledger: SendLedger::new(spec.depth),
             tx_ctx: FastMap::default(),
+            ctx_pool: Vec::new(),
             recv: None,
             zero_copy: None,
             buffer_mrs: HashMap::new(),
@@ -1533,11 +1540,13 @@ impl Link {
     /// The keys of sends that completed, in send order, ready to be
     /// reported (their memory is released here).
     pub fn drain_completed(&mut self) -> Vec<u64> {
-        self.ledger
-            .drain_completed()
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect()
+        let mut keys = Vec::new();
+        let pool = &mut self.ctx_pool;
+        self.ledger.drain_completed_each(|key, op| {
+            keys.push(key);
+            pool.push(op.ctx);
+        });
+        keys
     }
 
     /// Reads completions (dropping received messages) until every send
@@ -1593,36 +1602,43 @@ impl Link {
         if counted && !self.ledger.has_room() {
             return Err((PostError::Again, data));
         }
-        let mut op = TxOp {
+        let mut ctx_box = self.ctx_pool.pop().unwrap_or_else(|| {
             // SAFETY: fi_context2 is plain data; zeroed is a valid value.
-            ctx: Box::new(unsafe { std::mem::zeroed::<sys::fi_context2>() }),
+            Box::new(unsafe { std::mem::zeroed::<sys::fi_context2>() })
+        });
+        // SAFETY: as above; a context of an ended send is the caller's
+        // again, cleared for the next operation.
+        *ctx_box = unsafe { std::mem::zeroed::<sys::fi_context2>() };
+        let mut op = TxOp {
+            ctx: ctx_box,
             _data: data,
         };
         let ctx = (&mut *op.ctx as *mut sys::fi_context2).cast::<c_void>();
-        let mut vecs: Vec<sys::iovec> = iov
-            .iter()
-            .map(|&(p, n, _)| sys::iovec {
-                iov_base: p as *mut c_void,
-                iov_len: n,
-            })
-            .collect();
-        let mut descs: Vec<*mut c_void> = iov.iter().map(|&(_, _, d)| d).collect();
         // SAFETY: the endpoint is open; every iovec entry points into
         // registered memory owned by `op` (a buffer, a bounce copy, or a
         // region kept by the Link and lent to `op`), which the ledger keeps
         // until the send's completion is read or the endpoint is closed;
         // `ctx` is boxed in `op` likewise; descriptors match the memory.
+        // The iovec and descriptor arrays are read during the call only.
         let rc = unsafe {
-            if vecs.len() == 1 {
+            if let [(p, n, desc)] = iov {
                 sys::fi_send(
                     self.ep,
-                    vecs[0].iov_base,
-                    vecs[0].iov_len,
-                    descs[0],
+                    p.cast_mut().cast::<c_void>(),
+                    *n,
+                    *desc,
                     sys::FI_ADDR_UNSPEC,
                     ctx,
                 )
             } else {
+                let mut vecs: Vec<sys::iovec> = iov
+                    .iter()
+                    .map(|&(p, n, _)| sys::iovec {
+                        iov_base: p as *mut c_void,
+                        iov_len: n,
+                    })
+                    .collect();
+                let mut descs: Vec<*mut c_void> = iov.iter().map(|&(_, _, d)| d).collect();
                 sys::fi_sendv(
                     self.ep,
                     vecs.as_mut_ptr(),
@@ -1633,11 +1649,14 @@ impl Link {
                 )
             }
         };
-        if rc == -(sys::FI_EAGAIN as isize) {
-            return Err((PostError::Again, op._data));
-        }
         if rc < 0 {
-            return Err((PostError::Failed(FiError::new("fi_send", rc)), op._data));
+            // Not posted: the context is free again.
+            let TxOp { ctx: unused, _data } = op;
+            self.ctx_pool.push(unused);
+            if rc == -(sys::FI_EAGAIN as isize) {
+                return Err((PostError::Again, _data));
+            }
+            return Err((PostError::Failed(FiError::new("fi_send", rc)), _data));
         }
         match self.ledger.accept(key, counted, op) {
             Ok(seq) => {
