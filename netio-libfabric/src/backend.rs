@@ -19,7 +19,7 @@ use netio_core::{
 };
 
 use crate::config::{EndpointType, LibfabricConfig};
-use crate::events::{self, lock, Ev, UserTimers};
+use crate::events::{self, lock, Ev, UserTimers, SPIN_READS};
 use crate::ffi::{
     self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError,
     Query, RecvMem,
@@ -41,9 +41,6 @@ const DEFAULT_RX_QUEUE: usize = 256;
 /// (so that a send whose bytes left is not reported cancelled). Local
 /// closes linger instead, without blocking (`LibfabricConfig::close_linger`).
 const CLOSE_SETTLE: Duration = Duration::from_millis(2);
-/// How many times the spin callback of a busy-polling loop reads an empty
-/// completion queue again before it returns to the loop.
-const SPIN_READS: u32 = 8;
 /// How often connections closed while opening are looked at (see
 /// `State::abandoned`).
 const ABANDONED_POLL: Duration = Duration::from_millis(10);
@@ -988,7 +985,7 @@ impl Inner {
             }
             // What the read queues is handed over right here, not posted.
             st.dispatching = true;
-            if self.read_cq(&mut st, id, SPIN_READS) != Some(true) && st.hot == Some(id) {
+            if self.read_cq(&mut st, id, SPIN_READS - 1) != Some(true) && st.hot == Some(id) {
                 st.hot = None;
             }
             if st.events.is_empty() {
@@ -1297,17 +1294,7 @@ impl Inner {
     /// it under the lock when the queue is found empty (or posts another
     /// dispatch when events are left for another round).
     fn run_dispatch(&self) {
-        /// Clears `dispatching` if a handler panics, so that a loop run
-        /// again still hands events over.
-        struct Unwinding<'a>(&'a Inner);
-        impl Drop for Unwinding<'_> {
-            fn drop(&mut self) {
-                if std::thread::panicking() {
-                    lock(&self.0.state).dispatching = false;
-                }
-            }
-        }
-        let _unwinding = Unwinding(self);
+        let _unwinding = events::ClearOnUnwind(|| lock(&self.state).dispatching = false);
         let backend = self.backend();
         let done = events::dispatch(
             &backend,

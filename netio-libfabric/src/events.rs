@@ -17,6 +17,23 @@ use crate::backend::LibfabricBackend;
 
 /// How many batches one dispatch hands over before it yields to the loop.
 const BATCHES: usize = 64;
+/// How many times the spin callback of a busy-polling loop reads an empty
+/// completion queue before it returns to the loop (whose own turn, with
+/// its epoll call every few turns, costs more than a read).
+pub(crate) const SPIN_READS: u32 = 8;
+
+/// Runs its closure when dropped during a panic (a handler's, unwinding
+/// through a dispatch): clears the state's dispatching flag so that a
+/// loop run again still hands events over.
+pub(crate) struct ClearOnUnwind<F: FnMut()>(pub(crate) F);
+
+impl<F: FnMut()> Drop for ClearOnUnwind<F> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            (self.0)();
+        }
+    }
+}
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

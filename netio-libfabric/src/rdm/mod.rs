@@ -34,7 +34,7 @@ use netio_core::{
 
 use crate::backend::{Kind, LibfabricBackend, Ops};
 use crate::config::LibfabricConfig;
-use crate::events::{self, lock, Ev, UserTimers};
+use crate::events::{self, lock, Ev, UserTimers, SPIN_READS};
 use crate::ffi::{Domain, FiError, Info, PostError};
 use crate::ffi::{FastMap, RecvMem};
 use crate::rdm_ffi::{BufferMr, Held, RdmCompletion, RdmEp, RegionMr, Staged};
@@ -205,6 +205,11 @@ struct State {
     flushing: Vec<Flushing>,
     events: VecDeque<Ev>,
     dispatch_posted: bool,
+    /// The loop thread is handing events over (`RdmInner::run_dispatch`):
+    /// an event queued meanwhile is taken by that dispatch, which clears
+    /// this under the lock when it finds the queue empty, so none is
+    /// posted.
+    dispatching: bool,
     next_order: u64,
     ticking: bool,
     polling: bool,
@@ -536,7 +541,7 @@ impl RdmInner {
     }
 
     fn post_dispatch(&self, st: &mut State) {
-        if !st.dispatch_posted && !st.events.is_empty() {
+        if !st.dispatch_posted && !st.dispatching && !st.events.is_empty() {
             st.dispatch_posted = true;
             self.post_with(|i| {
                 lock(&i.state).dispatch_posted = false;
@@ -1591,8 +1596,21 @@ impl RdmInner {
     // -- progress (loop thread) ------------------------------------------------
 
     fn on_cq(&self) {
-        let mut st = lock(&self.state);
-        self.progress(&mut st);
+        {
+            let mut st = lock(&self.state);
+            if st.dispatching {
+                self.progress(&mut st);
+                return;
+            }
+            // What the reads queue is handed over right here, not posted.
+            st.dispatching = true;
+            self.progress(&mut st);
+            if st.events.is_empty() {
+                st.dispatching = false;
+                return;
+            }
+        }
+        self.run_dispatch();
     }
 
     fn progress(&self, st: &mut State) {
@@ -1823,17 +1841,27 @@ impl RdmInner {
     }
 
     fn spin(&self) {
-        let found = {
+        {
             let mut st = lock(&self.state);
-            self.read_cq(&mut st);
+            if st.dispatching {
+                return;
+            }
+            // What the reads queue is handed over right here, not posted.
+            st.dispatching = true;
+            for _ in 0..SPIN_READS {
+                if self.read_cq(&mut st) {
+                    break;
+                }
+            }
             if !st.blocked.is_empty() {
                 self.retry_blocked(&mut st);
             }
-            !st.events.is_empty()
-        };
-        if found {
-            self.dispatch();
+            if st.events.is_empty() {
+                st.dispatching = false;
+                return;
+            }
         }
+        self.run_dispatch();
     }
 
     /// Posts the buffers waiting to be posted again (not while paused),
@@ -1948,6 +1976,22 @@ impl RdmInner {
     // -- dispatch (loop thread, no lock held while the handler runs) ----------
 
     fn dispatch(&self) {
+        {
+            let mut st = lock(&self.state);
+            if st.dispatching {
+                // Inside a dispatch already: it takes the queued events.
+                return;
+            }
+            st.dispatching = true;
+        }
+        self.run_dispatch();
+    }
+
+    /// Hands the queued events over; `State::dispatching` is set. Clears
+    /// it under the lock when the queue is found empty (or posts another
+    /// dispatch when events are left for another round).
+    fn run_dispatch(&self) {
+        let _unwinding = events::ClearOnUnwind(|| lock(&self.state).dispatching = false);
         let backend = self.backend();
         let done = events::dispatch(
             &backend,
@@ -1955,12 +1999,16 @@ impl RdmInner {
             |batch| {
                 let mut st = lock(&self.state);
                 batch.extend(st.events.drain(..));
+                if batch.is_empty() {
+                    st.dispatching = false;
+                }
             },
             |id| self.deliver(&backend, id),
             |id| self.drain(&backend, id),
         );
         if !done {
             let mut st = lock(&self.state);
+            st.dispatching = false;
             self.post_dispatch(&mut st);
         }
     }
