@@ -173,6 +173,12 @@ struct Listener {
     params: ConnectionParams,
 }
 
+impl events::Queued for State {
+    fn queue(&mut self) -> (&mut VecDeque<Ev>, &mut bool) {
+        (&mut self.events, &mut self.dispatching)
+    }
+}
+
 #[derive(Default)]
 struct State {
     /// Scratch list of the completions one read returned.
@@ -1279,40 +1285,26 @@ impl Inner {
     // -- dispatch (loop thread, no lock held while the handler runs) -------
 
     fn dispatch(&self) {
-        {
-            let mut st = lock(&self.state);
-            if st.dispatching {
-                // Inside a dispatch already: it takes the queued events.
-                return;
-            }
-            st.dispatching = true;
+        if events::begin_dispatch(&self.state) {
+            self.run_dispatch();
         }
-        self.run_dispatch();
     }
 
     /// Hands the queued events over; `State::dispatching` is set. Clears
     /// it under the lock when the queue is found empty (or posts another
     /// dispatch when events are left for another round).
     fn run_dispatch(&self) {
-        let _unwinding = events::ClearOnUnwind(|| lock(&self.state).dispatching = false);
         let backend = self.backend();
-        let done = events::dispatch(
+        let done = events::run_dispatch(
+            &self.state,
             &backend,
             &self.handler,
-            |batch| {
-                let mut st = lock(&self.state);
-                batch.extend(st.events.drain(..));
-                if batch.is_empty() {
-                    st.dispatching = false;
-                }
-            },
             |id| self.deliver(&backend, id),
             // Completions are reported as they are read, on the loop.
             |_| {},
         );
         if !done {
             let mut st = lock(&self.state);
-            st.dispatching = false;
             self.post_dispatch(&mut st);
         }
     }

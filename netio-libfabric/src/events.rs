@@ -4,6 +4,7 @@
 //! memory count of send pools.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ pub(crate) const SPIN_READS: u32 = 8;
 /// Runs its closure when dropped during a panic (a handler's, unwinding
 /// through a dispatch): clears the state's dispatching flag so that a
 /// loop run again still hands events over.
-pub(crate) struct ClearOnUnwind<F: FnMut()>(pub(crate) F);
+struct ClearOnUnwind<F: FnMut()>(F);
 
 impl<F: FnMut()> Drop for ClearOnUnwind<F> {
     fn drop(&mut self) {
@@ -33,6 +34,54 @@ impl<F: FnMut()> Drop for ClearOnUnwind<F> {
             (self.0)();
         }
     }
+}
+
+/// A connection manager's state, as the dispatch sees it: the queued
+/// events and the flag that says the loop thread is handing them over
+/// (set by the caller of [`run_dispatch`]; an event queued while it is set
+/// is taken by that dispatch, so none is posted).
+pub(crate) trait Queued {
+    fn queue(&mut self) -> (&mut VecDeque<Ev>, &mut bool);
+}
+
+/// Sets the dispatching flag of `state`; `false` if it was set already
+/// (inside a dispatch, which takes the queued events).
+pub(crate) fn begin_dispatch<S: Queued>(state: &Mutex<S>) -> bool {
+    let mut st = lock(state);
+    let dispatching = st.queue().1;
+    !std::mem::replace(dispatching, true)
+}
+
+/// Hands the events queued in `state` over, its dispatching flag set by
+/// the caller; clears the flag under the lock when the queue is found
+/// empty. Returns `false` if events were left for another round (the flag
+/// is cleared then too, and the caller posts a dispatch).
+pub(crate) fn run_dispatch<S: Queued>(
+    state: &Mutex<S>,
+    backend: &LibfabricBackend,
+    handler: &Mutex<Box<dyn Handler<LibfabricBackend>>>,
+    deliver: impl FnMut(ConnId),
+    drain: impl FnMut(ConnId),
+) -> bool {
+    let _unwinding = ClearOnUnwind(|| *lock(state).queue().1 = false);
+    let done = dispatch(
+        backend,
+        handler,
+        |batch| {
+            let mut st = lock(state);
+            let (events, dispatching) = st.queue();
+            batch.extend(events.drain(..));
+            if batch.is_empty() {
+                *dispatching = false;
+            }
+        },
+        deliver,
+        drain,
+    );
+    if !done {
+        *lock(state).queue().1 = false;
+    }
+    done
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
