@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 use std::time::Duration;
 
 use mio::unix::SourceFd;
@@ -1311,7 +1311,7 @@ impl Inner {
 
     fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
         let mut reposted = false;
-        self.deliver_held(backend, id, &mut reposted);
+        let mut st = self.deliver_held(backend, id, &mut reposted);
         if reposted {
             // A provider may hold a message whose header it read while no
             // buffer was posted (libfabric 1.17 `tcp`); posting a buffer
@@ -1328,7 +1328,6 @@ impl Inner {
             // sleeps reads here in any case: the read also takes the
             // completion of a reply sent from the handler, which would
             // otherwise wake the loop once more.)
-            let mut st = lock(&self.state);
             let dry = st
                 .conns
                 .get_mut(id)
@@ -1344,46 +1343,53 @@ impl Inner {
         }
     }
 
-    fn deliver_held(&self, backend: &LibfabricBackend, id: ConnId, reposted: &mut bool) {
+    /// Delivers the held messages of `id` (up to 1,024, then queues the
+    /// rest), taking the state lock once per message besides the handler
+    /// call; returns with the lock held.
+    fn deliver_held<'a>(
+        &'a self,
+        backend: &LibfabricBackend,
+        id: ConnId,
+        reposted: &mut bool,
+    ) -> MutexGuard<'a, State> {
+        let mut st = lock(&self.state);
         for _ in 0..1024 {
-            let (mem, index, len) = {
-                let mut st = lock(&self.state);
-                let Some(c) = st.conns.get_mut(id) else {
-                    return;
-                };
-                if c.paused {
+            let Some(c) = st.conns.get_mut(id) else {
+                return st;
+            };
+            if c.paused {
+                c.deliver_queued = false;
+                return st;
+            }
+            let (mem, index, len) = match (c.held.pop_front(), &c.recv_mem) {
+                (Some((index, len)), Some(mem)) => (Arc::clone(mem), index, len),
+                (Some(_), None) => unreachable!("a message held without receive memory"),
+                (None, _) => {
                     c.deliver_queued = false;
-                    return;
-                }
-                match (c.held.pop_front(), &c.recv_mem) {
-                    (Some((index, len)), Some(mem)) => (Arc::clone(mem), index, len),
-                    (Some(_), None) => unreachable!("a message held without receive memory"),
-                    (None, _) => {
-                        c.deliver_queued = false;
-                        if let Some(reason) = c.pending_close.take() {
-                            self.close_conn(&mut st, id, reason, false);
-                        }
-                        return;
+                    if let Some(reason) = c.pending_close.take() {
+                        self.close_conn(&mut st, id, reason, false);
                     }
+                    return st;
                 }
             };
+            drop(st);
             // The buffer is not posted again before on_data returns: its
             // bytes stay put.
             lock(&self.handler).on_data(backend, id, mem.bytes(index, len));
-            let mut st = lock(&self.state);
+            st = lock(&self.state);
             let Some(c) = st.conns.get_mut(id) else {
-                return;
+                return st;
             };
             c.unposted.push(index);
             if !c.paused {
                 *reposted |= self.repost(&mut st, id);
             }
         }
-        let mut st = lock(&self.state);
         if let Some(c) = st.conns.get_mut(id) {
             c.deliver_queued = false;
         }
         self.queue_deliver(&mut st, id);
+        st
     }
 
     /// Posts the receive buffers waiting to be posted again; `true` if any
