@@ -95,8 +95,9 @@ pub struct Cli {
 
     /// The plain baseline's sending BufWriter capacity (bw and rate), with
     /// k/m suffixes; 0: none, each frame written straight to the socket.
-    /// Default: 256k for messages below 64 KiB, 0 from 64 KiB up (see
-    /// docs/benchmarks.md for the measurements behind it).
+    /// Default: 256k for messages below 64 KiB, 1m from 64 KiB to below
+    /// 1 MiB, 0 from 1 MiB up (see docs/benchmarks.md for the measurements
+    /// behind it).
     #[arg(long, value_parser = parse_size_or_zero, value_name = "SIZE")]
     pub plain_write_buffer: Option<usize>,
 
