@@ -1,7 +1,7 @@
 //! No memory registration on the per-message path: once a connection has
 //! sent a message of each size, further copy sends (small and large) and
-//! zero-copy sends with a header register nothing; they reuse registered
-//! memory.
+//! zero-copy sends with a header reuse registered memory: they register at
+//! most the pool slots a full send queue needs, however many are sent.
 
 mod common;
 
@@ -101,14 +101,25 @@ fn copy_and_zero_copy_sends_register_no_memory_once_warmed_up() {
             send_all(&count, n, |k| b.send_data_copy(conn, &[&large], b"head", k));
             send_all(&count, n, |k| b.send_data(conn, &[slice], b"header", k));
         };
-        // Warm-up: each kind fills the send queue (its depth in flight).
+        // Warm-up. How many sends are in flight at once depends on timing;
+        // the pool keeps a registered slot for each, so a later round with
+        // more in flight than any before registers one slot per extra
+        // send, up to the send queue's depth (256 large-message slots; the
+        // small class registers a 64 KiB chunk of 256 slots at a time).
+        // A registration per send would add at least 4,000 here.
         round(2000);
         let warmed = b.memory_registrations();
         round(2000);
-        assert_eq!(
-            b.memory_registrations(),
-            warmed,
-            "{provider}: 6000 sends after warm-up registered memory"
+        let after = b.memory_registrations();
+        let depth = BackendConfig::default().send_queue_depth as u64;
+        // One slot per large send in flight, and two chunks of small slots
+        // (copies and zero-copy headers) at most.
+        let bound = depth + 2;
+        assert!(
+            after - warmed <= bound,
+            "{provider}: 6000 sends after warm-up registered memory {} times, more than \
+             a full send queue ({depth} sends) could ever need ({bound})",
+            after - warmed
         );
     }
 }
