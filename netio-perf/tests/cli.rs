@@ -103,7 +103,7 @@ fn help_states_the_defaults() {
         "[default: 5]",
         "Default: not set, the system's default with autotuning, on both sides",
         "Default: 256k for messages below 64 KiB, one frame (the message size + 4) from 64 KiB up",
-        "Default: 256k for messages below 64 KiB, 0 from 64 KiB up",
+        "Default: 256k for messages below 64 KiB, 1m from 64 KiB to below 1 MiB, 0 from 1 MiB up",
     ] {
         assert!(flat.contains(needle), "help lacks `{needle}`:\n{help}");
     }
