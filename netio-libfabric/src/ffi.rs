@@ -353,6 +353,19 @@ impl Info {
         }
     }
 
+    /// The fabric provider's name (`tcp`, `shm`, `tcp;ofi_rxm`, ...).
+    pub fn prov_name(&self) -> String {
+        // SAFETY: `ptr` is a valid entry; fabric_attr may be null.
+        unsafe {
+            let f = (*self.ptr).fabric_attr;
+            if f.is_null() {
+                String::new()
+            } else {
+                Self::string((*f).prov_name).unwrap_or_default()
+            }
+        }
+    }
+
     /// The fabric and domain names of the entry (a cache key).
     pub fn names(&self) -> (String, String) {
         // SAFETY: `ptr` is a valid entry; the attribute structs may be
@@ -383,6 +396,20 @@ impl Info {
                 1
             } else {
                 (*t).iov_limit.max(1)
+            }
+        }
+    }
+
+    /// The largest message the transmit queue takes by injection (copied
+    /// at once, no completion); 0 when it has none.
+    pub fn inject_size(&self) -> usize {
+        // SAFETY: `ptr` is a valid entry; tx_attr may be null.
+        unsafe {
+            let t = (*self.ptr).tx_attr;
+            if t.is_null() {
+                0
+            } else {
+                (*t).inject_size
             }
         }
     }

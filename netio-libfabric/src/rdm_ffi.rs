@@ -195,6 +195,10 @@ pub struct RdmEp {
     name: Vec<u8>,
     iov_limit: usize,
     max_msg: usize,
+    /// The largest message sent by injection (see [`RdmEp::inject`]).
+    inject_max: usize,
+    /// Where the parts of an injected message are gathered.
+    gather: Vec<u8>,
     scratch: Vec<sys::fi_cq_tagged_entry>,
     // Kept until the endpoint is closed (providers keep pointers into it).
     info: Option<Info>,
@@ -257,6 +261,29 @@ impl Drop for RdmEp {
     }
 }
 
+/// The largest message sent by injection whatever the provider offers
+/// (the gathering buffer's largest size).
+const INJECT_LIMIT: usize = 4096;
+
+/// The largest message sent by injection on `info`'s fabric provider: 0
+/// (never) unless an injected message is in the peer's memory when the
+/// call returns.
+///
+/// Injection reports no completion, so its key completes at once; where
+/// the provider may keep the message in a queue of its own for a while
+/// (`tcp;ofi_rxm`, `sockets`, `udp;ofi_rxd`, `verbs;ofi_rxm`: written to a
+/// socket or retransmitted later), closing the endpoint in that window
+/// would drop a message already reported completed, and nothing tells
+/// when the window ends. `shm` writes it into the receiver's command
+/// queue (or answers `-FI_EAGAIN`) before the call returns.
+fn inject_max(info: &Info) -> usize {
+    if info.prov_name() == "shm" {
+        info.inject_size().min(INJECT_LIMIT)
+    } else {
+        0
+    }
+}
+
 /// How long dropping an endpoint waits for its operations to end.
 const CLOSE_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -280,6 +307,8 @@ impl RdmEp {
             name: Vec::new(),
             iov_limit: info.iov_limit(),
             max_msg: info.max_msg_size(),
+            inject_max: inject_max(&info),
+            gather: Vec::new(),
             scratch: Vec::with_capacity(64),
             info: None,
             domain: Arc::clone(domain),
@@ -547,6 +576,68 @@ impl RdmEp {
             iov,
             keep: Arc::new(TxKeep::ZeroCopy(head, lent, Arc::clone(region))),
         })
+    }
+
+    /// The largest message [`inject`](Self::inject) sends; 0 when the
+    /// provider has no injection.
+    pub fn inject_max(&self) -> usize {
+        self.inject_max
+    }
+
+    /// Sends `header` then `parts` (`inject_max` bytes at most in all) to
+    /// `dest` with `tag` by injection: the provider copies them before it
+    /// returns and writes no completion, so the send is complete when this
+    /// returns `Ok`. No registration and no operation context are needed.
+    pub fn inject(
+        &mut self,
+        dest: sys::fi_addr_t,
+        tag: u64,
+        parts: &[&[u8]],
+        header: &[u8],
+    ) -> Result<(), PostError> {
+        let total = header.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+        if total > self.inject_max {
+            return Err(PostError::Failed(FiError::new(
+                "fi_tinject",
+                -(sys::FI_EMSGSIZE as isize),
+            )));
+        }
+        let one = match (header.is_empty(), parts) {
+            (true, [only]) => Some(*only),
+            (false, []) => Some(header),
+            (false, [[]]) => Some(header),
+            _ => None,
+        };
+        let bytes = match one {
+            Some(b) => b,
+            None => {
+                self.gather.clear();
+                self.gather.extend_from_slice(header);
+                for p in parts {
+                    self.gather.extend_from_slice(p);
+                }
+                &self.gather[..]
+            }
+        };
+        // SAFETY: the endpoint is open; `bytes` is valid for the call, and
+        // the provider copies it before returning (that is what injection
+        // means; no descriptor is needed).
+        let rc = unsafe {
+            sys::fi_tinject(
+                self.ep,
+                bytes.as_ptr().cast::<c_void>(),
+                bytes.len(),
+                dest,
+                tag,
+            )
+        };
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Err(PostError::Again);
+        }
+        if rc < 0 {
+            return Err(PostError::Failed(FiError::new("fi_tinject", rc)));
+        }
+        Ok(())
     }
 
     /// Hands a staged send to the provider: to `dest` with `tag`, for

@@ -1,6 +1,6 @@
 //! Reliable-datagram endpoints beyond the conformance suite: choosing the
 //! endpoint type, a fabric the machine lacks, hostile bytes on a listener's
-//! control channel, and a peer process that dies.
+//! control channel, a peer process that dies, and injected sends.
 
 mod common;
 
@@ -8,10 +8,14 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{wait_until, Recorder, Running, Seen};
-use netio_core::{Backend, BackendConfig, CloseReason, ConnectionParams, EndpointAddress};
+use netio_core::{
+    Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
+    Handler,
+};
 use netio_libfabric::{EndpointType, LibfabricBackend, LibfabricConfig};
 
 fn rdm(fabric: &str) -> LibfabricConfig {
@@ -281,4 +285,135 @@ fn a_peer_process_that_dies_is_reported_as_a_reset_on_tcp_rxm() {
 #[test]
 fn a_peer_process_that_dies_is_reported_as_a_reset_on_shm() {
     a_dead_peer_process_is_a_reset("shm");
+}
+
+/// Sizes cycled by [`Mixed`]: below, at and above `shm`'s injection limit
+/// (4,096 bytes), so that injected copy sends and ordinary ones alternate.
+const MIXED_SIZES: [usize; 6] = [1, 64, 4096, 4097, 9000, 200];
+
+/// The bytes of message `i`.
+fn mixed_message(i: usize) -> Vec<u8> {
+    let len = MIXED_SIZES[i % MIXED_SIZES.len()];
+    (0..len).map(|j| (i * 31 + j) as u8).collect()
+}
+
+/// Sends `total` copy sends of [`mixed_message`]s as the queue allows
+/// (the sender), and records what arrives and which keys complete.
+#[derive(Clone, Default)]
+struct Mixed {
+    total: usize,
+    next: Arc<Mutex<usize>>,
+    got: Arc<Mutex<Vec<Vec<u8>>>>,
+    completed: Arc<Mutex<Vec<u64>>>,
+    closed: Arc<Mutex<Vec<CloseReason>>>,
+}
+
+impl Mixed {
+    fn send_more<B: Backend + ?Sized>(&self, b: &B, conn: ConnId) {
+        let mut next = self.next.lock().unwrap();
+        while *next < self.total {
+            let m = mixed_message(*next);
+            match b.send_data_copy(conn, &[&m], &[], *next as u64) {
+                Ok(()) => *next += 1,
+                Err(netio_core::SendError::NoResources) => return,
+                Err(e) => panic!("copy send {} refused: {e}", *next),
+            }
+        }
+    }
+}
+
+impl<B: Backend + ?Sized> Handler<B> for Mixed {
+    fn on_connection_established(
+        &mut self,
+        b: &B,
+        conn: ConnId,
+        _r: EndpointAddress,
+        _c: Capabilities,
+    ) {
+        self.send_more(b, conn);
+    }
+
+    fn on_sends_completed(&mut self, b: &B, conn: ConnId, keys: &[u64]) {
+        self.completed.lock().unwrap().extend_from_slice(keys);
+        self.send_more(b, conn);
+    }
+
+    fn on_connection_closed(
+        &mut self,
+        _b: &B,
+        _conn: ConnId,
+        _r: EndpointAddress,
+        why: &CloseReason,
+        _keys: &[u64],
+    ) {
+        self.closed.lock().unwrap().push(why.clone());
+    }
+
+    fn on_data(&mut self, _b: &B, _conn: ConnId, data: &[u8]) {
+        self.got.lock().unwrap().push(data.to_vec());
+    }
+}
+
+/// `shm` takes copy sends of up to 4,096 bytes by injection (no
+/// completion from the fabric: the key completes at once); interleaved
+/// with larger sends, which take the ordinary path, every message still
+/// arrives once, whole and in order, and every key completes once, in
+/// order.
+#[test]
+fn injected_copy_sends_keep_their_order_among_ordinary_ones_on_shm() {
+    const TOTAL: usize = 3_000;
+    let server_lp = Running::start();
+    let client_lp = Running::start();
+    let server = Mixed::default();
+    let sb = LibfabricBackend::new(
+        &server_lp.lp,
+        BackendConfig::default(),
+        rdm("shm"),
+        server.clone(),
+    )
+    .expect("server backend");
+    let listen = sb
+        .open_listen_endpoint(any_port(), ConnectionParams::receive(16 * 1024, 32))
+        .expect("listening");
+    let client = Mixed {
+        total: TOTAL,
+        ..Mixed::default()
+    };
+    let cb = LibfabricBackend::new(
+        &client_lp.lp,
+        BackendConfig::default(),
+        rdm("shm"),
+        client.clone(),
+    )
+    .expect("client backend");
+    cb.open_active_endpoint(
+        EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, listen.port()))),
+        ConnectionParams::receive(16 * 1024, 32),
+    )
+    .expect("connecting");
+    assert!(
+        wait_until(|| server.got.lock().unwrap().len() >= TOTAL
+            && client.completed.lock().unwrap().len() >= TOTAL),
+        "all sent and completed: {} arrived, {} completed, closed {:?} {:?}",
+        server.got.lock().unwrap().len(),
+        client.completed.lock().unwrap().len(),
+        server.closed.lock().unwrap(),
+        client.closed.lock().unwrap(),
+    );
+    // Nothing more comes later.
+    std::thread::sleep(Duration::from_millis(100));
+    let got = server.got.lock().unwrap();
+    assert_eq!(got.len(), TOTAL, "each message arrives once");
+    for (i, m) in got.iter().enumerate() {
+        assert!(
+            *m == mixed_message(i),
+            "message {i} ({} bytes) arrived in order and whole",
+            m.len()
+        );
+    }
+    let completed = client.completed.lock().unwrap();
+    let expected: Vec<u64> = (0..TOTAL as u64).collect();
+    assert_eq!(*completed, expected, "each key completes once, in order");
+    assert!(server.closed.lock().unwrap().is_empty());
+    assert!(client.closed.lock().unwrap().is_empty());
 }

@@ -127,7 +127,8 @@ struct Conn {
     drain_queued: bool,
     /// Sends marked done since the last `Drain` was queued.
     done_pending: bool,
-    ledger: SendLedger<Held>,
+    /// Each send's memory (none for an injected one).
+    ledger: SendLedger<Option<Held>>,
     backlog: VecDeque<Backlogged>,
     pools: Vec<BufferPool>,
     buffer_mrs: HashMap<usize, Arc<BufferMr>>,
@@ -315,7 +316,7 @@ impl std::error::Error for FabricError {}
 
 /// The keys of ended sends, and their memory to release when they are
 /// reported.
-fn split_ended(ended: Vec<(u64, Held)>) -> (Vec<u64>, Vec<Held>) {
+fn split_ended(ended: Vec<(u64, Option<Held>)>) -> (Vec<u64>, Vec<Option<Held>>) {
     ended.into_iter().unzip()
 }
 
@@ -1564,7 +1565,7 @@ impl RdmInner {
         len: usize,
     ) -> Result<(), SendError> {
         let c = st.conns.get_mut(id).expect("checked");
-        let seq = match c.ledger.accept(key, counted, staged.held()) {
+        let seq = match c.ledger.accept(key, counted, Some(staged.held())) {
             Ok(seq) => seq,
             Err(_) => return Err(SendError::NoResources),
         };
@@ -1585,6 +1586,54 @@ impl RdmInner {
         c.backlog.push_back(Backlogged { seq, staged });
         self.flush_backlog(st, id);
         Ok(())
+    }
+
+    /// Sends a small copy send by injection when nothing waits before it
+    /// and a credit allows: the fabric copies it at once and reports no
+    /// completion, so no registered copy, operation context or completion
+    /// read is needed, and its key completes at once (reported by the next
+    /// dispatch, like any completion). `false`, with nothing changed, when
+    /// the send takes the ordinary path (too large for injection, sends
+    /// queued before it, no credit, the fabric's queue full).
+    fn try_inject(
+        st: &mut State,
+        id: ConnId,
+        data: &[&[u8]],
+        header: &[u8],
+        key: u64,
+        total: usize,
+    ) -> bool {
+        let State {
+            ep, conns, events, ..
+        } = st;
+        let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
+            return false;
+        };
+        let limit = c.session.peer_buf_size();
+        if total > ep.inject_max() || limit == 0 || total as u64 > limit || !c.backlog.is_empty() {
+            return false;
+        }
+        let Some(dest) = c.peer else {
+            return false;
+        };
+        let Some(tag) = c.session.on_send() else {
+            return false;
+        };
+        if ep.inject(dest, tag, data, header).is_err() {
+            // Full, or failing: the ordinary path queues the send or
+            // reports the failure.
+            c.session.unsend(tag);
+            return false;
+        }
+        let Ok(seq) = c.ledger.accept(key, true, None) else {
+            unreachable!("the caller checked the ledger's room under the same lock");
+        };
+        c.ledger.mark_done(seq);
+        if !c.drain_queued {
+            c.drain_queued = true;
+            events.push_back(Ev::Drain(id));
+        }
+        true
     }
 
     fn check_send(&self, st: &State, conn: ConnId, header: &[u8]) -> Result<(), SendError> {
@@ -2380,6 +2429,10 @@ impl Ops for RdmInner {
         let total = header.len() + data.iter().map(|d| d.len()).sum::<usize>();
         if total > max {
             return Err(SendError::MessageTooLarge { len: total, max });
+        }
+        if Self::try_inject(&mut st, conn, data, header, key, total) {
+            self.post_dispatch(&mut st);
+            return Ok(());
         }
         let ep = st.ep.as_ref().expect("open");
         let staged = ep
