@@ -115,6 +115,25 @@ thread_local! {
     static BATCH: Cell<Vec<Ev>> = const { Cell::new(Vec::new()) };
 }
 
+thread_local! {
+    /// The keys of one completion report, kept between reports on the
+    /// loop thread (a nested report, if any, finds it taken and allocates
+    /// its own).
+    static KEYS: Cell<Vec<u64>> = const { Cell::new(Vec::new()) };
+}
+
+/// An empty vector for the keys of a completion report (give it back
+/// with [`give_keys`]).
+pub(crate) fn take_keys() -> Vec<u64> {
+    KEYS.with(Cell::take)
+}
+
+/// Keeps the memory of `keys` for the next report.
+pub(crate) fn give_keys(mut keys: Vec<u64>) {
+    keys.clear();
+    KEYS.with(|k| k.set(keys));
+}
+
 /// Hands queued events to the handler: `take` moves the queued events into
 /// the batch it is given (left empty when there are none), `deliver`
 /// delivers a connection's held messages, `drain` reports a connection's

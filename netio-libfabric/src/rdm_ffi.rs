@@ -117,13 +117,13 @@ enum TxKeep {
 
 enum Op {
     Recv {
-        _ctx: Box<sys::fi_context2>,
+        ctx: Box<sys::fi_context2>,
         mem: Arc<RecvMem>,
         index: usize,
         owner: u64,
     },
     Send {
-        _ctx: Box<sys::fi_context2>,
+        ctx: Box<sys::fi_context2>,
         _keep: Arc<TxKeep>,
         owner: u64,
         seq: Option<SendSeq>,
@@ -199,6 +199,10 @@ pub struct RdmEp {
     inject_max: usize,
     /// Where the parts of an injected message are gathered.
     gather: Vec<u8>,
+    /// Operation contexts of operations that ended, taken by the next
+    /// ones (boxed: a context's address is its operation's while posted).
+    #[allow(clippy::vec_box)]
+    ctx_pool: Vec<Box<sys::fi_context2>>,
     scratch: Vec<sys::fi_cq_tagged_entry>,
     // Kept until the endpoint is closed (providers keep pointers into it).
     info: Option<Info>,
@@ -309,6 +313,7 @@ impl RdmEp {
             max_msg: info.max_msg_size(),
             inject_max: inject_max(&info),
             gather: Vec::new(),
+            ctx_pool: Vec::new(),
             scratch: Vec::with_capacity(64),
             info: None,
             domain: Arc::clone(domain),
@@ -470,7 +475,7 @@ impl RdmEp {
                 errno: sys::FI_EINVAL,
             });
         }
-        let mut ctx = zeroed_ctx();
+        let mut ctx = self.take_ctx();
         let key = (&mut *ctx as *mut sys::fi_context2) as usize;
         mem.posted[index].store(true, Ordering::Release);
         // SAFETY: buffer `index` lies inside `mem` (checked), is not posted
@@ -495,7 +500,7 @@ impl RdmEp {
         self.ops.insert(
             key,
             Op::Recv {
-                _ctx: ctx,
+                ctx,
                 mem: Arc::clone(mem),
                 index,
                 owner,
@@ -578,6 +583,19 @@ impl RdmEp {
         })
     }
 
+    /// A cleared operation context: one of an operation that ended, or a
+    /// new one.
+    fn take_ctx(&mut self) -> Box<sys::fi_context2> {
+        match self.ctx_pool.pop() {
+            Some(mut ctx) => {
+                // SAFETY: fi_context2 is plain data; zeroed is a valid value.
+                *ctx = unsafe { std::mem::zeroed::<sys::fi_context2>() };
+                ctx
+            }
+            None => zeroed_ctx(),
+        }
+    }
+
     /// The largest message [`inject`](Self::inject) sends; 0 when the
     /// provider has no injection.
     pub fn inject_max(&self) -> usize {
@@ -651,7 +669,7 @@ impl RdmEp {
         seq: Option<SendSeq>,
         staged: Staged,
     ) -> Result<(), (PostError, Staged)> {
-        let mut ctx = zeroed_ctx();
+        let mut ctx = self.take_ctx();
         let key = (&mut *ctx as *mut sys::fi_context2) as usize;
         let iov = &staged.iov;
         let rc = if iov.len() == 1 {
@@ -702,7 +720,7 @@ impl RdmEp {
         self.ops.insert(
             key,
             Op::Send {
-                _ctx: ctx,
+                ctx,
                 _keep: staged.keep,
                 owner,
                 seq,
@@ -777,8 +795,13 @@ impl RdmEp {
                 let e = self.scratch[i];
                 match self.ops.remove(&(e.op_context as usize)) {
                     Some(Op::Recv {
-                        mem, index, owner, ..
+                        mem,
+                        index,
+                        owner,
+                        ctx,
                     }) => {
+                        // The operation ended: its context is free again.
+                        self.ctx_pool.push(ctx);
                         mem.posted[index].store(false, Ordering::Release);
                         out.push(RdmCompletion::Received {
                             owner,
@@ -787,7 +810,10 @@ impl RdmEp {
                             tag: e.tag,
                         });
                     }
-                    Some(Op::Send { owner, seq, .. }) => {
+                    Some(Op::Send {
+                        owner, seq, ctx, ..
+                    }) => {
+                        self.ctx_pool.push(ctx);
                         out.push(RdmCompletion::Sent { owner, seq })
                     }
                     _ => {}

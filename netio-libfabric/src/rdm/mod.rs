@@ -127,6 +127,10 @@ struct Conn {
     drain_queued: bool,
     /// Sends marked done since the last `Drain` was queued.
     done_pending: bool,
+    /// `deliver` is handing this connection's messages over: sends
+    /// completed meanwhile are reported by it, right after the `on_data`
+    /// that made them, instead of by a `Drain` event.
+    delivering: bool,
     /// Each send's memory (none for an injected one).
     ledger: SendLedger<Option<Held>>,
     backlog: VecDeque<Backlogged>,
@@ -1386,6 +1390,7 @@ impl RdmInner {
             deliver_queued: false,
             drain_queued: false,
             done_pending: false,
+            delivering: false,
             ledger: SendLedger::new(self.config.send_queue_depth),
             backlog: VecDeque::new(),
             pools: self.send_pool_for(params).into_iter().collect(),
@@ -1629,7 +1634,9 @@ impl RdmInner {
             unreachable!("the caller checked the ledger's room under the same lock");
         };
         c.ledger.mark_done(seq);
-        if !c.drain_queued {
+        if c.delivering {
+            c.done_pending = true;
+        } else if !c.drain_queued {
             c.drain_queued = true;
             events.push_back(Ev::Drain(id));
         }
@@ -2057,59 +2064,117 @@ impl RdmInner {
     /// Reports the sends of `id` that completed, freeing their slots and
     /// memory right before the report.
     fn drain(&self, backend: &LibfabricBackend, id: ConnId) {
-        let (done, released) = {
+        let mut keys = events::take_keys();
+        let released = {
             let mut st = lock(&self.state);
             let Some(c) = st.conns.get_mut(id) else {
                 return;
             };
             c.drain_queued = false;
             c.done_pending = false;
-            split_ended(c.ledger.drain_completed())
+            Self::take_completed(c, &mut keys)
         };
         drop(released);
-        if !done.is_empty() {
-            lock(&self.handler).on_sends_completed(backend, id, &done);
+        if !keys.is_empty() {
+            lock(&self.handler).on_sends_completed(backend, id, &keys);
         }
+        events::give_keys(keys);
     }
 
+    /// Takes the completed sends of `c` off its ledger: their keys into
+    /// `keys`, their memory returned (to be released, with no lock held,
+    /// right before the report).
+    fn take_completed(c: &mut Conn, keys: &mut Vec<u64>) -> Vec<Held> {
+        let mut released = Vec::new();
+        c.ledger.drain_completed_each(|key, held| {
+            keys.push(key);
+            if let Some(h) = held {
+                released.push(h);
+            }
+        });
+        released
+    }
+
+    /// Hands the connection's held messages to the handler, each buffer
+    /// posted again when its `on_data` returned, and reports the sends
+    /// that completed meanwhile right after the `on_data` that made them
+    /// (see `Conn::delivering`). The handler stays locked for the whole
+    /// run; at most 1,024 messages, the rest in another dispatch.
     fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
+        let mut handler = None;
+        let mut st = lock(&self.state);
         for _ in 0..1024 {
-            let (mem, index, len) = {
-                let mut st = lock(&self.state);
-                let Some(c) = st.conns.get_mut(id) else {
-                    return;
-                };
-                if c.paused {
-                    c.deliver_queued = false;
-                    return;
-                }
-                match c.held.pop_front() {
-                    Some((index, len)) => (c.recv.clone().expect("receiving"), index, len),
-                    None => {
-                        c.deliver_queued = false;
-                        if let Some(reason) = c.pending_close.take() {
-                            self.close_conn(&mut st, id, reason, false);
-                            self.post_dispatch(&mut st);
-                        }
-                        return;
-                    }
-                }
+            let Some(c) = st.conns.get_mut(id) else {
+                return;
             };
+            if c.paused {
+                c.deliver_queued = false;
+                Self::end_delivering(&mut st, id);
+                self.post_dispatch(&mut st);
+                return;
+            }
+            let Some((index, len)) = c.held.pop_front() else {
+                c.deliver_queued = false;
+                let pending_close = c.pending_close.take();
+                Self::end_delivering(&mut st, id);
+                self.post_dispatch(&mut st);
+                if let Some(reason) = pending_close {
+                    self.close_conn(&mut st, id, reason, false);
+                    self.post_dispatch(&mut st);
+                }
+                return;
+            };
+            c.delivering = true;
+            let mem = c.recv.clone().expect("receiving");
+            drop(st);
             // The buffer is not posted again before on_data returns: its
             // bytes stay put.
-            lock(&self.handler).on_data(backend, id, mem.bytes(index, len));
-            let mut st = lock(&self.state);
+            let h = handler.get_or_insert_with(|| lock(&self.handler));
+            h.on_data(backend, id, mem.bytes(index, len));
+            drop(mem);
+            st = lock(&self.state);
             let Some(c) = st.conns.get_mut(id) else {
                 return;
             };
             c.unposted.push(index);
+            let done = std::mem::take(&mut c.done_pending);
             self.repost(&mut st, id);
+            if done {
+                let Some(c) = st.conns.get_mut(id) else {
+                    return;
+                };
+                let mut keys = events::take_keys();
+                let released = Self::take_completed(c, &mut keys);
+                if !keys.is_empty() {
+                    drop(st);
+                    drop(released);
+                    h.on_sends_completed(backend, id, &keys);
+                    st = lock(&self.state);
+                }
+                events::give_keys(keys);
+            }
         }
-        let mut st = lock(&self.state);
         if let Some(c) = st.conns.get_mut(id) {
             c.deliver_queued = false;
         }
+        Self::end_delivering(&mut st, id);
         self.queue_deliver(&mut st, id);
+        self.post_dispatch(&mut st);
+    }
+
+    /// Ends `deliver`'s run on `id`: sends completed since its last report
+    /// (by another thread) are left to a `Drain` event.
+    fn end_delivering(st: &mut State, id: ConnId) {
+        let State { conns, events, .. } = st;
+        let Some(c) = conns.get_mut(id) else {
+            return;
+        };
+        c.delivering = false;
+        if c.done_pending && !c.drain_queued {
+            c.done_pending = false;
+            c.drain_queued = true;
+            events.push_back(Ev::Drain(id));
+        }
     }
 
     fn on_user_timer(&self) {
