@@ -108,8 +108,10 @@ LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" RUSTFLAGS="--cfg loom" \
     CARGO_TARGET_DIR=target/loom \
     run cargo test -p netio-core --lib --release --locked -- loom --skip mio_loop::
 
-step "cargo test --workspace"
-NETIO_REQUIRE_NETNS=1 run cargo test --workspace --locked
+# What `cargo test --workspace` runs, three test binaries at a time
+# (scripts/run-test-binaries.sh), then the documentation tests.
+step "cargo test --workspace (test binaries three at a time)"
+NETIO_REQUIRE_NETNS=1 run bash scripts/run-test-binaries.sh --locked
 
 # The facade and the example programs select libfabric by name only when
 # built with their `libfabric` feature, which the workspace run leaves off.
