@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 RUNS="${1:-30}"
 OUT="${OUT:-target/libfabric-under-load}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
 
 SUITES="${SUITES:-conformance_tcp conformance_sockets conformance_rdm_tcp_rxm conformance_rdm_shm conformance_rdm_sockets conformance_rdm_udp_rxd}"
 bin() {
@@ -41,7 +42,7 @@ for run in $(seq 1 "$RUNS"); do
     ok=1
     for suite in "${BINS[@]}"; do
         name="$(basename "$suite")"
-        if ! (cd netio-libfabric && "$suite" >"../$OUT/run-$run-$name.log" 2>&1); then
+        if ! (cd netio-libfabric && "$suite" >"$OUT/run-$run-$name.log" 2>&1); then
             ok=0
         fi
     done
