@@ -131,15 +131,19 @@ run cargo test --locked -p netio-examples --features libfabric --test libfabric
 step "libfabric verbs on soft-RoCE in an emulated guest"
 cargo clippy --locked -p netio-libfabric --features verbs-conformance --all-targets -- -D warnings
 verbs_bins="$(cargo test --locked -p netio-libfabric --features verbs-conformance \
-    --test conformance_verbs --test conformance_rdm_verbs --test stream --no-run \
+    --test conformance_verbs --test conformance_rdm_verbs --test stream --test mr_cache --no-run \
     --message-format=json 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')"
 verbs_suite="$(printf '%s\n' "$verbs_bins" | grep '/conformance_verbs-')"
 verbs_rdm_suite="$(printf '%s\n' "$verbs_bins" | grep '/conformance_rdm_verbs-')"
 verbs_stream="$(printf '%s\n' "$verbs_bins" | grep '/stream-')"
+verbs_mr_cache="$(printf '%s\n' "$verbs_bins" | grep '/mr_cache-')"
 run bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_suite" --test-threads=4
 # Reliable datagrams over verbs;ofi_rxm on the same device.
 run bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_rdm_suite" --test-threads=4
+# Domains opened and closed while other threads free memory (libfabric's
+# registration cache monitor; tests/mr_cache.rs).
+run bash scripts/verbs-guest.sh --timeout 300 -- "$verbs_mr_cache" --test-threads=1
 NETIO_LF_STREAM_RUNS="${NETIO_LF_STREAM_RUNS_VERBS:-2}" \
     run bash scripts/verbs-guest.sh --timeout 600 -- "$verbs_stream" on_verbs on_rdm_verbs --test-threads=1
 cargo build --locked --release -p netio-examples --features libfabric --bin pingpong --bin echo_tcp

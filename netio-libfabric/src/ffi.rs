@@ -186,6 +186,7 @@ impl Info {
     /// Entries whose mode or mr_mode bits this code does not honour are
     /// skipped; none left is `-FI_ENODATA`.
     pub fn get(q: &Query<'_>) -> Result<Info, FiError> {
+        prepare_env();
         // SAFETY: fi_allocinfo has no precondition; it returns a zeroed
         // fi_info with its attribute structs allocated, or null.
         let hints = unsafe { sys::fi_allocinfo() };
@@ -252,6 +253,7 @@ impl Info {
         node: Option<std::net::IpAddr>,
         rx_size: Option<usize>,
     ) -> Result<Info, FiError> {
+        prepare_env();
         // SAFETY: as in `get`.
         let hints = unsafe { sys::fi_allocinfo() };
         if hints.is_null() {
@@ -1842,6 +1844,7 @@ impl Link {
 /// `true` if fabric provider `provider` offers connected endpoints
 /// (`FI_EP_MSG` with `FI_MSG`) on this machine.
 pub fn offers_msg(provider: &str) -> bool {
+    prepare_env();
     // SAFETY: as in `Info::get`.
     let hints = unsafe { sys::fi_allocinfo() };
     if hints.is_null() {
@@ -1878,6 +1881,29 @@ pub fn offers_msg(provider: &str) -> bool {
     }
     drop(Info { ptr: out });
     true
+}
+
+/// Turns libfabric's memory-registration cache off, once, before the first
+/// call that initialises libfabric in this process, unless the environment
+/// already chooses a monitor (`FI_MR_CACHE_MONITOR`) or a cache size
+/// (`FI_MR_CACHE_MAX_COUNT`).
+///
+/// libfabric 1.17's default monitor (`memhooks`) rewrites the first bytes
+/// of libc's `madvise`, `munmap`, `mmap`, `brk` and friends when the first
+/// domain with a cache opens (`verbs`, `efa`), and writes the original
+/// bytes back when the last one closes. A thread inside one of those
+/// functions at that moment runs half-rewritten code: on `verbs;ofi_rxm`
+/// the conformance suite (four test threads opening and closing domains)
+/// died with SIGSEGV at `madvise+9` in a thread freeing its heap on exit,
+/// or hung, in about one run of ten. This crate registers its memory
+/// once per connection or pool, so the cache gains it nothing.
+pub(crate) fn prepare_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("FI_MR_CACHE_MAX_COUNT").is_none() {
+            default_env("FI_MR_CACHE_MONITOR", "disabled");
+        }
+    });
 }
 
 /// Sets `name` to `value` in the environment unless it is set already, for

@@ -2117,11 +2117,10 @@ impl RdmInner {
                 c.deliver_queued = false;
                 let pending_close = c.pending_close.take();
                 Self::end_delivering(&mut st, id);
-                self.post_dispatch(&mut st);
                 if let Some(reason) = pending_close {
                     self.close_conn(&mut st, id, reason, false);
-                    self.post_dispatch(&mut st);
                 }
+                self.post_dispatch(&mut st);
                 return;
             };
             c.delivering = true;
