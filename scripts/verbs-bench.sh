@@ -13,15 +13,19 @@
 #
 # Each of RUNS rounds (default 5) runs, every program busy polling, each as a
 # server and a client process on the guest's soft-RoCE address:
-#   - netio-perf pingpong 64 B (COUNT round trips, default 2000), then
+#   - netio-perf pingpong 64 B (COUNT round trips, default 10000), then
 #     fi_pingpong -p verbs -e msg -S 64 -I COUNT, then ib_send_lat -s 64;
-#   - netio-perf rate 64 B (RATE_COUNT messages, default 20000), then
+#   - netio-perf rate 64 B (RATE_COUNT messages, default 50000), then
 #     ib_send_bw -s 64;
-#   - netio-perf bw 64 KiB (BW_COUNT messages, default 1000), then
+#   - netio-perf bw 64 KiB (BW_COUNT messages, default 2000), then
 #     ib_send_bw -s 65536.
-# Prints one line per measurement, then the median of each figure over the
-# rounds and the ratios netio / baseline (of the medians, and the median
-# and range of the per-round ratios).
+# Each program's output is captured whole and parsed after it exits: a
+# parser started beside a busy-polling run (a pipe) takes one of the
+# guest's two emulated CPUs from it. The counts are large enough that the
+# emulator's translation of new code at a program's start does not weigh
+# on its figure. Prints one line per measurement, then the median of each
+# figure over the rounds and the ratios netio / baseline (of the medians,
+# and the median and range of the per-round ratios).
 #
 # Soft-RoCE under software emulation: absolute figures mean little (the
 # guest computes 13-15x slower than the host, and a busy host slows it
@@ -32,9 +36,9 @@ bin="${1:-target/release}"
 addr="${NETIO_VERBS_ADDR:-169.254.77.1}"
 dev="${NETIO_VERBS_DOMAIN:-rxe0}"
 runs="${RUNS:-5}"
-count="${COUNT:-2000}"
-rate_count="${RATE_COUNT:-20000}"
-bw_count="${BW_COUNT:-1000}"
+count="${COUNT:-10000}"
+rate_count="${RATE_COUNT:-50000}"
+bw_count="${BW_COUNT:-2000}"
 perf="$bin/netio-perf"
 [ -x "$perf" ] || { echo "verbs-bench: no $perf (build netio-perf with --features libfabric)" >&2; exit 2; }
 for tool in fi_pingpong ib_send_lat ib_send_bw python3; do
@@ -113,27 +117,30 @@ pair() {
 
 for i in $(seq 1 "$runs"); do
     echo "== round $i of $runs"
-    rt="$(netio_run pingpong --sizes 64 --count "$count" --warmup 200 | metric mean_rtt_us)"
+    txt="$(netio_run pingpong --sizes 64 --count "$count" --warmup 200)"
+    rt="$(printf '%s' "$txt" | metric mean_rtt_us)"
     record netio_pingpong_64_rtt_us "$rt" us
     # fi_pingpong: usec/xfer is one transfer; a round trip is two.
-    fi="$(pair "-B PORT" "-P PORT" fi_pingpong -p verbs -e msg -d "$dev" -S 64 -I "$count" |
-        awk '$1 ~ /^[0-9]/ { print 2 * $(NF-1) }' | tail -1)"
+    txt="$(pair "-B PORT" "-P PORT" fi_pingpong -p verbs -e msg -d "$dev" -S 64 -I "$count")"
+    fi="$(printf '%s\n' "$txt" | awk '$1 ~ /^[0-9]/ { print 2 * $(NF-1) }' | tail -1)"
     record fi_pingpong_64_rtt_us "${fi:-nan}" us
     # ib_send_lat: t_avg is one way; a round trip is two.
-    lat="$(pair "-p PORT" "-p PORT" ib_send_lat -d "$dev" -R -s 64 -n "$count" |
-        awk '$1 == 64 && NF >= 6 { print 2 * $6 }' | tail -1)"
+    txt="$(pair "-p PORT" "-p PORT" ib_send_lat -d "$dev" -R -s 64 -n "$count")"
+    lat="$(printf '%s\n' "$txt" | awk '$1 == 64 && NF >= 6 { print 2 * $6 }' | tail -1)"
     record ib_send_lat_64_rtt_us "${lat:-nan}" us
 
-    rate="$(netio_run rate --sizes 64 --count "$rate_count" --warmup 2000 | metric messages_per_s)"
+    txt="$(netio_run rate --sizes 64 --count "$rate_count" --warmup 2000)"
+    rate="$(printf '%s' "$txt" | metric messages_per_s)"
     record netio_rate_64 "$rate" msg/s
-    bw64="$(pair "-p PORT" "-p PORT" ib_send_bw -d "$dev" -R -s 64 -n "$rate_count" |
-        awk '$1 == 64 && NF >= 5 { print $5 * 1e6 }' | tail -1)"
+    txt="$(pair "-p PORT" "-p PORT" ib_send_bw -d "$dev" -R -s 64 -n "$rate_count")"
+    bw64="$(printf '%s\n' "$txt" | awk '$1 == 64 && NF >= 5 { print $5 * 1e6 }' | tail -1)"
     record ib_send_bw_rate_64 "${bw64:-nan}" msg/s
 
-    bw="$(netio_run bw --sizes 64k --count "$bw_count" --warmup 100 | metric bandwidth)"
+    txt="$(netio_run bw --sizes 64k --count "$bw_count" --warmup 100)"
+    bw="$(printf '%s' "$txt" | metric bandwidth)"
     record netio_bw_64k "$bw" B/s
-    ibw="$(pair "-p PORT" "-p PORT" ib_send_bw -d "$dev" -R -s 65536 -n "$bw_count" |
-        awk '$1 == 65536 && NF >= 5 { print $4 * 1e6 }' | tail -1)"
+    txt="$(pair "-p PORT" "-p PORT" ib_send_bw -d "$dev" -R -s 65536 -n "$bw_count")"
+    ibw="$(printf '%s\n' "$txt" | awk '$1 == 65536 && NF >= 5 { print $4 * 1e6 }' | tail -1)"
     record ib_send_bw_64k "${ibw:-nan}" B/s
 done
 

@@ -91,7 +91,7 @@ fn verbs_domains_open_and_close_while_other_threads_free_memory() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
 
-    const ROUNDS: usize = 20;
+    const ROUNDS: usize = 150;
     let stop = Arc::new(AtomicBool::new(false));
     let churned = Arc::new(AtomicU64::new(0));
     let churners: Vec<_> = (0..3)
