@@ -21,9 +21,7 @@
 #     ib_send_bw -s 65536.
 # Each program's output is captured whole and parsed after it exits: a
 # parser started beside a busy-polling run (a pipe) takes one of the
-# guest's two emulated CPUs from it. The counts are large enough that the
-# emulator's translation of new code at a program's start does not weigh
-# on its figure. Prints one line per measurement, then the median of each
+# guest's two emulated CPUs from it. Prints one line per measurement, then the median of each
 # figure over the rounds and the ratios netio / baseline (of the medians,
 # and the median and range of the per-round ratios).
 #
