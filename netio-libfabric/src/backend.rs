@@ -960,8 +960,12 @@ impl Inner {
         if c.posted_receives() == 0 {
             c.ran_dry = true;
         }
-        let done = c.link.drain_completed();
-        if !done.is_empty() {
+        // The keys' memory comes back from the report (`events::give_keys`).
+        let mut done = events::take_keys();
+        c.link.drain_completed_into(&mut done);
+        if done.is_empty() {
+            events::give_keys(done);
+        } else {
             st.events.push_back(Ev::Completed(id, done));
         }
         if let Some(reason) = ending {

@@ -196,7 +196,10 @@ fn dispatch_batches(
                 Ev::Established(c, r, caps) => h.on_connection_established(backend, c, r, caps),
                 Ev::Refused(c, r, why) => h.on_connection_refused(backend, c, r, &why),
                 Ev::Closed(c, r, why, keys) => h.on_connection_closed(backend, c, r, &why, &keys),
-                Ev::Completed(c, keys) => h.on_sends_completed(backend, c, &keys),
+                Ev::Completed(c, keys) => {
+                    h.on_sends_completed(backend, c, &keys);
+                    give_keys(keys);
+                }
                 Ev::Timer(t) => h.on_timer(backend, t),
                 Ev::Wake(t) => h.on_wake(backend, t),
                 Ev::Deliver(_) | Ev::Drain(_) | Ev::Release(_) => {}

@@ -585,7 +585,7 @@ struct Slot {
 impl Slot {
     /// Copies `parts` to the start of the slot (they fit: checked by the
     /// caller's size class).
-    fn fill(&mut self, parts: &[&[u8]]) -> *const u8 {
+    fn fill(&mut self, header: &[u8], parts: &[&[u8]]) -> *const u8 {
         // SAFETY: `offset..offset + size` lies inside the chunk and belongs
         // to this slot alone (slots of a chunk are disjoint, and a slot is
         // owned by one pool entry or one send); `&mut self` excludes other
@@ -593,7 +593,7 @@ impl Slot {
         // slot is in flight, which is not the case while it is filled.
         let base = unsafe { self.chunk.mem.add(self.offset) };
         let mut at = 0;
-        for p in parts {
+        for p in std::iter::once(&header).chain(parts) {
             assert!(at + p.len() <= self.size, "a copy larger than its slot");
             // SAFETY: in bounds (asserted); `p` does not overlap the slot
             // (it is caller memory, not registered send memory).
@@ -666,15 +666,16 @@ impl Drop for Pooled {
 }
 
 impl Pooled {
-    /// Registered memory holding `parts` one after the other: from the
-    /// pool, or registered now (the first use of a size class, or a size
-    /// beyond the largest class). Returns it with the address, length and
-    /// descriptor to send.
+    /// Registered memory holding `header` then `parts` one after the
+    /// other: from the pool, or registered now (the first use of a size
+    /// class, or a size beyond the largest class). Returns it with the
+    /// address, length and descriptor to send.
     pub(crate) fn copy_of(
         domain: &Arc<Domain>,
+        header: &[u8],
         parts: &[&[u8]],
     ) -> Result<(Pooled, *const u8, usize, *mut c_void), FiError> {
-        let n: usize = parts.iter().map(|p| p.len()).sum();
+        let n: usize = header.len() + parts.iter().map(|p| p.len()).sum::<usize>();
         let class = BouncePool::class(n);
         let slot = match class.and_then(|(c, _)| domain.bounces.take(c)) {
             Some(slot) => slot,
@@ -710,7 +711,7 @@ impl Pooled {
             _domain: Arc::clone(domain),
         };
         let slot = pooled.slot.as_mut().expect("just set");
-        let ptr = slot.fill(parts);
+        let ptr = slot.fill(header, parts);
         let desc = slot.chunk.desc;
         Ok((pooled, ptr, n, desc))
     }
@@ -1570,12 +1571,18 @@ impl Link {
     /// reported (their memory is released here).
     pub fn drain_completed(&mut self) -> Vec<u64> {
         let mut keys = Vec::new();
+        self.drain_completed_into(&mut keys);
+        keys
+    }
+
+    /// As [`drain_completed`](Self::drain_completed), appending the keys
+    /// to `keys` (whose memory the caller keeps between reads).
+    pub fn drain_completed_into(&mut self, keys: &mut Vec<u64>) {
         let pool = &mut self.ctx_pool;
         self.ledger.drain_completed_each(|key, op| {
             keys.push(key);
             pool.push(op.ctx);
         });
-        keys
     }
 
     /// Reads completions (dropping received messages) until every send
@@ -1751,10 +1758,8 @@ impl Link {
         if !self.ledger.has_room() {
             return Err(PostError::Again);
         }
-        let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
-        all.push(header);
-        all.extend_from_slice(parts);
-        let (b, p, n, desc) = Pooled::copy_of(&self.domain, &all).map_err(PostError::Failed)?;
+        let (b, p, n, desc) =
+            Pooled::copy_of(&self.domain, header, parts).map_err(PostError::Failed)?;
         self.post(key, true, &[(p, n, desc)], TxData::Bounce(b))
             .map_err(|(e, _)| e)
     }
@@ -1787,7 +1792,7 @@ impl Link {
             None
         } else {
             let (b, p, n, desc) =
-                Pooled::copy_of(&self.domain, &[header]).map_err(PostError::Failed)?;
+                Pooled::copy_of(&self.domain, header, &[]).map_err(PostError::Failed)?;
             iov.push((p, n, desc));
             Some(b)
         };

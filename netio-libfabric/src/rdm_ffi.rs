@@ -533,10 +533,7 @@ impl RdmEp {
 
     /// Copies `header` then `parts` into registered memory, ready to send.
     pub fn stage_copy(&self, parts: &[&[u8]], header: &[u8]) -> Result<Staged, FiError> {
-        let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
-        all.push(header);
-        all.extend_from_slice(parts);
-        let (b, p, n, desc) = Pooled::copy_of(&self.domain, &all)?;
+        let (b, p, n, desc) = Pooled::copy_of(&self.domain, header, parts)?;
         Ok(Staged {
             iov: vec![(p as usize, n, desc as usize)],
             keep: Arc::new(TxKeep::Bounce(b)),
@@ -577,7 +574,7 @@ impl RdmEp {
         let head = if header.is_empty() {
             None
         } else {
-            let (b, p, n, desc) = Pooled::copy_of(&self.domain, &[header])?;
+            let (b, p, n, desc) = Pooled::copy_of(&self.domain, header, &[])?;
             iov.push((p as usize, n, desc as usize));
             Some(b)
         };
