@@ -33,6 +33,10 @@ const SENTINEL_RECV: usize = 64;
 /// How many times a queue is read again when `fi_trywait` says events are
 /// pending, before the rest is left to a posted callback.
 const TRYWAIT_ROUNDS: usize = 16;
+/// How many completion queues besides the hot connection's the spin
+/// callback of a busy-polling loop reads per spin (each read costs a system
+/// call on socket-based fabric providers).
+const SPIN_OTHERS: usize = 8;
 /// Receive queue entries below which the provider's default queue size is
 /// kept (every provider's default holds this many).
 const DEFAULT_RX_QUEUE: usize = 256;
@@ -133,8 +137,10 @@ struct Conn {
     /// The completion queue was left unread because no receive buffer was
     /// posted (the next one posted schedules a read).
     starved: bool,
-    sources: Option<(SourceId, SourceId)>,
-    fds: (RawFd, RawFd),
+    /// The loop sources of the completion queue's fd (none on a
+    /// busy-polling loop) and the event queue's.
+    sources: Option<(Option<SourceId>, SourceId)>,
+    fds: (Option<RawFd>, RawFd),
     order: u64,
     /// When the connection was opened (loop clock), for the set-up
     /// deadline.
@@ -153,8 +159,10 @@ struct Lingering {
     remote: EndpointAddress,
     reason: CloseReason,
     deadline: Duration,
+    /// The loop source of the completion queue's fd (none on a
+    /// busy-polling loop, whose spin reads the queue).
     source: Option<SourceId>,
-    cq_fd: RawFd,
+    cq_fd: Option<RawFd>,
     _known: Option<KnownPeer>,
 }
 
@@ -205,6 +213,10 @@ struct State {
     /// The connection whose completion queue had entries last (read first
     /// by the spin callback of a busy-polling loop).
     hot: Option<ConnId>,
+    /// The established connections of the spin's current round (busy
+    /// polling), and how many of them it has read.
+    spin_round: Vec<ConnId>,
+    spin_at: usize,
 }
 
 struct FabricSettings {
@@ -238,8 +250,8 @@ pub(crate) struct Inner {
     timers: UserTimers,
     linger_timer: MioTimer,
     setup_timer: MioTimer,
-    /// On a busy-polling loop: the spin callback reading the hot
-    /// connection's completion queue.
+    /// On a busy-polling loop: the spin callback reading the completion
+    /// queues (which have no wait fd there).
     spin: Option<SpinId>,
     /// Connections refused by a listener: over a limit, past the handshake
     /// deadline, or failing to open.
@@ -262,8 +274,8 @@ impl Drop for Inner {
             self.fabric.shutdown(&mut c.link);
         }
         for (_, mut l) in st.lingering.drain() {
-            if let Some(src) = l.source.take() {
-                let _ = self.lp.deregister(&mut SourceFd(&l.cq_fd), src);
+            if let (Some(src), Some(fd)) = (l.source.take(), l.cq_fd) {
+                let _ = self.lp.deregister(&mut SourceFd(&fd), src);
             }
             self.fabric.shutdown(&mut l.link);
         }
@@ -272,7 +284,9 @@ impl Drop for Inner {
 
 fn deregister_conn(lp: &MioLoop, c: &mut Conn) {
     if let Some((a, b)) = c.sources.take() {
-        let _ = lp.deregister(&mut SourceFd(&c.fds.0), a);
+        if let (Some(a), Some(fd)) = (a, c.fds.0) {
+            let _ = lp.deregister(&mut SourceFd(&fd), a);
+        }
         let _ = lp.deregister(&mut SourceFd(&c.fds.1), b);
     }
 }
@@ -575,6 +589,7 @@ impl Inner {
                 zero_copy: params.send_zero_copy.clone(),
                 depth: self.config.send_queue_depth,
                 cq_size,
+                cq_wait_fd: self.spin.is_none(),
             },
             receive,
             params.recv.buf_size,
@@ -586,14 +601,21 @@ impl Inner {
             return Ok(());
         };
         let (cq_fd, eq_fd) = c.fds;
-        let w = self.weak.clone();
-        let cq_src = self
-            .lp
-            .register(&mut SourceFd(&cq_fd), Interest::READABLE, move |_| {
-                if let Some(i) = w.upgrade() {
-                    i.on_cq(id);
-                }
-            })?;
+        let cq_src = match cq_fd {
+            Some(fd) => {
+                let w = self.weak.clone();
+                Some(
+                    self.lp
+                        .register(&mut SourceFd(&fd), Interest::READABLE, move |_| {
+                            if let Some(i) = w.upgrade() {
+                                i.on_cq(id);
+                            }
+                        })?,
+                )
+            }
+            // Busy polling: the spin reads the queue.
+            None => None,
+        };
         let w = self.weak.clone();
         let eq_src = match self
             .lp
@@ -604,7 +626,9 @@ impl Inner {
             }) {
             Ok(s) => s,
             Err(e) => {
-                let _ = self.lp.deregister(&mut SourceFd(&cq_fd), cq_src);
+                if let (Some(fd), Some(src)) = (cq_fd, cq_src) {
+                    let _ = self.lp.deregister(&mut SourceFd(&fd), src);
+                }
                 return Err(e);
             }
         };
@@ -712,19 +736,26 @@ impl Inner {
         let serial = st.next_linger;
         st.next_linger += 1;
         let (cq_fd, _) = link.fds();
-        let w = self.weak.clone();
-        let source = match self
-            .lp
-            .register(&mut SourceFd(&cq_fd), Interest::READABLE, move |_| {
-                if let Some(i) = w.upgrade() {
-                    i.on_linger(serial);
+        // Busy polling (no fd): the spin reads the queue.
+        let source = match cq_fd {
+            None => None,
+            Some(fd) => {
+                let w = self.weak.clone();
+                match self
+                    .lp
+                    .register(&mut SourceFd(&fd), Interest::READABLE, move |_| {
+                        if let Some(i) = w.upgrade() {
+                            i.on_linger(serial);
+                        }
+                    }) {
+                    Ok(src) => Some(src),
+                    Err(_) => {
+                        // Without a wakeup the queue cannot be watched: end
+                        // now.
+                        self.finish_close(st, id, link, remote, reason, true);
+                        return;
+                    }
                 }
-            }) {
-            Ok(src) => src,
-            Err(_) => {
-                // Without a wakeup the queue cannot be watched: end now.
-                self.finish_close(st, id, link, remote, reason, true);
-                return;
             }
         };
         let deadline = self.lp.now().saturating_add(self.fabric.lf.close_linger);
@@ -737,7 +768,7 @@ impl Inner {
                 remote,
                 reason,
                 deadline,
-                source: Some(source),
+                source,
                 cq_fd,
                 _known: known,
             },
@@ -754,8 +785,8 @@ impl Inner {
         let Some(mut l) = st.lingering.remove(&serial) else {
             return;
         };
-        if let Some(src) = l.source.take() {
-            let _ = self.lp.deregister(&mut SourceFd(&l.cq_fd), src);
+        if let (Some(src), Some(fd)) = (l.source.take(), l.cq_fd) {
+            let _ = self.lp.deregister(&mut SourceFd(&fd), src);
         }
         self.finish_close(st, l.id, l.link, l.remote, l.reason, true);
     }
@@ -763,25 +794,9 @@ impl Inner {
     fn on_linger(&self, serial: u64) {
         let mut guard = lock(&self.state);
         let st = &mut *guard;
-        let mut dropped = Vec::new();
         for _ in 0..TRYWAIT_ROUNDS {
-            let Some(l) = st.lingering.get_mut(&serial) else {
+            if !self.read_lingering(st, serial) {
                 return;
-            };
-            dropped.clear();
-            let polled = l.link.poll(&mut dropped);
-            let done = l.link.drain_completed();
-            let id = l.id;
-            if polled.is_err() || l.link.sends_done() {
-                if !done.is_empty() {
-                    st.events.push_back(Ev::Completed(id, done));
-                }
-                self.end_linger(st, serial);
-                return;
-            }
-            if !done.is_empty() {
-                st.events.push_back(Ev::Completed(id, done));
-                self.post_dispatch(st);
             }
             let Some(l) = st.lingering.get(&serial) else {
                 return;
@@ -791,6 +806,34 @@ impl Inner {
             }
         }
         self.post_with(move |i| i.on_linger(serial));
+    }
+
+    /// Reads the completion queue of a lingering connection once and
+    /// reports the sends that ended; ends the linger when none is left.
+    /// Returns `false` once it ended.
+    fn read_lingering(&self, st: &mut State, serial: u64) -> bool {
+        let Some(l) = st.lingering.get_mut(&serial) else {
+            return false;
+        };
+        let mut dropped = std::mem::take(&mut st.completions);
+        dropped.clear();
+        let polled = l.link.poll(&mut dropped);
+        dropped.clear();
+        st.completions = dropped;
+        let done = l.link.drain_completed();
+        let id = l.id;
+        if polled.is_err() || l.link.sends_done() {
+            if !done.is_empty() {
+                st.events.push_back(Ev::Completed(id, done));
+            }
+            self.end_linger(st, serial);
+            return false;
+        }
+        if !done.is_empty() {
+            st.events.push_back(Ev::Completed(id, done));
+            self.post_dispatch(st);
+        }
+        true
     }
 
     fn on_linger_timer(&self) {
@@ -981,22 +1024,32 @@ impl Inner {
         Some(true)
     }
 
-    /// The spin callback of a busy-polling loop: reads the completion queue
-    /// of the connection that had completions last, as its fd's readiness
-    /// would, and dispatches what it found at once.
+    /// The spin callback of a busy-polling loop, whose completion queues
+    /// have no wait fd: reads the queue of the connection that had
+    /// completions last (up to [`SPIN_READS`] times while it is empty),
+    /// then those of [`SPIN_OTHERS`] other connections in turn, and of the
+    /// lingering ones; dispatches what it found at once.
     fn spin(&self) {
         {
-            let mut st = lock(&self.state);
-            let Some(id) = st.hot else {
-                return;
-            };
+            let mut guard = lock(&self.state);
+            let st = &mut *guard;
             if st.dispatching {
                 return;
             }
-            // What the read queues is handed over right here, not posted.
+            // What the reads queue is handed over right here, not posted.
             st.dispatching = true;
-            if self.read_cq(&mut st, id, SPIN_READS - 1) != Some(true) && st.hot == Some(id) {
-                st.hot = None;
+            let hot = st.hot;
+            if let Some(id) = hot {
+                if self.read_cq(st, id, SPIN_READS - 1) != Some(true) && st.hot == Some(id) {
+                    st.hot = None;
+                }
+            }
+            self.spin_others(st, hot);
+            if !st.lingering.is_empty() {
+                let serials: Vec<u64> = st.lingering.keys().copied().collect();
+                for serial in serials {
+                    self.read_lingering(st, serial);
+                }
             }
             if st.events.is_empty() {
                 st.dispatching = false;
@@ -1004,6 +1057,41 @@ impl Inner {
             }
         }
         self.run_dispatch();
+    }
+
+    /// Reads the completion queues of up to [`SPIN_OTHERS`] established
+    /// connections other than `hot`, going on from where the last spin
+    /// stopped: every connection is read within a few spins, however many
+    /// there are, and the hot one is not kept waiting behind them.
+    fn spin_others(&self, st: &mut State, hot: Option<ConnId>) {
+        let mut renewed = false;
+        let mut read = 0;
+        while read < SPIN_OTHERS {
+            if st.spin_at >= st.spin_round.len() {
+                if renewed {
+                    return;
+                }
+                // A new round: the connections established now.
+                let mut round = std::mem::take(&mut st.spin_round);
+                round.clear();
+                round.extend(
+                    st.conns
+                        .iter()
+                        .filter(|(_, c)| c.phase == Phase::Established)
+                        .map(|(id, _)| id),
+                );
+                st.spin_round = round;
+                st.spin_at = 0;
+                renewed = true;
+                continue;
+            }
+            let id = st.spin_round[st.spin_at];
+            st.spin_at += 1;
+            if Some(id) != hot {
+                self.read_cq(st, id, 0);
+                read += 1;
+            }
+        }
     }
 
     fn on_cq(&self, id: ConnId) {

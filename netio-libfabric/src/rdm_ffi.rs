@@ -306,9 +306,14 @@ fn zeroed_ctx() -> Box<sys::fi_context2> {
 
 impl RdmEp {
     /// Opens an endpoint for `info` (from [`Info::get_rdm`]) on `domain`
-    /// with a completion queue of `cq_size` entries and a table address
-    /// vector.
-    pub fn open(domain: &Arc<Domain>, info: Info, cq_size: usize) -> Result<RdmEp, FiError> {
+    /// with a completion queue of `cq_size` entries (with a wait fd if
+    /// `with_fd` and the provider has one) and a table address vector.
+    pub fn open(
+        domain: &Arc<Domain>,
+        info: Info,
+        cq_size: usize,
+        with_fd: bool,
+    ) -> Result<RdmEp, FiError> {
         let mut this = RdmEp {
             ep: ptr::null_mut(),
             cq: ptr::null_mut(),
@@ -326,10 +331,17 @@ impl RdmEp {
             info: None,
             domain: Arc::clone(domain),
         };
-        // A wait fd where the provider has one (`tcp;ofi_rxm`, `sockets`);
-        // `shm` refuses FI_WAIT_FD and `udp;ofi_rxd` gives no fd: their
-        // queue is read without one (see `fd`).
-        for wait_obj in [sys::FI_WAIT_FD, sys::FI_WAIT_NONE] {
+        // With `with_fd`, a wait fd where the provider has one
+        // (`tcp;ofi_rxm`, `sockets`); `shm` refuses FI_WAIT_FD and
+        // `udp;ofi_rxd` gives no fd: their queue is read without one (see
+        // `fd`). A busy-polling loop reads the queue without one in any
+        // case (no epoll instance behind it to keep up to date).
+        let wait_objs: &[_] = if with_fd {
+            &[sys::FI_WAIT_FD, sys::FI_WAIT_NONE]
+        } else {
+            &[sys::FI_WAIT_NONE]
+        };
+        for &wait_obj in wait_objs {
             let mut cq_attr = sys::fi_cq_attr {
                 size: cq_size,
                 format: sys::FI_CQ_FORMAT_TAGGED,

@@ -462,7 +462,12 @@ impl RdmInner {
             None => get(None),
         }?;
         let domain = Domain::open(&info)?;
-        let ep = RdmEp::open(&domain, info, self.lf.cq_size.max(1024))?;
+        let ep = RdmEp::open(
+            &domain,
+            info,
+            self.lf.cq_size.max(1024),
+            self.spin.is_none(),
+        )?;
         if let Some(fd) = ep.fd() {
             let w = self.weak.clone();
             let src = self

@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::process::Command;
 
 use netio_conformance::mio::MioProvider;
-use netio_core::mio_loop::MioLoop;
+use netio_core::mio_loop::{LoopConfig, MioLoop};
 use netio_core::{BackendConfig, CreateError, EndpointAddress, Features, Handler};
 use netio_libfabric::{EndpointType, LibfabricBackend, LibfabricConfig};
 
@@ -84,10 +84,24 @@ macro_rules! flavor {
     ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr,
      reset = $reset:expr, netns = $netns:expr, liveness = $live:expr,
      close_in_accept = $cia:expr) => {
+        flavor!($(#[$m])* $name, $config, $ip, pushes_back = $pb, reset = $reset,
+                netns = $netns, liveness = $live, close_in_accept = $cia, busy = false);
+    };
+    ($(#[$m:meta])* $name:ident, $config:expr, $ip:expr, pushes_back = $pb:expr,
+     reset = $reset:expr, netns = $netns:expr, liveness = $live:expr,
+     close_in_accept = $cia:expr, busy = $busy:expr) => {
         $(#[$m])*
         pub struct $name;
         impl MioProvider for $name {
             type Backend = LibfabricBackend;
+            // A busy-polling loop keeps a core busy: one test at a time.
+            const ONE_AT_A_TIME: bool = $busy;
+            fn loop_config() -> LoopConfig {
+                LoopConfig {
+                    busy_poll: $busy,
+                    ..LoopConfig::default()
+                }
+            }
             fn features() -> Features {
                 if $config.resolved_endpoint() == EndpointType::Rdm {
                     LibfabricBackend::RDM_FEATURES
@@ -131,6 +145,19 @@ flavor!(
     pushes_back = true
 );
 flavor!(
+    /// libfabric's `tcp` provider on 127.0.0.1, on busy-polling loops
+    /// (completion queues without a wait fd, read by the spin callback).
+    TcpBusyPoll,
+    LibfabricConfig::provider("tcp"),
+    Ipv4Addr::LOCALHOST.into(),
+    pushes_back = true,
+    reset = false,
+    netns = false,
+    liveness = false,
+    close_in_accept = true,
+    busy = true
+);
+flavor!(
     /// libfabric's `sockets` provider on 127.0.0.1.
     Sockets,
     LibfabricConfig::provider("sockets"),
@@ -162,6 +189,20 @@ flavor!(
     pushes_back = true,
     reset = true,
     netns = true
+);
+flavor!(
+    /// Reliable datagrams over libfabric's `tcp;ofi_rxm` on 127.0.0.1, on
+    /// busy-polling loops (a completion queue without a wait fd, read by
+    /// the spin callback).
+    RdmTcpRxmBusyPoll,
+    rdm_config("tcp;ofi_rxm"),
+    Ipv4Addr::LOCALHOST.into(),
+    pushes_back = true,
+    reset = true,
+    netns = true,
+    liveness = true,
+    close_in_accept = true,
+    busy = true
 );
 flavor!(
     /// Reliable datagrams over libfabric's `shm` (control channels on
