@@ -1,13 +1,19 @@
 //! Busy polling (`LibfabricConfig::max_poll`, on a busy-polling `MioLoop`)
-//! carries traffic like interrupt mode does.
+//! carries traffic like interrupt mode does, and a local close there still
+//! waits for its sends (whose completion queue only the spin reads).
 
 mod common;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use common::{wait_until, Recorder, Seen};
+use common::{wait_until, Recorder, Running, Seen};
 use netio_core::mio_loop::{LoopConfig, MioLoop};
-use netio_core::{Backend, BackendConfig, ConnectionParams, EventLoop};
+use netio_core::{
+    Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
+    EventLoop, Handler, SendError,
+};
 use netio_libfabric::{LibfabricBackend, LibfabricConfig};
 
 const PINGS: usize = 200;
@@ -40,5 +46,144 @@ fn pings_are_answered_with_busy_polling() {
         ok,
         "every ping answered: {} of {PINGS}",
         rec.count(|s| *s == Seen::Pong(conn))
+    );
+}
+
+/// Counts what a side of the linger test saw.
+#[derive(Clone, Default)]
+struct Tally {
+    delivered: Arc<AtomicU64>,
+    completed: Arc<Mutex<Vec<u64>>>,
+    /// The close report: (keys cancelled, when it came).
+    closed: Arc<Mutex<Option<(Vec<u64>, Instant)>>>,
+    established: Arc<Mutex<Option<ConnId>>>,
+}
+
+impl Handler<LibfabricBackend> for Tally {
+    fn on_connection_established(
+        &mut self,
+        _b: &LibfabricBackend,
+        conn: ConnId,
+        _r: EndpointAddress,
+        _c: Capabilities,
+    ) {
+        *self.established.lock().unwrap() = Some(conn);
+    }
+
+    fn on_connection_closed(
+        &mut self,
+        _b: &LibfabricBackend,
+        _c: ConnId,
+        _r: EndpointAddress,
+        _why: &CloseReason,
+        keys: &[u64],
+    ) {
+        *self.closed.lock().unwrap() = Some((keys.to_vec(), Instant::now()));
+    }
+
+    fn on_data(&mut self, _b: &LibfabricBackend, _c: ConnId, _data: &[u8]) {
+        self.delivered.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn on_sends_completed(&mut self, _b: &LibfabricBackend, _c: ConnId, keys: &[u64]) {
+        self.completed.lock().unwrap().extend_from_slice(keys);
+    }
+}
+
+/// On a busy-polling loop the completion queues have no wait fd: a
+/// connection closed locally with sends the fabric provider still holds is
+/// read by the spin callback until they end. Its sends reach the peer once
+/// the peer reads again, are reported completed, and the close comes as
+/// soon as the last one ended, not at `close_linger` with the rest
+/// reported cancelled.
+#[test]
+fn on_busy_polling_loops_a_local_close_waits_for_its_sends_and_no_longer() {
+    const LINGER: Duration = Duration::from_secs(8);
+    let (rx_loop, tx_loop) = (Running::start_busy(), Running::start_busy());
+    let lf = LibfabricConfig {
+        close_linger: LINGER,
+        ..LibfabricConfig::provider("tcp")
+    };
+    let (rx, tx) = (Tally::default(), Tally::default());
+    let receiver = LibfabricBackend::new(
+        &rx_loop.lp,
+        BackendConfig::default(),
+        lf.clone(),
+        rx.clone(),
+    )
+    .unwrap();
+    let sender =
+        LibfabricBackend::new(&tx_loop.lp, BackendConfig::default(), lf, tx.clone()).unwrap();
+    let listen = receiver
+        .open_listen_endpoint(
+            "127.0.0.1:0".parse().unwrap(),
+            ConnectionParams::receive(64 * 1024, 8),
+        )
+        .unwrap();
+    let conn = sender
+        .open_active_endpoint(listen, ConnectionParams::default())
+        .unwrap();
+    assert!(
+        wait_until(
+            || rx.established.lock().unwrap().is_some() && tx.established.lock().unwrap().is_some()
+        ),
+        "both sides established"
+    );
+    let accepted = rx.established.lock().unwrap().unwrap();
+    // The receiver stops reading: the sender's messages pile up in the
+    // sockets' buffers and then in the fabric provider.
+    receiver.pause_receive(accepted).unwrap();
+    let payload = vec![7u8; 60 * 1024];
+    let mut sent = 0u64;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        match sender.send_data_copy(conn, &[&payload], &[], sent) {
+            Ok(()) => sent += 1,
+            Err(SendError::NoResources) => break,
+            Err(e) => panic!("send {sent}: {e}"),
+        }
+    }
+    // Let the provider write what the sockets take.
+    std::thread::sleep(Duration::from_millis(200));
+    let in_flight = sent - tx.completed.lock().unwrap().len() as u64;
+    assert!(
+        in_flight > 0,
+        "sends still in flight at the close ({sent} sent, all completed): the test needs some"
+    );
+    let closed_at = Instant::now();
+    sender.close_active_endpoint(conn).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    receiver.resume_receive(accepted).unwrap();
+    assert!(
+        wait_until(|| tx.closed.lock().unwrap().is_some()),
+        "the sender's close reported"
+    );
+    let (cancelled, when) = tx.closed.lock().unwrap().clone().unwrap();
+    let completed = tx.completed.lock().unwrap().clone();
+    let took = when - closed_at;
+    assert!(
+        took < LINGER / 2,
+        "the close waited {took:?} (close_linger {LINGER:?}): its sends were not read to their \
+         end ({in_flight} in flight at the close; {} completed, {} cancelled in all)",
+        completed.len(),
+        cancelled.len()
+    );
+    let mut all: Vec<u64> = completed.iter().chain(&cancelled).copied().collect();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..sent).collect::<Vec<_>>(),
+        "every key reported once"
+    );
+    assert!(
+        cancelled.is_empty(),
+        "{} of {in_flight} sends in flight at the close reported cancelled, though the peer \
+         read again",
+        cancelled.len()
+    );
+    assert!(
+        wait_until(|| rx.delivered.load(Ordering::SeqCst) == sent),
+        "every completed send delivered: {} of {sent}",
+        rx.delivered.load(Ordering::SeqCst)
     );
 }
