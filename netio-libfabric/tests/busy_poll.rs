@@ -49,13 +49,15 @@ fn pings_are_answered_with_busy_polling() {
     );
 }
 
+/// A close report: the keys cancelled, and when it came.
+type CloseReport = (Vec<u64>, Instant);
+
 /// Counts what a side of the linger test saw.
 #[derive(Clone, Default)]
 struct Tally {
     delivered: Arc<AtomicU64>,
     completed: Arc<Mutex<Vec<u64>>>,
-    /// The close report: (keys cancelled, when it came).
-    closed: Arc<Mutex<Option<(Vec<u64>, Instant)>>>,
+    closed: Arc<Mutex<Option<CloseReport>>>,
     established: Arc<Mutex<Option<ConnId>>>,
 }
 
