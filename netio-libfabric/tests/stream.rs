@@ -5,7 +5,9 @@
 //!
 //! Every run must deliver every message. A run that stops making progress
 //! for [`STALL`] fails and says what it saw: messages delivered, sends
-//! completed, whether the receiver was paused. On libfabric 1.17's `tcp`
+//! completed, whether the receiver was paused, whether each side saw the
+//! connection established, and any refusal (a series of 1,000 runs on a
+//! loaded machine once stalled before the connection was established). On libfabric 1.17's `tcp`
 //! a message whose header was read while no receive buffer was posted
 //! waits in the provider until the completion queue is read again, and
 //! `fi_trywait` does not report it: without a read after re-posting
@@ -28,7 +30,7 @@ use std::time::{Duration, Instant};
 use common::Running;
 use netio_core::{
     Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
-    Handler, SendError,
+    Handler, RefuseReason, SendError,
 };
 use netio_libfabric::{LibfabricBackend, LibfabricConfig};
 
@@ -53,6 +55,9 @@ struct Counts {
     completed: AtomicU64,
     out_of_order: AtomicU64,
     closed: AtomicU64,
+    established: AtomicU64,
+    /// Refusals reported to this side, with their reasons.
+    refused: Mutex<Vec<String>>,
 }
 
 /// The receiving side's unread queue (pause mode).
@@ -95,11 +100,22 @@ impl Handler<LibfabricBackend> for Side {
         _r: EndpointAddress,
         _c: Capabilities,
     ) {
+        self.counts.established.fetch_add(1, Ordering::SeqCst);
         if self.sender {
             self.fill(b, conn);
         } else if let Some(u) = &self.unread {
             u.lock().unwrap().conn = Some(conn);
         }
+    }
+
+    fn on_connection_refused(
+        &mut self,
+        _b: &LibfabricBackend,
+        _c: ConnId,
+        _r: EndpointAddress,
+        why: &RefuseReason,
+    ) {
+        self.counts.refused.lock().unwrap().push(why.to_string());
     }
 
     fn on_connection_closed(
@@ -240,13 +256,19 @@ fn stream_on(lf: LibfabricConfig, ip: std::net::IpAddr, pause: bool, busy: bool,
                 panic!(
                     "{provider}, run {run} of {}: no progress for {STALL:?} with {} of {MESSAGES} \
                      messages delivered, {} of {} sends completed, {} closes seen; receiver \
-                     (paused, unread, pauses so far): {paused:?}",
+                     (paused, unread, pauses so far): {paused:?}; established on the \
+                     receiving side {} and the sending side {} time(s); refusals reported to \
+                     the sender {:?}; connections the listener refused {}",
                     runs,
                     now.0,
                     now.1,
                     tx.next.lock().unwrap(),
                     rx.counts.closed.load(Ordering::SeqCst)
                         + tx.counts.closed.load(Ordering::SeqCst),
+                    rx.counts.established.load(Ordering::SeqCst),
+                    tx.counts.established.load(Ordering::SeqCst),
+                    tx.counts.refused.lock().unwrap(),
+                    receiver.refused_connections(),
                 );
             }
             std::thread::sleep(Duration::from_millis(1));
