@@ -7,11 +7,12 @@
 //! for [`STALL`] fails and says what it saw: messages delivered, sends
 //! completed, whether the receiver was paused, whether each side saw the
 //! connection established, and any refusal (a series of 1,000 runs on a
-//! loaded machine once stalled before the connection was established). On libfabric 1.17's `tcp`
-//! a message whose header was read while no receive buffer was posted
-//! waits in the provider until the completion queue is read again, and
-//! `fi_trywait` does not report it: without a read after re-posting
-//! buffers, the last messages of a stream waited for unrelated traffic.
+//! loaded machine once stalled before the connection was established).
+//! On libfabric 1.17's `tcp` a message whose header was read while no
+//! receive buffer was posted waits in the provider until the completion
+//! queue is read again, and `fi_trywait` does not report it: without a
+//! read after re-posting buffers, the last messages of a stream waited for
+//! unrelated traffic.
 //!
 //! `NETIO_LF_STREAM_RUNS` sets the number of runs per test (default 10 on
 //! `tcp`, where the lost wake-up was found; 3 elsewhere).
