@@ -115,25 +115,41 @@ impl ListenWorker {
             known: Mutex::new(HashSet::new()),
             refused,
         });
+        let guard = match guard {
+            Some(g) => {
+                let s = Arc::clone(&shared);
+                // The name is cut to 15 bytes by the system: the port fits.
+                Some(
+                    std::thread::Builder::new()
+                        .name(format!("lf-guard {}", bound.port()))
+                        .spawn(move || guard_thread(bound, g, &s))?,
+                )
+            }
+            None => None,
+        };
         let (tx, rx) = mpsc::channel();
         let s = Arc::clone(&shared);
-        std::thread::Builder::new()
+        let started = std::thread::Builder::new()
             .name(format!("netio-lf-listen {bound}"))
             .spawn(move || {
                 listen_thread(&pep, &s, on_request);
+                // The port stays bound until the guard's last scan is
+                // done: that scan shuts down every connection on the port
+                // whose request was not read, and once the port is free a
+                // new listener of this process may be bound to it, whose
+                // set-ups it would end (the connecting side is refused
+                // with EIO).
+                if let Some(g) = guard {
+                    let _ = g.join();
+                }
                 drop(pep);
                 let _ = tx.send(());
-            })?;
-        if let Some(g) = guard {
-            let s = Arc::clone(&shared);
-            let started = std::thread::Builder::new()
-                .name(format!("netio-lf-guard {bound}"))
-                .spawn(move || guard_thread(bound, g, &s));
-            if let Err(e) = started {
-                shared.stop.store(true, Ordering::SeqCst);
-                shared.wake.wake();
-                return Err(e);
-            }
+            });
+        if let Err(e) = started {
+            // The guard (if any) ends on its own.
+            shared.stop.store(true, Ordering::SeqCst);
+            shared.wake.wake();
+            return Err(e);
         }
         Ok(ListenWorker {
             shared,
