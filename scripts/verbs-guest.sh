@@ -33,7 +33,11 @@
 # keeps Debian's kernel, the modules it needs and the initramfs; it is
 # rebuilt when missing (delete it to move to a newer kernel). One guest runs
 # at a time (a lock in the cache). NETIO_GUEST_MEMORY (default 2G) and
-# NETIO_GUEST_CPUS (default 2) size the guest.
+# NETIO_GUEST_CPUS (default 2) size the guest. NETIO_GUEST_APPEND adds guest
+# kernel parameters: the guest's clock source is the emulated HPET (every
+# clock read a system call and a device read), and
+# NETIO_GUEST_APPEND="clocksource=tsc tsc=reliable" gives it a host-like
+# TSC clock instead (the test command keeps the default).
 set -euo pipefail
 
 prog=verbs-guest
@@ -358,7 +362,7 @@ timeout -k 5 "$TIMEOUT" qemu-system-x86_64 \
     -display none -monitor none -serial "file:$XFER/console.log" \
     -nic none -no-reboot \
     -kernel "$KDIR/vmlinuz" -initrd "$INITRD" \
-    -append "console=ttyS0 quiet loglevel=3 panic=-1" \
+    -append "console=ttyS0 quiet loglevel=3 panic=-1${NETIO_GUEST_APPEND:+ $NETIO_GUEST_APPEND}" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$XFER,mount_tag=xfer,security_model=none" \
     </dev/null >"$XFER/qemu.log" 2>&1 &

@@ -19,7 +19,7 @@ use netio_core::{
 };
 
 use crate::config::{EndpointType, LibfabricConfig};
-use crate::events::{self, lock, Ev, UserTimers, SPIN_READS};
+use crate::events::{self, lock, Budget, Ev, UserTimers, DELIVER_CLOCK_EVERY, SPIN_READS};
 use crate::ffi::{
     self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError,
     Query, RecvMem,
@@ -217,6 +217,8 @@ struct State {
     /// polling), and how many of them it has read.
     spin_round: Vec<ConnId>,
     spin_at: usize,
+    /// Scratch list of the lingering closes' serials the spin reads.
+    linger_serials: Vec<u64>,
 }
 
 struct FabricSettings {
@@ -820,19 +822,21 @@ impl Inner {
         let polled = l.link.poll(&mut dropped);
         dropped.clear();
         st.completions = dropped;
-        let done = l.link.drain_completed();
+        // The keys' memory comes back from the report (`events::give_keys`).
+        let mut done = events::take_keys();
+        l.link.drain_completed_into(&mut done);
         let id = l.id;
-        if polled.is_err() || l.link.sends_done() {
-            if !done.is_empty() {
-                st.events.push_back(Ev::Completed(id, done));
-            }
+        let ended = polled.is_err() || l.link.sends_done();
+        if done.is_empty() {
+            events::give_keys(done);
+        } else {
+            st.events.push_back(Ev::Completed(id, done));
+        }
+        if ended {
             self.end_linger(st, serial);
             return false;
         }
-        if !done.is_empty() {
-            st.events.push_back(Ev::Completed(id, done));
-            self.post_dispatch(st);
-        }
+        self.post_dispatch(st);
         true
     }
 
@@ -1046,10 +1050,14 @@ impl Inner {
             }
             self.spin_others(st, hot);
             if !st.lingering.is_empty() {
-                let serials: Vec<u64> = st.lingering.keys().copied().collect();
-                for serial in serials {
+                // The serials' memory is kept in the state.
+                let mut serials = std::mem::take(&mut st.linger_serials);
+                serials.clear();
+                serials.extend(st.lingering.keys().copied());
+                for &serial in &serials {
                     self.read_lingering(st, serial);
                 }
+                st.linger_serials = serials;
             }
             if st.events.is_empty() {
                 st.dispatching = false;
@@ -1435,15 +1443,17 @@ impl Inner {
         }
     }
 
-    /// Delivers the held messages of `id` (up to 1,024, then queues the
-    /// rest), taking the state lock once per message besides the handler
-    /// call; returns with the lock held.
+    /// Delivers the held messages of `id` (up to 1,024, or for
+    /// [`events::DISPATCH_BUDGET`], then queues the rest), taking the state
+    /// lock once per message besides the handler call; returns with the
+    /// lock held.
     fn deliver_held<'a>(
         &'a self,
         backend: &LibfabricBackend,
         id: ConnId,
         reposted: &mut bool,
     ) -> MutexGuard<'a, State> {
+        let mut budget = Budget::new(DELIVER_CLOCK_EVERY);
         let mut st = lock(&self.state);
         for _ in 0..1024 {
             let Some(c) = st.conns.get_mut(id) else {
@@ -1475,6 +1485,9 @@ impl Inner {
             c.unposted.push(index);
             if !c.paused {
                 *reposted |= self.repost(&mut st, id);
+            }
+            if budget.spent() {
+                break;
             }
         }
         if let Some(c) = st.conns.get_mut(id) {

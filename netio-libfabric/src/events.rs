@@ -6,7 +6,7 @@
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use netio_core::mio_loop::{MioLoop, MioTimer, SpinId};
 use netio_core::{
@@ -18,6 +18,16 @@ use crate::backend::LibfabricBackend;
 
 /// How many batches one dispatch hands over before it yields to the loop.
 const BATCHES: usize = 64;
+/// How long one dispatch hands events over before it yields to the loop
+/// (whose timers, other sources and posted work then run), and how long
+/// one connection's run of deliveries lasts before the rest waits for the
+/// next batch. Without it a flood to a slow handler kept the loop in one
+/// dispatch for seconds: each delivery run read the completion queue again
+/// and queued the next run into the same dispatch.
+pub(crate) const DISPATCH_BUDGET: Duration = Duration::from_millis(2);
+/// A delivery run reads the clock for its budget every this many messages
+/// (first after that many: a run of fewer reads none).
+pub(crate) const DELIVER_CLOCK_EVERY: u32 = 4;
 /// How many times the spin callback of a busy-polling loop reads an empty
 /// completion queue before it returns to the loop (whose own turn, with
 /// its epoll call every few turns, costs more than a read).
@@ -84,6 +94,37 @@ pub(crate) fn run_dispatch<S: Queued>(
     done
 }
 
+/// A [`DISPATCH_BUDGET`] counted in steps (batches, messages) and read
+/// from the clock only every `every` steps, first at the `every`-th: a
+/// short run reads no clock at all, so the per-message path pays nothing
+/// for it. The time counts from that first reading.
+pub(crate) struct Budget {
+    every: u32,
+    steps: u32,
+    since: Option<Instant>,
+}
+
+impl Budget {
+    pub(crate) const fn new(every: u32) -> Self {
+        Self {
+            every,
+            steps: 0,
+            since: None,
+        }
+    }
+
+    /// Counts a step; `true` once the budget is spent.
+    pub(crate) fn spent(&mut self) -> bool {
+        self.steps += 1;
+        if self.steps % self.every != 0 {
+            return false;
+        }
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        now.duration_since(since) >= DISPATCH_BUDGET
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -138,8 +179,9 @@ pub(crate) fn give_keys(mut keys: Vec<u64>) {
 /// the batch it is given (left empty when there are none), `deliver`
 /// delivers a connection's held messages, `drain` reports a connection's
 /// completed sends.
-/// Returns `false` if events were left for another round (the caller posts
-/// one).
+/// Returns `false` if events may be left for another round, after
+/// [`BATCHES`] batches or once [`DISPATCH_BUDGET`] is spent (the caller
+/// posts one, and the loop's turn runs in between).
 pub(crate) fn dispatch(
     backend: &LibfabricBackend,
     handler: &Mutex<Box<dyn Handler<LibfabricBackend>>>,
@@ -169,6 +211,9 @@ fn dispatch_batches(
     deliver: &mut impl FnMut(ConnId),
     drain: &mut impl FnMut(ConnId),
 ) -> bool {
+    // The clock is first read after the first batch: a dispatch of one
+    // batch (the common case) reads none.
+    let mut budget = Budget::new(1);
     for _ in 0..BATCHES {
         batch.clear();
         take(batch);
@@ -204,6 +249,9 @@ fn dispatch_batches(
                 Ev::Wake(t) => h.on_wake(backend, t),
                 Ev::Deliver(_) | Ev::Drain(_) | Ev::Release(_) => {}
             }
+        }
+        if budget.spent() {
+            return false;
         }
     }
     false

@@ -1500,7 +1500,7 @@ impl Link {
     }
 
     /// Reads every completion: receives are returned, sends marked done in
-    /// the ledger (collect them with [`drain_completed`](Self::drain_completed)).
+    /// the ledger (collect them with [`drain_completed_into`](Self::drain_completed_into)).
     /// Returns `true` if anything was read.
     pub fn poll(&mut self, out: &mut Vec<Completion>) -> Result<bool, FiError> {
         if self.ep.is_null() {
@@ -1586,16 +1586,9 @@ impl Link {
         &self.eq
     }
 
-    /// The keys of sends that completed, in send order, ready to be
-    /// reported (their memory is released here).
-    pub fn drain_completed(&mut self) -> Vec<u64> {
-        let mut keys = Vec::new();
-        self.drain_completed_into(&mut keys);
-        keys
-    }
-
-    /// As [`drain_completed`](Self::drain_completed), appending the keys
-    /// to `keys` (whose memory the caller keeps between reads).
+    /// Appends the keys of sends that completed, in send order, to `keys`
+    /// (whose memory the caller keeps between reads); their memory is
+    /// released here.
     pub fn drain_completed_into(&mut self, keys: &mut Vec<u64>) {
         let pool = &mut self.ctx_pool;
         self.ledger.drain_completed_each(|key, op| {

@@ -34,7 +34,7 @@ use netio_core::{
 
 use crate::backend::{Kind, LibfabricBackend, Ops};
 use crate::config::LibfabricConfig;
-use crate::events::{self, lock, Ev, UserTimers, SPIN_READS};
+use crate::events::{self, lock, Budget, Ev, UserTimers, DELIVER_CLOCK_EVERY, SPIN_READS};
 use crate::ffi::{Domain, FiError, Info, PostError};
 use crate::ffi::{FastMap, RecvMem};
 use crate::rdm_ffi::{BufferMr, Held, RdmCompletion, RdmEp, RegionMr, Staged};
@@ -2104,9 +2104,11 @@ impl RdmInner {
     /// posted again when its `on_data` returned, and reports the sends
     /// that completed meanwhile right after the `on_data` that made them
     /// (see `Conn::delivering`). The handler stays locked for the whole
-    /// run; at most 1,024 messages, the rest in another dispatch.
+    /// run; at most 1,024 messages or [`events::DISPATCH_BUDGET`], the
+    /// rest in another batch.
     fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
         let mut handler = None;
+        let mut budget = Budget::new(DELIVER_CLOCK_EVERY);
         let mut st = lock(&self.state);
         for _ in 0..1024 {
             let Some(c) = st.conns.get_mut(id) else {
@@ -2156,6 +2158,9 @@ impl RdmInner {
                     st = lock(&self.state);
                 }
                 events::give_keys(keys);
+            }
+            if budget.spent() {
+                break;
             }
         }
         if let Some(c) = st.conns.get_mut(id) {
