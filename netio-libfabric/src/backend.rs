@@ -1063,6 +1063,19 @@ impl Inner {
                 st.dispatching = false;
                 return;
             }
+            // The messages of one connection and nothing else: handed over
+            // right here, under the lock of the read that found them, with
+            // no event queued and taken again.
+            if let (1, Some(&Ev::Deliver(id))) = (st.events.len(), st.events.front()) {
+                st.events.pop_front();
+                let _unwinding = events::ClearOnUnwind(|| lock(&self.state).dispatching = false);
+                let backend = self.backend();
+                guard = self.deliver_locked(&backend, id, guard);
+                if guard.events.is_empty() {
+                    guard.dispatching = false;
+                    return;
+                }
+            }
         }
         self.run_dispatch();
     }
@@ -1410,8 +1423,19 @@ impl Inner {
     }
 
     fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
+        drop(self.deliver_locked(backend, id, lock(&self.state)));
+    }
+
+    /// [`deliver`](Self::deliver), starting under the state lock `st` (the
+    /// spin's, which found the messages) and returning with it held.
+    fn deliver_locked<'a>(
+        &'a self,
+        backend: &LibfabricBackend,
+        id: ConnId,
+        st: MutexGuard<'a, State>,
+    ) -> MutexGuard<'a, State> {
         let mut reposted = false;
-        let mut st = self.deliver_held(backend, id, &mut reposted);
+        let mut st = self.deliver_held(backend, id, &mut reposted, st);
         if reposted {
             // A provider may hold a message whose header it read while no
             // buffer was posted (libfabric 1.17 `tcp`); posting a buffer
@@ -1434,27 +1458,28 @@ impl Inner {
                 .is_some_and(|c| std::mem::take(&mut c.ran_dry));
             if self.spin.is_some() {
                 if !dry {
-                    return;
+                    return st;
                 }
                 self.read_cq(&mut st, id, 0);
             } else {
                 self.progress_cq(&mut st, id);
             }
         }
+        st
     }
 
     /// Delivers the held messages of `id` (up to 1,024, or for
-    /// [`events::DISPATCH_BUDGET`], then queues the rest), taking the state
-    /// lock once per message besides the handler call; returns with the
-    /// lock held.
+    /// [`events::DISPATCH_BUDGET`], then queues the rest), starting under
+    /// the state lock `st` and taking it once per message besides the
+    /// handler call; returns with the lock held.
     fn deliver_held<'a>(
         &'a self,
         backend: &LibfabricBackend,
         id: ConnId,
         reposted: &mut bool,
+        mut st: MutexGuard<'a, State>,
     ) -> MutexGuard<'a, State> {
         let mut budget = Budget::new(DELIVER_CLOCK_EVERY);
-        let mut st = lock(&self.state);
         for _ in 0..1024 {
             let Some(c) = st.conns.get_mut(id) else {
                 return st;

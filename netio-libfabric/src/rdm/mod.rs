@@ -17,7 +17,7 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use mio::net::{TcpListener, TcpStream};
@@ -201,6 +201,8 @@ struct State {
     touched: Vec<ConnId>,
     /// Scratch list of the completions one read returned.
     completions: Vec<RdmCompletion>,
+    /// The loop's time at the last completion read that found anything.
+    read_at: Duration,
     ep_source: Option<SourceId>,
     listeners: HashMap<EndpointAddress, Listener>,
     conns: ConnTable<Conn>,
@@ -539,7 +541,8 @@ impl RdmInner {
     /// if it held anything.
     fn progress_once(&self) -> bool {
         let mut st = lock(&self.state);
-        let any = self.read_cq(&mut st);
+        let now = self.lp.now();
+        let any = self.read_cq(&mut st, now);
         if !st.blocked.is_empty() {
             self.retry_blocked(&mut st);
         }
@@ -592,7 +595,8 @@ impl RdmInner {
 
     fn on_poll(&self) {
         let mut st = lock(&self.state);
-        self.read_cq(&mut st);
+        let now = self.lp.now();
+        self.read_cq(&mut st, now);
         self.retry_blocked(&mut st);
         if st.blocked.is_empty() && self.lp.now() >= st.poll_until {
             st.polling = false;
@@ -933,7 +937,13 @@ impl RdmInner {
 
     /// Queues the control frames the session wants to send and writes.
     fn pump(&self, st: &mut State, id: ConnId) {
-        let now = self.lp.now();
+        self.pump_at(st, id, self.lp.now());
+    }
+
+    /// [`pump`](Self::pump) at time `now` (the session uses it only to
+    /// space its pings: a `now` in the past makes a ping later, never
+    /// earlier, and the tick sends the pings that are due).
+    fn pump_at(&self, st: &mut State, id: ConnId, now: Duration) {
         let Some(c) = st.conns.get_mut(id) else {
             return;
         };
@@ -1681,8 +1691,9 @@ impl RdmInner {
     }
 
     fn progress(&self, st: &mut State) {
+        let now = self.lp.now();
         for _ in 0..TRYWAIT_ROUNDS {
-            self.read_cq(st);
+            self.read_cq(st, now);
             match st.ep.as_ref() {
                 Some(ep) if !ep.trywait() => continue,
                 _ => {
@@ -1697,16 +1708,18 @@ impl RdmInner {
 
     /// Reads the completion queue once and handles what it held; `true`
     /// if anything was read.
-    fn read_cq(&self, st: &mut State) -> bool {
+    /// `now` is the loop's time, read before the reads (a read that finds
+    /// a message reads no clock).
+    fn read_cq(&self, st: &mut State, now: Duration) -> bool {
         // The completions read (memory kept in the state).
         let mut out = std::mem::take(&mut st.completions);
-        let any = self.read_cq_into(st, &mut out);
+        let any = self.read_cq_into(st, &mut out, now);
         out.clear();
         st.completions = out;
         any
     }
 
-    fn read_cq_into(&self, st: &mut State, out: &mut Vec<RdmCompletion>) -> bool {
+    fn read_cq_into(&self, st: &mut State, out: &mut Vec<RdmCompletion>, now: Duration) -> bool {
         out.clear();
         let Some(ep) = st.ep.as_mut() else {
             return false;
@@ -1718,7 +1731,7 @@ impl RdmInner {
         if out.is_empty() {
             return any;
         }
-        let now = self.lp.now();
+        st.read_at = now;
         // The connections the read concerned (memory kept in the state).
         let mut touched = std::mem::take(&mut st.touched);
         touched.clear();
@@ -1915,8 +1928,11 @@ impl RdmInner {
             }
             // What the reads queue is handed over right here, not posted.
             st.dispatching = true;
+            // The clock is read before the reads, not after the one that
+            // finds a message.
+            let now = self.lp.now();
             for _ in 0..SPIN_READS {
-                if self.read_cq(&mut st) {
+                if self.read_cq(&mut st, now) {
                     break;
                 }
             }
@@ -1927,6 +1943,19 @@ impl RdmInner {
                 st.dispatching = false;
                 return;
             }
+            // The messages of one connection and nothing else: handed over
+            // right here, under the lock of the read that found them, with
+            // no event queued and taken again.
+            if let (1, Some(&Ev::Deliver(id))) = (st.events.len(), st.events.front()) {
+                st.events.pop_front();
+                let _unwinding = events::ClearOnUnwind(|| lock(&self.state).dispatching = false);
+                let backend = self.backend();
+                st = self.deliver_locked(&backend, id, st);
+                if st.events.is_empty() {
+                    st.dispatching = false;
+                    return;
+                }
+            }
         }
         self.run_dispatch();
     }
@@ -1934,6 +1963,9 @@ impl RdmInner {
     /// Posts the buffers waiting to be posted again (not while paused),
     /// granting the peer a credit for each.
     fn repost(&self, st: &mut State, id: ConnId) {
+        // The time of the last completion read, which found the messages
+        // whose buffers come back here (no clock read per message).
+        let read_at = st.read_at;
         let State { ep, conns, .. } = &mut *st;
         let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
             return;
@@ -1951,7 +1983,7 @@ impl RdmInner {
                 }
             }
             self.refill_pool(st, pool, indices);
-            self.pump(st, id);
+            self.pump_at(st, id, read_at);
             return;
         }
         if c.peer_closing.is_some() {
@@ -1977,7 +2009,7 @@ impl RdmInner {
             self.close_conn(st, id, CloseReason::Other(e.to_string()), true);
             return;
         }
-        self.pump(st, id);
+        self.pump_at(st, id, read_at);
     }
 
     fn on_tick(&self) {
@@ -2107,18 +2139,28 @@ impl RdmInner {
     /// run; at most 1,024 messages or [`events::DISPATCH_BUDGET`], the
     /// rest in another batch.
     fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
+        drop(self.deliver_locked(backend, id, lock(&self.state)));
+    }
+
+    /// [`deliver`](Self::deliver), starting under the state lock `st` (the
+    /// spin's, which found the messages) and returning with it held.
+    fn deliver_locked<'a>(
+        &'a self,
+        backend: &LibfabricBackend,
+        id: ConnId,
+        mut st: MutexGuard<'a, State>,
+    ) -> MutexGuard<'a, State> {
         let mut handler = None;
         let mut budget = Budget::new(DELIVER_CLOCK_EVERY);
-        let mut st = lock(&self.state);
         for _ in 0..1024 {
             let Some(c) = st.conns.get_mut(id) else {
-                return;
+                return st;
             };
             if c.paused {
                 c.deliver_queued = false;
                 Self::end_delivering(&mut st, id);
                 self.post_dispatch(&mut st);
-                return;
+                return st;
             }
             let Some((index, len)) = c.held.pop_front() else {
                 c.deliver_queued = false;
@@ -2128,7 +2170,7 @@ impl RdmInner {
                     self.close_conn(&mut st, id, reason, false);
                 }
                 self.post_dispatch(&mut st);
-                return;
+                return st;
             };
             c.delivering = true;
             let mem = c.recv.clone().expect("receiving");
@@ -2140,14 +2182,14 @@ impl RdmInner {
             drop(mem);
             st = lock(&self.state);
             let Some(c) = st.conns.get_mut(id) else {
-                return;
+                return st;
             };
             c.unposted.push(index);
             let done = std::mem::take(&mut c.done_pending);
             self.repost(&mut st, id);
             if done {
                 let Some(c) = st.conns.get_mut(id) else {
-                    return;
+                    return st;
                 };
                 let mut keys = events::take_keys();
                 let released = Self::take_completed(c, &mut keys);
@@ -2169,6 +2211,7 @@ impl RdmInner {
         Self::end_delivering(&mut st, id);
         self.queue_deliver(&mut st, id);
         self.post_dispatch(&mut st);
+        st
     }
 
     /// Ends `deliver`'s run on `id`: sends completed since its last report
