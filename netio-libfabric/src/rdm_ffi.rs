@@ -70,12 +70,20 @@ pub struct Staged {
 /// What a send keeps alive, held by the connection until its end is
 /// reported: the memory is released when the provider is done with it
 /// *and* the connection let go of this.
-pub struct Held(#[allow(dead_code)] Arc<TxKeep>);
+#[allow(dead_code)] // held, never read
+pub enum Held {
+    /// A staged send's memory, shared with its operation.
+    Keep(Arc<TxKeep>),
+    /// Region bytes of an injected zero-copy send: the provider copied
+    /// them, but they stay lent (unwritable) until the send's completion
+    /// is reported, as for any zero-copy send.
+    Lent(Lent),
+}
 
 impl Staged {
     /// A handle that keeps the send's memory until dropped.
     pub fn held(&self) -> Held {
-        Held(Arc::clone(&self.keep))
+        Held::Keep(Arc::clone(&self.keep))
     }
 }
 
@@ -105,7 +113,7 @@ unsafe impl Send for TxKeep {}
 
 /// What a send in flight keeps alive (held, never read).
 #[allow(dead_code)]
-enum TxKeep {
+pub enum TxKeep {
     /// A registration and the pool buffer it covers (closed before the
     /// buffer goes back to its pool: field order).
     Buffer(Arc<BufferMr>, NetworkBuffer),

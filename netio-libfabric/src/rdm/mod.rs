@@ -1608,24 +1608,15 @@ impl RdmInner {
         Ok(())
     }
 
-    /// Sends a small copy send by injection when nothing waits before it
-    /// and a credit allows: the fabric copies it at once and reports no
+    /// Sends a small send by injection when nothing waits before it and
+    /// a credit allows: the fabric copies it at once and reports no
     /// completion, so no registered copy, operation context or completion
-    /// read is needed, and its key completes at once (reported by the next
-    /// dispatch, like any completion). `false`, with nothing changed, when
+    /// read is needed; the caller then records its key as complete with
+    /// [`injected`](Self::injected). `false`, with nothing changed, when
     /// the send takes the ordinary path (too large for injection, sends
     /// queued before it, no credit, the fabric's queue full).
-    fn try_inject(
-        st: &mut State,
-        id: ConnId,
-        data: &[&[u8]],
-        header: &[u8],
-        key: u64,
-        total: usize,
-    ) -> bool {
-        let State {
-            ep, conns, events, ..
-        } = st;
+    fn try_inject(st: &mut State, id: ConnId, data: &[&[u8]], header: &[u8], total: usize) -> bool {
+        let State { ep, conns, .. } = st;
         let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
             return false;
         };
@@ -1645,7 +1636,18 @@ impl RdmInner {
             c.session.unsend(tag);
             return false;
         }
-        let Ok(seq) = c.ledger.accept(key, true, None) else {
+        true
+    }
+
+    /// Records the key of a send [`try_inject`](Self::try_inject) sent as
+    /// complete at once (reported by the next dispatch, like any
+    /// completion), keeping `held` until then.
+    fn injected(st: &mut State, id: ConnId, key: u64, held: Option<Held>) {
+        let State { conns, events, .. } = st;
+        let Some(c) = conns.get_mut(id) else {
+            return;
+        };
+        let Ok(seq) = c.ledger.accept(key, true, held) else {
             unreachable!("the caller checked the ledger's room under the same lock");
         };
         c.ledger.mark_done(seq);
@@ -1655,7 +1657,6 @@ impl RdmInner {
             c.drain_queued = true;
             events.push_back(Ev::Drain(id));
         }
-        true
     }
 
     fn check_send(&self, st: &State, conn: ConnId, header: &[u8]) -> Result<(), SendError> {
@@ -2520,6 +2521,27 @@ impl Ops for RdmInner {
         if total > max {
             return Err(SendError::MessageTooLarge { len: total, max });
         }
+        // A small one is injected like a copy send (its bytes stay lent
+        // until its completion is reported).
+        let injected = {
+            let mut parts: [&[u8]; 4] = [&[]; 4];
+            let mut n = 0;
+            let mut fits = true;
+            for chunk in lent.chunks() {
+                if n == parts.len() {
+                    fits = false;
+                    break;
+                }
+                parts[n] = chunk;
+                n += 1;
+            }
+            fits && Self::try_inject(&mut st, conn, &parts[..n], header, total)
+        };
+        if injected {
+            Self::injected(&mut st, conn, key, Some(Held::Lent(lent)));
+            self.post_dispatch(&mut st);
+            return Ok(());
+        }
         let ep = st.ep.as_ref().expect("open");
         let staged = ep
             .stage_zero_copy(lent, header, &region)
@@ -2547,7 +2569,8 @@ impl Ops for RdmInner {
         if total > max {
             return Err(SendError::MessageTooLarge { len: total, max });
         }
-        if Self::try_inject(&mut st, conn, data, header, key, total) {
+        if Self::try_inject(&mut st, conn, data, header, total) {
+            Self::injected(&mut st, conn, key, None);
             self.post_dispatch(&mut st);
             return Ok(());
         }
