@@ -706,6 +706,43 @@ fn spin_callbacks_run_every_turn_of_a_busy_polling_loop_and_sources_are_still_se
     running.stop();
 }
 
+/// In a spin callback, `turn_now` is the time the loop read for this
+/// turn's timers: never after `now`, never behind the previous turn's, and
+/// advancing as the loop turns.
+#[test]
+fn turn_now_in_a_spin_callback_is_this_turns_time() {
+    let _fds = fds_shared();
+    let el = MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        ..LoopConfig::default()
+    })
+    .unwrap();
+    // (turn_now, now) per spin, for the first 10,000 spins.
+    let seen: Arc<Mutex<Vec<(Duration, Duration)>>> = Arc::new(Mutex::new(Vec::new()));
+    {
+        let (seen, lp) = (Arc::clone(&seen), el.clone());
+        el.add_spin(move || {
+            let mut s = seen.lock().unwrap();
+            if s.len() < 10_000 {
+                s.push((lp.turn_now(), lp.now()));
+            }
+        });
+    }
+    let running = Running::start(&el);
+    assert!(wait_until(|| seen.lock().unwrap().len() == 10_000));
+    running.stop();
+    let seen = seen.lock().unwrap();
+    let mut last = Duration::ZERO;
+    for (i, &(turn, now)) in seen.iter().enumerate() {
+        assert!(turn <= now, "spin {i}: turn_now {turn:?} after now {now:?}");
+        assert!(turn >= last, "spin {i}: turn_now {turn:?} went back from {last:?}");
+        last = turn;
+    }
+    let (first, end) = (seen[0].0, seen[seen.len() - 1].0);
+    assert!(end > first, "turn_now advances over 10,000 turns: {first:?} to {end:?}");
+    assert!(first > Duration::ZERO, "read in the first turn already");
+}
+
 #[test]
 fn spin_callbacks_never_run_on_a_loop_that_sleeps_and_may_remove_themselves() {
     let _fds = fds_shared();

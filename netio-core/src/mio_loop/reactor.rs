@@ -137,6 +137,9 @@ struct Inner {
     timers: SharedTimers<Callback>,
     /// The loop clock's zero (`EventLoop::now`).
     created: std::time::Instant,
+    /// The loop's time (nanoseconds since `created`) as of this turn's
+    /// timer check ([`MioLoop::turn_now`]).
+    turn_nanos: AtomicU64,
 }
 
 impl MioLoop {
@@ -175,6 +178,7 @@ impl MioLoop {
             signals: Mutex::new(HashMap::new()),
             timers: SharedTimers::new(),
             created: std::time::Instant::now(),
+            turn_nanos: AtomicU64::new(0),
         };
         Ok(Self {
             handle: Arc::new(Handle {
@@ -257,6 +261,16 @@ impl MioLoop {
     /// `true` for a loop that busy-polls ([`LoopConfig::busy_poll`]).
     pub fn is_busy_polling(&self) -> bool {
         self.inner().control.busy_poll()
+    }
+
+    /// The loop's time ([`EventLoop::now`]) as read for this turn's
+    /// timers, without reading the clock again: for a spin callback (see
+    /// [`add_spin`](Self::add_spin)), which runs in the same turn right
+    /// after the timers, it is at most one turn old. A loop that sleeps
+    /// reads it before it sleeps, so elsewhere it may be as old as that
+    /// sleep: use [`EventLoop::now`] there.
+    pub fn turn_now(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.inner().turn_nanos.load(Ordering::Relaxed))
     }
 
     /// Adds a spin callback: on a [busy-polling](LoopConfig::busy_poll)
@@ -577,8 +591,11 @@ impl Inner {
 
     /// Runs the timers due now, each at most once.
     fn run_timers(&self) -> bool {
+        let now = Instant::now();
+        let nanos = u64::try_from(now.duration_since(self.created).as_nanos()).unwrap_or(u64::MAX);
+        self.turn_nanos.store(nanos, Ordering::Relaxed);
         self.timers
-            .run_due(Instant::now(), |callback| callback(), || !self.stopping())
+            .run_due(now, |callback| callback(), || !self.stopping())
     }
 
     /// Drops every callback and queued closure (the last `MioLoop` handle is

@@ -1929,9 +1929,9 @@ impl RdmInner {
             }
             // What the reads queue is handed over right here, not posted.
             st.dispatching = true;
-            // The clock is read before the reads, not after the one that
-            // finds a message.
-            let now = self.lp.now();
+            // The time the loop read for this turn's timers: no clock read
+            // on the way from the read that finds a message to the reply.
+            let now = self.lp.turn_now();
             for _ in 0..SPIN_READS {
                 if self.read_cq(&mut st, now) {
                     break;
