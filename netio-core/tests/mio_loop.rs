@@ -735,11 +735,17 @@ fn turn_now_in_a_spin_callback_is_this_turns_time() {
     let mut last = Duration::ZERO;
     for (i, &(turn, now)) in seen.iter().enumerate() {
         assert!(turn <= now, "spin {i}: turn_now {turn:?} after now {now:?}");
-        assert!(turn >= last, "spin {i}: turn_now {turn:?} went back from {last:?}");
+        assert!(
+            turn >= last,
+            "spin {i}: turn_now {turn:?} went back from {last:?}"
+        );
         last = turn;
     }
     let (first, end) = (seen[0].0, seen[seen.len() - 1].0);
-    assert!(end > first, "turn_now advances over 10,000 turns: {first:?} to {end:?}");
+    assert!(
+        end > first,
+        "turn_now advances over 10,000 turns: {first:?} to {end:?}"
+    );
     assert!(first > Duration::ZERO, "read in the first turn already");
 }
 
