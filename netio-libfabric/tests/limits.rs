@@ -13,28 +13,56 @@ use common::{wait_until, Recorder, Running, Seen};
 use netio_core::{Backend, BackendConfig, ConnectionParams, EndpointAddress, RefuseReason};
 use netio_libfabric::{LibfabricBackend, LibfabricConfig};
 
+/// A server and a client backend (`tcp`) on one running loop, with their
+/// recorders.
+struct Pair {
+    _running: Running,
+    rec: Recorder,
+    server: LibfabricBackend,
+    crec: Recorder,
+    client: LibfabricBackend,
+}
+
+impl Pair {
+    fn new(server_config: LibfabricConfig) -> Self {
+        let running = Running::start();
+        let (rec, crec) = (Recorder::new(0), Recorder::new(0));
+        let server = LibfabricBackend::new(
+            &running.lp,
+            BackendConfig::default(),
+            server_config,
+            rec.clone(),
+        )
+        .unwrap();
+        let client = LibfabricBackend::new(
+            &running.lp,
+            BackendConfig::default(),
+            LibfabricConfig::provider("tcp"),
+            crec.clone(),
+        )
+        .unwrap();
+        Self {
+            _running: running,
+            rec,
+            server,
+            crec,
+            client,
+        }
+    }
+}
+
 #[test]
 fn connections_beyond_the_listener_limit_are_refused_and_counted() {
-    let running = Running::start();
-    let rec = Recorder::new(0);
-    let server = LibfabricBackend::new(
-        &running.lp,
-        BackendConfig::default(),
-        LibfabricConfig {
-            max_connections_per_listener: 2,
-            ..LibfabricConfig::provider("tcp")
-        },
-        rec.clone(),
-    )
-    .unwrap();
-    let crec = Recorder::new(0);
-    let client = LibfabricBackend::new(
-        &running.lp,
-        BackendConfig::default(),
-        LibfabricConfig::provider("tcp"),
-        crec.clone(),
-    )
-    .unwrap();
+    let Pair {
+        _running,
+        rec,
+        server,
+        crec,
+        client,
+    } = Pair::new(LibfabricConfig {
+        max_connections_per_listener: 2,
+        ..LibfabricConfig::provider("tcp")
+    });
     let params = ConnectionParams::receive(64, 4);
     let listen = server
         .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params.clone())
@@ -185,23 +213,13 @@ fn closing_a_listener_ends_its_handshake_guard_before_the_port_is_free() {
 #[test]
 fn a_listener_on_the_port_of_one_just_closed_serves_its_connections() {
     let _open = many_descriptors();
-    let running = Running::start();
-    let rec = Recorder::new(0);
-    let server = LibfabricBackend::new(
-        &running.lp,
-        BackendConfig::default(),
-        LibfabricConfig::provider("tcp"),
-        rec.clone(),
-    )
-    .unwrap();
-    let crec = Recorder::new(0);
-    let client = LibfabricBackend::new(
-        &running.lp,
-        BackendConfig::default(),
-        LibfabricConfig::provider("tcp"),
-        crec.clone(),
-    )
-    .unwrap();
+    let Pair {
+        _running,
+        server,
+        crec,
+        client,
+        ..
+    } = Pair::new(LibfabricConfig::provider("tcp"));
     let params = ConnectionParams::receive(64, 4);
     let mut listen = server
         .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params.clone())
