@@ -728,6 +728,31 @@ impl Inner {
         self.linger(st, id, &c, rest);
     }
 
+    /// Cancels connection `id`, this side's own, whose handshake is under
+    /// way: it reports `RefuseReason::Cancelled`. Once any of this side's
+    /// handshake was written, the peer may have accepted the connection
+    /// and reported it established, so it is told the connection ends in
+    /// the orderly way: the rest of the handshake and a CLOSE frame are
+    /// written, the sending direction shut down and the peer's input
+    /// drained, as after a close (the peer reports `PeerClosed`, not a
+    /// reset). Before any of it was written, the socket is closed at once
+    /// and the peer, which cannot have accepted, reports nothing.
+    fn cancel_handshake(&self, st: &mut State, id: ConnId) {
+        let Some(mut c) = self.remove_refused(st, id, RefuseReason::Cancelled) else {
+            return;
+        };
+        let unstarted = c.offset == 0 && matches!(c.queue.front(), Some(Out::Handshake(_)));
+        if unstarted {
+            deregister(&self.lp, &c.stream, c.source);
+            return;
+        }
+        let mut rest = c.cancel_sends().rest;
+        rest.extend_from_slice(
+            CloseFrame::new(CloseCode::Normal, "cancelled while opening").as_bytes(),
+        );
+        self.linger(st, id, &c, rest);
+    }
+
     /// Writes `pending` (the end of the last frame and a CLOSE frame, or
     /// the rest of a handshake) on the socket of connection `c`, which has
     /// left the table, then shuts its sending direction and drains the
@@ -1944,10 +1969,12 @@ impl Backend for TcpBackend {
             Some(c) if c.issued() => c.phase,
             _ => return Err(CloseError::UnknownConnection(conn)),
         };
-        if phase == Phase::Established {
-            inner.close_conn(&mut st, conn, Some(CloseCode::Normal), CloseReason::Local);
-        } else {
-            inner.refuse_conn(&mut st, conn, RefuseReason::Cancelled);
+        match phase {
+            Phase::Established => {
+                inner.close_conn(&mut st, conn, Some(CloseCode::Normal), CloseReason::Local)
+            }
+            Phase::Handshaking => inner.cancel_handshake(&mut st, conn),
+            Phase::Connecting => inner.refuse_conn(&mut st, conn, RefuseReason::Cancelled),
         }
         inner.post_dispatch(&mut st);
         Ok(())

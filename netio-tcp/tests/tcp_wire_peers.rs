@@ -184,6 +184,85 @@ fn a_server_of_another_version_is_refused_with_the_reason() {
     assert!(!client.has(|e| matches!(e, Ev::Established(..))));
 }
 
+/// A connection its initiator cancels once its handshake went out: the
+/// listener may have accepted it already (and reported it established), so
+/// the initiator ends it in the orderly way, its handshake followed by a
+/// CLOSE frame and an end of stream, and keeps reading until the listener's
+/// end of stream (closing with the listener's handshake unread would be a
+/// reset). A netio-tcp listener then reports `PeerClosed`, not a reset.
+#[test]
+fn cancelling_a_connection_whose_handshake_went_out_ends_it_with_a_close_frame() {
+    let rt = Running::start();
+    let client = Side::new(&rt.lp, BackendConfig::default());
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = EndpointAddress::from(listener.local_addr().unwrap());
+    let conn = client
+        .b
+        .open_active_endpoint(addr, ConnectionParams::receive(64, 1))
+        .unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(common::DEADLINE)).unwrap();
+    let hs_len = Handshake::new(0).encode().len();
+    let hs = read_n(&mut s, hs_len);
+    assert_eq!(&hs[..4], b"NTIO", "the initiator's handshake");
+    client.b.close_active_endpoint(conn).unwrap();
+    assert!(wait_until(|| client.has(|e| matches!(
+        e,
+        Ev::Refused(r, RefuseReason::Cancelled) if *r == addr
+    ))));
+    // The listener's handshake, which the initiator must drain.
+    s.write_all(&Handshake::new(64).encode()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let end = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    end.expect("an orderly end of stream, not a reset");
+    let close = CloseFrame::new(CloseCode::Normal, "cancelled while opening");
+    assert_eq!(
+        got,
+        close.as_bytes(),
+        "after its handshake the initiator sends one CLOSE frame (code 0), then nothing"
+    );
+    assert!(!client.has(|e| matches!(e, Ev::Established(..))));
+}
+
+/// Cancelled before its TCP connect completed, a connection has sent
+/// nothing, and the listener reads an end of stream with no byte before it.
+#[test]
+fn cancelling_a_connection_before_its_handshake_went_out_sends_nothing() {
+    let rt = Running::start();
+    let client = Side::new(&rt.lp, BackendConfig::default());
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = EndpointAddress::from(listener.local_addr().unwrap());
+    // Cancelled from the loop thread in the call that opened it: the loop
+    // has not seen the connect complete, so no handshake was written.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let b = client.b.clone();
+    rt.lp.post(move || {
+        let conn = b
+            .open_active_endpoint(addr, ConnectionParams::receive(64, 1))
+            .unwrap();
+        b.close_active_endpoint(conn).unwrap();
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(common::DEADLINE)
+        .expect("the loop ran the post");
+    assert!(wait_until(|| client.has(|e| matches!(
+        e,
+        Ev::Refused(r, RefuseReason::Cancelled) if *r == addr
+    ))));
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(common::DEADLINE)).unwrap();
+    let got = read_to_end(&mut s);
+    assert!(got.is_empty(), "nothing before the end of stream: {got:?}");
+}
+
 #[test]
 fn an_oversized_length_closes_before_any_body_is_read() {
     let rt = Running::start();
