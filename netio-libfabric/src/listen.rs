@@ -15,6 +15,7 @@
 //! never closes a descriptor (see [`crate::os`]); libfabric sees the
 //! connection end and closes its socket itself.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -260,16 +261,26 @@ fn guard_thread(bound: SocketAddr, g: GuardSettings, shared: &ListenShared) {
             }
         }
         for d in doomed {
+            // Counted before the shutdown, so that whoever sees the
+            // connection end also sees it counted; taken back in the rare
+            // case where the shutdown itself fails.
+            let counted = Cell::new(false);
             let wanted = || {
-                !shared
+                let wanted = !shared
                     .known
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .contains(&d.peer)
+                    .contains(&d.peer);
+                if wanted {
+                    shared.refused.fetch_add(1, Ordering::SeqCst);
+                    counted.set(true);
+                }
+                wanted
             };
             if os::shut_down(d, wanted) {
-                shared.refused.fetch_add(1, Ordering::Relaxed);
                 first_seen.remove(&d);
+            } else if counted.get() {
+                shared.refused.fetch_sub(1, Ordering::SeqCst);
             }
         }
         if stopping {
