@@ -229,6 +229,7 @@ fn guard_thread(bound: SocketAddr, g: GuardSettings, shared: &ListenShared) {
     loop {
         let stopping = shared.stop.load(Ordering::SeqCst);
         let started = Instant::now();
+        let cpu_started = os::thread_cpu_time();
         let known = shared
             .known
             .lock()
@@ -287,8 +288,11 @@ fn guard_thread(bound: SocketAddr, g: GuardSettings, shared: &ListenShared) {
             return;
         }
         // A scan costs in proportion to the process's descriptors: keep it
-        // to a few percent of a core.
-        let wait = base.max(started.elapsed() * 20);
+        // to a few percent of a core. Its cost is the CPU time it took, not
+        // the wall time: on a loaded machine the scan waits for a core, and
+        // pacing by wall time would stretch the interval (and the handshake
+        // deadline it enforces) by the load.
+        let wait = base.max(os::thread_cpu_time().saturating_sub(cpu_started) * 20);
         os::wait_readable(shared.wake.fd(), shared.wake.fd(), wait);
     }
 }

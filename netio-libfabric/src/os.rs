@@ -51,6 +51,25 @@ impl WakeFd {
     }
 }
 
+/// The CPU time the calling thread has used so far (zero if the clock
+/// cannot be read). Unlike a wall clock, it does not run on while the
+/// thread waits for a core on a loaded machine.
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec that clock_gettime writes.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
 /// Waits until `a` or `b` is readable or `timeout` passed.
 pub fn wait_readable(a: RawFd, b: RawFd, timeout: Duration) {
     let mut fds = [
@@ -204,4 +223,34 @@ pub fn shut_down(seen: SocketSeen, still_wanted: impl FnOnce() -> bool) -> bool 
     // duplicate names (checked above), whichever descriptor numbers
     // other owners use for it.
     unsafe { libc::shutdown(dup.as_raw_fd(), libc::SHUT_RDWR) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// The guard paces its scans by this clock: it runs while the thread
+    /// works and stands still while it sleeps.
+    #[test]
+    fn thread_cpu_time_counts_work_not_sleep() {
+        let t0 = thread_cpu_time();
+        std::thread::sleep(Duration::from_millis(200));
+        let slept = thread_cpu_time().saturating_sub(t0);
+        assert!(
+            slept < Duration::from_millis(50),
+            "{slept:?} counted while asleep"
+        );
+        let t1 = thread_cpu_time();
+        let start = Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < Duration::from_millis(100) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let worked = thread_cpu_time().saturating_sub(t1);
+        assert!(
+            worked > Duration::ZERO,
+            "no CPU time counted for 100 ms of work"
+        );
+    }
 }
