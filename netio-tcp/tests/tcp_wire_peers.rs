@@ -45,6 +45,21 @@ fn read_to_end(s: &mut StdStream) -> Vec<u8> {
     panic!("no end of stream");
 }
 
+/// Reads until end of stream or an error; returns what arrived and how
+/// the stream ended (`Ok` for an orderly end of stream).
+fn read_until_end(s: &mut StdStream) -> (Vec<u8>, std::io::Result<()>) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (got, Ok(())),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return (got, Err(e)),
+        }
+    }
+}
+
 fn listening_side(
     rt: &Running,
     tcp: TcpConfig,
@@ -148,16 +163,7 @@ fn a_rejected_peer_reads_the_handshake_then_an_orderly_end_of_stream() {
     let mut bytes = vec![0x4e, 0x54, 0x49, 0x4f, 2, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0];
     bytes.extend(std::iter::repeat_n(0xab, 32 * 1024));
     raw.write_all(&bytes).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let end = loop {
-        match raw.read(&mut buf) {
-            Ok(0) => break Ok(()),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => break Err(e),
-        }
-    };
+    let (got, end) = read_until_end(&mut raw);
     assert_eq!(got.len(), 16, "the backend's handshake, whole: {got:?}");
     assert_eq!(&got[..4], b"NTIO");
     assert_eq!(&got[4..6], &[1, 0], "it says which version it speaks");
@@ -212,16 +218,7 @@ fn cancelling_a_connection_whose_handshake_went_out_ends_it_with_a_close_frame()
     ))));
     // The listener's handshake, which the initiator must drain.
     s.write_all(&Handshake::new(64).encode()).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let end = loop {
-        match s.read(&mut buf) {
-            Ok(0) => break Ok(()),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => break Err(e),
-        }
-    };
+    let (got, end) = read_until_end(&mut s);
     end.expect("an orderly end of stream, not a reset");
     let close = CloseFrame::new(CloseCode::Normal, "cancelled while opening");
     assert_eq!(
