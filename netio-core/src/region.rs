@@ -166,9 +166,29 @@ impl Ranges {
 }
 
 impl MemoryRegion {
-    /// Allocates a zeroed region of `len` bytes.
+    /// Allocates a zeroed region of `len` bytes. It starts on a page (4 KiB)
+    /// from 4 KiB up, on a cache line (64 B) below: a provider or kernel
+    /// that copies from it with the CPU (`shm`'s cross-process copy, a
+    /// bounce buffer) copies between aligned addresses, as it does for
+    /// page-aligned buffers of other programs. [`from_vec`](Self::from_vec)
+    /// keeps the vector's own alignment.
+    ///
+    /// # Panics
+    /// If `len` is larger than `isize::MAX` rounded down to a page, or the
+    /// allocation fails (as `vec![0; len]` does).
     pub fn new(len: usize) -> Self {
-        Self::from_vec(vec![0u8; len])
+        if len == 0 {
+            return Self::from_vec(Vec::new());
+        }
+        let align = if len >= 4096 { 4096 } else { 64 };
+        let layout = std::alloc::Layout::from_size_align(len, align)
+            .expect("a region's length fits isize::MAX");
+        // SAFETY: the layout's size is not zero.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Self::with_memory(ptr, len, Some(layout))
     }
 
     /// A region over `data`.
@@ -176,11 +196,18 @@ impl MemoryRegion {
         let boxed: Box<[u8]> = data.into_boxed_slice();
         let len = boxed.len();
         let ptr = Box::into_raw(boxed) as *mut u8;
+        Self::with_memory(ptr, len, None)
+    }
+
+    /// A region owning `len` bytes at `ptr`: allocated with `layout`, or
+    /// with `None` a leaked `Box<[u8]>` of `len` bytes.
+    fn with_memory(ptr: *mut u8, len: usize, layout: Option<std::alloc::Layout>) -> Self {
         Self {
             inner: Arc::new(RegionInner {
                 id: NEXT_REGION_ID.fetch_add(1, StdOrdering::Relaxed),
                 ptr,
                 len,
+                layout,
                 book: Mutex::new(Book::default()),
             }),
         }
@@ -382,9 +409,11 @@ impl Drop for Lent {
 
 struct RegionInner {
     id: u64,
-    /// Start of a `Box<[u8]>` of `len` bytes, owned by this value.
+    /// Start of `len` bytes owned by this value: allocated with `layout`,
+    /// or a `Box<[u8]>` when `layout` is `None`.
     ptr: *mut u8,
     len: usize,
+    layout: Option<std::alloc::Layout>,
     /// Which ranges are in use, and how.
     book: Mutex<Book>,
 }
@@ -605,10 +634,17 @@ impl RegionInner {
 
 impl Drop for RegionInner {
     fn drop(&mut self) {
-        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr, self.len);
-        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a `Box<[u8]>` in
-        // `from_vec` and are freed exactly once, here.
-        drop(unsafe { Box::from_raw(slice) });
+        match self.layout {
+            // SAFETY: `ptr` came from `alloc_zeroed(layout)` in `new` and
+            // is freed exactly once, here.
+            Some(layout) => unsafe { std::alloc::dealloc(self.ptr, layout) },
+            None => {
+                let slice = std::ptr::slice_from_raw_parts_mut(self.ptr, self.len);
+                // SAFETY: `ptr`/`len` came from `Box::into_raw` of a
+                // `Box<[u8]>` in `from_vec` and are freed exactly once, here.
+                drop(unsafe { Box::from_raw(slice) });
+            }
+        }
     }
 }
 
@@ -621,6 +657,28 @@ fn overlaps(lent: &[(usize, usize)], offset: usize, len: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_region_is_zeroed_and_starts_on_a_page_from_a_page_up_and_a_cache_line_below() {
+        for (len, align) in [
+            (1usize, 64usize),
+            (100, 64),
+            (4095, 64),
+            (4096, 4096),
+            ((1 << 20) + 3, 4096),
+        ] {
+            let r = MemoryRegion::new(len);
+            assert_eq!(r.len(), len);
+            assert_eq!(r.as_mut_ptr() as usize % align, 0, "{len} B");
+            let mut out = vec![1u8; len];
+            r.read(0, &mut out).unwrap();
+            assert!(out.iter().all(|&b| b == 0), "{len} B not zeroed");
+            r.write(len - 1, &[7]).unwrap();
+        }
+        let empty = MemoryRegion::new(0);
+        assert!(empty.is_empty());
+        assert!(empty.slice(0, 0).is_ok());
+    }
 
     #[test]
     fn slices_outside_bounds_are_refused() {

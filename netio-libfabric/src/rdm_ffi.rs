@@ -512,7 +512,7 @@ impl RdmEp {
         let rc = unsafe {
             sys::fi_trecv(
                 self.ep,
-                mem.mem.ptr.add(index * mem.size).cast::<c_void>(),
+                mem.buffer_ptr(index).cast::<c_void>(),
                 mem.size,
                 mem.mr.desc,
                 sys::FI_ADDR_UNSPEC,

@@ -108,6 +108,15 @@ pub struct Cli {
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub plain_read_buffer: Option<usize>,
 
+    /// Receive buffers per connection, on the client and the server alike
+    /// (with --listen, the server's). Default: 4 for ping-pong; for the
+    /// one-way tests and --listen, 16 MiB worth of messages (4 to 64). A
+    /// ping-pong has one message in flight: with large messages one buffer
+    /// per side keeps the received bytes in the cache, as fi_pingpong's one
+    /// posted buffer does (see docs/benchmarks.md).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536), value_name = "N")]
+    pub recv_buffers: Option<u32>,
+
     /// Busy-polling event loops (and busy-polling non-blocking sockets for
     /// the baseline) instead of sleeping in epoll.
     #[arg(long)]

@@ -287,6 +287,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     plain_read_buffer: cli
                         .plain_read_buffer
                         .unwrap_or_else(|| plain::read_buffer(size)),
+                    recv_buffers: cli.recv_buffers.map(|n| n as usize),
                 };
                 if mode.is_batch() && test == TestKind::Pingpong {
                     let mut row = Row::new(test, Some(size), Some(mode));
@@ -327,6 +328,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         "socket_buffers": cli.socket_buffers,
         "plain_write_buffer": cli.plain_write_buffer,
         "plain_read_buffer": cli.plain_read_buffer,
+        "recv_buffers": cli.recv_buffers,
         "sizes": cli.sizes.as_ref().map(|s| s.0.clone()),
         "count": cli.count,
         "duration_s": cli.duration,
@@ -420,6 +422,9 @@ fn measure_note(spec: &Spec, baseline: bool) -> String {
         (None, None) => String::new(),
     };
     n += &format!(", after {} unmeasured", spec.warmup);
+    if let Some(b) = spec.recv_buffers {
+        n += &format!("; receive buffers per connection: {b}");
+    }
     if baseline {
         n += &format!(
             "; plain TCP reads into a {} buffer",
@@ -647,10 +652,11 @@ fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progre
         ));
     }
     row.notes.push(format!(
-        "fi_pingpong: {} (fabric provider `{}`); it times all {count} iterations with no warm-up, netio-perf times {count} after {} unmeasured",
+        "fi_pingpong: {} (fabric provider `{}`); it times all {count} iterations with no warm-up, netio-perf times {count} after {} unmeasured{}",
         fi.command_lines(spec.size, count),
         fi.fabric,
-        spec.warmup
+        spec.warmup,
+        spec.recv_buffers.map_or(String::new(), |b| format!("; netio-perf posts {b} receive buffers per connection, fi_pingpong 1"))
     ));
     row.notes.push(
         "mean round trip: fi_pingpong's 2 × usec/xfer, netio-perf's measured time / round trips; bytes, both directions: 2 × size × round trips/s (fi_pingpong's MB/sec)".into(),
@@ -688,6 +694,7 @@ fn serve(cli: &Cli, addr: std::net::SocketAddr, timeout: Duration) -> Result<Exi
         &cli.provider,
         addr.into(),
         max_size,
+        cli.recv_buffers.map(|n| n as usize),
         cli.busy_poll,
         cli.socket_buffers,
         limit,

@@ -52,6 +52,9 @@ pub struct Spec {
     pub plain_write_buffer: usize,
     /// The plain baseline's receive buffer.
     pub plain_read_buffer: usize,
+    /// Receive buffers per connection on both sides (`--recv-buffers`), or
+    /// `None` for the defaults ([`ECHO_RECV_BUFFERS`], [`recv_buffers`]).
+    pub recv_buffers: Option<usize>,
 }
 
 impl Spec {
@@ -115,6 +118,10 @@ fn backend_config(spec: &Spec) -> BackendConfig {
     }
 }
 
+/// Receive buffers per connection of a ping-pong's client and server by
+/// default.
+pub const ECHO_RECV_BUFFERS: usize = 4;
+
 /// Receive buffers of a receiving connection for messages of `size`.
 pub fn recv_buffers(size: usize) -> usize {
     ((16 << 20) / size.max(1)).clamp(4, 64)
@@ -142,11 +149,14 @@ pub fn check_mode(provider: &str, f: Features, mode: SendMode) -> Result<(), Run
     }
 }
 
-/// A region holding one data message of `size` bytes.
+/// A region holding one data message of `size` bytes (allocated by
+/// `MemoryRegion::new`, which aligns it as registered memory should be).
 fn data_region(size: usize) -> MemoryRegion {
     let mut m = Vec::new();
     proto::data_message(&mut m, size);
-    MemoryRegion::from_vec(m)
+    let region = MemoryRegion::new(m.len());
+    region.write(0, &m).expect("the message fits its region");
+    region
 }
 
 /// Parameters of the server's connections: receiving messages of up to
@@ -692,7 +702,10 @@ impl<B: Backend + ?Sized> Handler<B> for Client {
 
 /// Client connection parameters for `spec`.
 fn client_params(spec: &Spec, region: Option<&MemoryRegion>) -> ConnectionParams {
-    let mut p = ConnectionParams::receive(recv_size(spec.size), 4);
+    let mut p = ConnectionParams::receive(
+        recv_size(spec.size),
+        spec.recv_buffers.unwrap_or(ECHO_RECV_BUFFERS),
+    );
     match spec.mode {
         SendMode::Buffered | SendMode::BufferedBatch => {
             let n = if spec.role() == Role::Echo {
@@ -842,14 +855,14 @@ pub fn run_socket(
             let params = match spec.role() {
                 Role::Echo => server_params(
                     spec.size,
-                    4,
+                    spec.recv_buffers.unwrap_or(ECHO_RECV_BUFFERS),
                     &[spec.mode],
                     region.as_ref(),
                     backend.features(),
                 ),
                 Role::Sink => server_params(
                     spec.size,
-                    recv_buffers(spec.size),
+                    spec.recv_buffers.unwrap_or_else(|| recv_buffers(spec.size)),
                     &[],
                     None,
                     backend.features(),
@@ -926,14 +939,14 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
         let params = match spec.role() {
             Role::Echo => server_params(
                 spec.size,
-                4,
+                spec.recv_buffers.unwrap_or(ECHO_RECV_BUFFERS),
                 &[spec.mode],
                 region.as_ref(),
                 server.features(),
             ),
             Role::Sink => server_params(
                 spec.size,
-                recv_buffers(spec.size),
+                spec.recv_buffers.unwrap_or_else(|| recv_buffers(spec.size)),
                 &[],
                 None,
                 server.features(),
@@ -988,12 +1001,14 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
 
 /// Serves every test on `address` with a socket provider until `limit`
 /// passes (forever with `None`): echo or sink per connection, messages up
-/// to `max_size`, echoes in any of `modes`; with `socket_buffers` (tcp
+/// to `max_size` in `recv_bufs` receive buffers per connection (by default
+/// [`recv_buffers`] of `max_size`), echoes in any of `modes`; with `socket_buffers` (tcp
 /// provider), that `SO_SNDBUF` and `SO_RCVBUF`.
 pub fn serve(
     provider: &str,
     address: EndpointAddress,
     max_size: usize,
+    recv_bufs: Option<usize>,
     busy_poll: bool,
     socket_buffers: Option<usize>,
     limit: Option<Duration>,
@@ -1011,7 +1026,7 @@ pub fn serve(
     .map_err(|e| failed("cannot create the server backend", e))?;
     let params = server_params(
         max_size,
-        recv_buffers(max_size),
+        recv_bufs.unwrap_or_else(|| recv_buffers(max_size)),
         &[SendMode::Buffered, SendMode::ZeroCopy, SendMode::Copy],
         Some(&region),
         backend.features(),

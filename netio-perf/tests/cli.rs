@@ -188,6 +188,44 @@ fn bad_input_is_rejected_clearly() {
         "--socket-buffers",
     );
     rejects(&["--socket-buffers", "1k"], "between 4k");
+    rejects(&["--recv-buffers", "0"], "--recv-buffers");
+}
+
+#[test]
+fn one_receive_buffer_per_connection_serves_ping_pong_and_one_way_tests() {
+    for provider in ["sim", "tcp"] {
+        let mut args = vec![
+            "--provider",
+            provider,
+            "--json",
+            "-",
+            "--sizes",
+            "4k",
+            "--recv-buffers",
+            "1",
+            "pingpong",
+            "bw",
+            "rate",
+        ];
+        args.extend_from_slice(SMALL);
+        let doc = json_of(&perf(&args));
+        assert_eq!(doc["settings"]["recv_buffers"], 1);
+        let rs = results(&doc);
+        for test in ["pingpong", "bw", "rate"] {
+            assert!(
+                rs.iter().any(|r| r["test"] == test),
+                "{provider}: no {test} row"
+            );
+        }
+        for r in rs {
+            assert_eq!(r["status"], "ok", "{provider}: {r}");
+            let notes = r["notes"].to_string();
+            assert!(
+                notes.contains("receive buffers per connection: 1"),
+                "{provider}: {notes}"
+            );
+        }
+    }
 }
 
 #[test]
