@@ -693,10 +693,12 @@ fn serve(cli: &Cli, addr: std::net::SocketAddr, timeout: Duration) -> Result<Exi
     provider::serve(
         &cli.provider,
         addr.into(),
-        max_size,
-        cli.recv_buffers.map(|n| n as usize),
-        cli.busy_poll,
-        cli.socket_buffers,
+        &provider::ServeOptions {
+            max_size,
+            recv_buffers: cli.recv_buffers.map(|n| n as usize),
+            busy_poll: cli.busy_poll,
+            socket_buffers: cli.socket_buffers,
+        },
         limit,
         |a| {
             println!(

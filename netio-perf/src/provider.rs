@@ -999,21 +999,35 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
     })()
 }
 
+/// How [`serve`] serves.
+pub struct ServeOptions {
+    /// The largest message.
+    pub max_size: usize,
+    /// Receive buffers per connection; `None`: [`recv_buffers`] of
+    /// `max_size`.
+    pub recv_buffers: Option<usize>,
+    /// A busy-polling loop.
+    pub busy_poll: bool,
+    /// `SO_SNDBUF` and `SO_RCVBUF` (tcp provider).
+    pub socket_buffers: Option<usize>,
+}
+
 /// Serves every test on `address` with a socket provider until `limit`
-/// passes (forever with `None`): echo or sink per connection, messages up
-/// to `max_size` in `recv_bufs` receive buffers per connection (by default
-/// [`recv_buffers`] of `max_size`), echoes in any of `modes`; with `socket_buffers` (tcp
-/// provider), that `SO_SNDBUF` and `SO_RCVBUF`.
+/// passes (forever with `None`): echo or sink per connection, echoes in
+/// any send mode, as `o` says.
 pub fn serve(
     provider: &str,
     address: EndpointAddress,
-    max_size: usize,
-    recv_bufs: Option<usize>,
-    busy_poll: bool,
-    socket_buffers: Option<usize>,
+    o: &ServeOptions,
     limit: Option<Duration>,
     on_listening: impl FnOnce(EndpointAddress),
 ) -> Result<(), RunError> {
+    let ServeOptions {
+        max_size,
+        recv_buffers: recv_bufs,
+        busy_poll,
+        socket_buffers,
+    } = *o;
     let lp = new_loop(busy_poll)?;
     let region = data_region(max_size);
     let backend = create_socket_backend(
