@@ -121,6 +121,7 @@ cargo clippy --locked -p netio -p netio-examples -p netio-perf \
     --all-targets -- -D warnings
 run cargo test --locked -p netio --features libfabric --test libfabric
 run cargo test --locked -p netio-examples --features libfabric --test libfabric
+run cargo test --locked -p netio-perf --features libfabric --test fi_baseline
 
 # Real verbs: the conformance suite (both thread modes, on verbs and on
 # reliable datagrams over verbs;ofi_rxm), the stream tests (on both)

@@ -32,6 +32,7 @@ mod plain;
 mod proto;
 mod provider;
 mod report;
+mod server_proc;
 mod stats;
 
 use std::process::ExitCode;
@@ -211,6 +212,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     let layout = match cli.connect {
         Some(a) => format!("client only, server at {a}"),
         None if sim => "two virtual hosts of one simulated world".into(),
+        None if fi.is_some() => "client in this process, server in a second one (`netio-perf --listen`, as fi_pingpong runs) over 127.0.0.1".into(),
         None => {
             "server and client in this process on separate loops and threads over 127.0.0.1".into()
         }
@@ -572,7 +574,7 @@ fn fi_count(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong) -> Result<u64, String> 
         duration: None,
         ..spec.clone()
     };
-    let netio_us = provider::run_socket(&cli.provider, &probe, None)
+    let netio_us = fi_provider_run(cli, &probe)
         .map(|f| {
             f.iter()
                 .find(|(m, _)| *m == metrics::MEDIAN)
@@ -591,6 +593,23 @@ fn fi_count(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong) -> Result<u64, String> 
     Ok((n.div_ceil(1000).max(1) * 1000).min(i32::MAX as u64))
 }
 
+/// One run of the provider's ping-pong for `--fi-baseline`: its server
+/// in a second process, as `fi_pingpong`'s is, started for this run alone
+/// (a busy-polling server left running would take a core from
+/// `fi_pingpong`'s runs).
+fn fi_provider_run(cli: &Cli, spec: &Spec) -> Result<metrics::Figures, RunError> {
+    let server = server_proc::ServerProc::start(&server_proc::ServerArgs {
+        provider: &cli.provider,
+        max_size: spec.size,
+        recv_buffers: spec.recv_buffers.unwrap_or(provider::ECHO_RECV_BUFFERS),
+        busy_poll: spec.busy_poll,
+        serve_for: spec.timeout.saturating_mul(2),
+        start_timeout: spec.timeout,
+    })
+    .map_err(RunError::Failed)?;
+    provider::run_socket(&cli.provider, spec, Some(server.addr()))
+}
+
 /// Runs one `--fi-baseline` row: `runs` pairs of a run of the provider's
 /// ping-pong and a run of `fi_pingpong` with the same size and count, in
 /// the order A B B A A B B A ….
@@ -603,6 +622,7 @@ fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progre
         spec.mode.name()
     );
     let mut spec = spec.clone();
+    let recv_buffers = spec.recv_buffers.unwrap_or(provider::ECHO_RECV_BUFFERS);
     let calibrated = spec.count.is_none();
     if calibrated {
         progress.update(&format!("{label}: calibrating the count"));
@@ -625,8 +645,7 @@ fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progre
                         cli.runs,
                         cli.provider
                     ));
-                    let r = provider::run_socket(&cli.provider, &spec, None)
-                        .map(|f| metrics::with_means(f, spec.size));
+                    let r = fi_provider_run(cli, &spec).map(|f| metrics::with_means(f, spec.size));
                     if !add_provider_run(&mut row, r, &cli.provider, i) {
                         return row;
                     }
@@ -652,11 +671,10 @@ fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progre
         ));
     }
     row.notes.push(format!(
-        "fi_pingpong: {} (fabric provider `{}`); it times all {count} iterations with no warm-up, netio-perf times {count} after {} unmeasured{}",
+        "fi_pingpong: {} (fabric provider `{}`); it times all {count} iterations with no warm-up, netio-perf times {count} after {} unmeasured; netio-perf's server runs as `netio-perf --listen` in a second process, and each side posts {recv_buffers} receive buffers per connection (fi_pingpong: 1)",
         fi.command_lines(spec.size, count),
         fi.fabric,
         spec.warmup,
-        spec.recv_buffers.map_or(String::new(), |b| format!("; netio-perf posts {b} receive buffers per connection, fi_pingpong 1"))
     ));
     row.notes.push(
         "mean round trip: fi_pingpong's 2 × usec/xfer, netio-perf's measured time / round trips; bytes, both directions: 2 × size × round trips/s (fi_pingpong's MB/sec)".into(),

@@ -98,6 +98,9 @@ fn libfabric_against_fi_pingpong() {
         "fi_pingpong",
         "2 × usec/xfer",
         "fi_pingpong -p tcp -e msg -S 64 -I 200",
+        // netio's server runs in a second process, as fi_pingpong's does.
+        "server in a second one (`netio-perf --listen`",
+        "netio-perf's server runs as `netio-perf --listen` in a second process",
     ] {
         assert!(table.contains(needle), "table lacks `{needle}`:\n{table}");
     }
