@@ -61,9 +61,13 @@ impl ServerProc {
         let stderr = child.stderr.take().expect("stderr is piped");
         let (tx, rx) = mpsc::channel();
         thread::spawn(move || {
+            let mut out = BufReader::new(stdout);
             let mut first = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut first);
+            let _ = out.read_line(&mut first);
             let _ = tx.send(first);
+            // Keep reading: a closed pipe would make the child's next
+            // line of output fail (and `println!` panic).
+            let _ = std::io::copy(&mut out, &mut std::io::sink());
         });
         let err_text = thread::spawn(move || {
             let mut text = String::new();
