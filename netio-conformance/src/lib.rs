@@ -277,6 +277,7 @@ macro_rules! __behaviours {
             // shared pools
             both shared_receive_pool_keeps_memory_constant_as_connections_grow [shared_receive_pool],
             both per_listener_shared_pool_serves_only_its_listener [shared_receive_pool],
+            both a_connection_closed_inside_on_data_gives_its_buffer_back_to_the_shared_pool [shared_receive_pool],
             both shared_send_pool_serves_every_connection [shared_send_pool],
             // event loop
             event_loop init_runs_before_any_other_callback [],

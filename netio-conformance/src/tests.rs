@@ -2282,6 +2282,45 @@ pub fn per_listener_shared_pool_serves_only_its_listener<H: Harness>(mode: Threa
     c.wait("every connection receives", || log.all_data().len() == 5);
 }
 
+/// A connection closed from inside `on_data` gives the buffer of the
+/// message being delivered back to the shared pool it came from: a
+/// listener's pool of two buffers serves six connections in turn, each
+/// closed by the server's handler on its first message.
+pub fn a_connection_closed_inside_on_data_gives_its_buffer_back_to_the_shared_pool<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let react: React<H::Backend> = Box::new(move |b, ev| {
+        if let Event::Data { conn, .. } = ev {
+            b.close_active_endpoint(*conn)
+                .expect("closing the connection whose message is delivered");
+        }
+    });
+    let s = c.node_with(c.config(), Some(react));
+    let listen = connect_target(
+        c.listen(&s, ConnectionParams::receive(100, 2).with_shared_receive()),
+        s.ip,
+    );
+    let cl = c.node();
+    for i in 0..6u8 {
+        let conn = c
+            .connect(&s, &cl, listen, ConnectionParams::buffered(100, 2))
+            .client;
+        c.send_buffered(&cl, conn, vec![i; 100]);
+        let (sl, clog) = (s.log.clone(), cl.log.clone());
+        c.wait(
+            &format!(
+                "connection {i}: its message arrives and the server's close reaches the client"
+            ),
+            || sl.all_data().len() == usize::from(i) + 1 && clog.closed_count(conn) == 1,
+        );
+    }
+    let data = s.log.all_data();
+    for (i, (_, d)) in data.iter().enumerate() {
+        assert_eq!(d, &vec![i as u8; 100], "message {i}");
+    }
+}
+
 /// With a backend-wide shared send pool, every connection can send buffered
 /// and all share the pool's buffers.
 pub fn shared_send_pool_serves_every_connection<H: Harness>(mode: ThreadSafety) {

@@ -417,3 +417,178 @@ fn injected_copy_sends_keep_their_order_among_ordinary_ones_on_shm() {
     assert!(server.closed.lock().unwrap().is_empty());
     assert!(client.closed.lock().unwrap().is_empty());
 }
+
+/// A TCP relay for one connection to `target`, counting the bytes each
+/// way: `[towards target, back]`. Shows what a control channel carries.
+fn counting_relay(target: u16) -> (u16, Arc<[std::sync::atomic::AtomicU64; 2]>) {
+    use std::sync::atomic::AtomicU64;
+    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let c = Arc::clone(&counts);
+    std::thread::spawn(move || {
+        let Ok((inbound, _)) = listener.accept() else {
+            return;
+        };
+        let Ok(outbound) = TcpStream::connect((Ipv4Addr::LOCALHOST, target)) else {
+            return;
+        };
+        let pipe = |mut from: TcpStream, mut to: TcpStream, i: usize, c: Arc<[AtomicU64; 2]>| {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = from.read(&mut buf) {
+                    if n == 0 || to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    c[i].fetch_add(n as u64, Ordering::SeqCst);
+                }
+                let _ = to.shutdown(std::net::Shutdown::Write);
+            })
+        };
+        pipe(
+            inbound.try_clone().unwrap(),
+            outbound.try_clone().unwrap(),
+            0,
+            Arc::clone(&c),
+        );
+        pipe(outbound, inbound, 1, c);
+    });
+    (port, counts)
+}
+
+/// Plays ping-pong from `on_data`: the server echoes each message, the
+/// client sends the next one from the echo's `on_data` until `target`.
+#[derive(Clone, Default)]
+struct PingPong {
+    client: bool,
+    target: Arc<std::sync::atomic::AtomicUsize>,
+    echoes: Arc<std::sync::atomic::AtomicUsize>,
+    conn: Arc<Mutex<Option<ConnId>>>,
+    closed: Arc<Mutex<Vec<CloseReason>>>,
+}
+
+impl<B: Backend + ?Sized> Handler<B> for PingPong {
+    fn on_connection_established(
+        &mut self,
+        _b: &B,
+        conn: ConnId,
+        _r: EndpointAddress,
+        _c: Capabilities,
+    ) {
+        *self.conn.lock().unwrap() = Some(conn);
+    }
+
+    fn on_connection_closed(
+        &mut self,
+        _b: &B,
+        _conn: ConnId,
+        _r: EndpointAddress,
+        why: &CloseReason,
+        _keys: &[u64],
+    ) {
+        self.closed.lock().unwrap().push(why.clone());
+    }
+
+    fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
+        if !self.client {
+            b.send_data_copy(conn, &[data], &[], 0)
+                .expect("the echo has the credit the ping brought");
+            return;
+        }
+        let n = self.echoes.fetch_add(1, Ordering::SeqCst) + 1;
+        if n < self.target.load(Ordering::SeqCst) {
+            b.send_data_copy(conn, &[data], &[], n as u64)
+                .expect("the next ping has the credit the echo brought");
+        }
+    }
+}
+
+/// With one receive buffer on each side, a reply sent from `on_data`
+/// carries the credit of the buffer being delivered, which is posted
+/// again as soon as `on_data` returns: a ping-pong then writes nothing
+/// on the control channel but the credit of its last message (a CREDIT
+/// frame each way per round trip otherwise, and the next message waiting
+/// for it).
+fn a_reply_from_on_data_carries_the_credit_of_the_delivered_buffer(fabric: &str) {
+    const SIZE: usize = 4096;
+    let server_lp = Running::start();
+    let client_lp = Running::start();
+    let server = PingPong::default();
+    let sb = LibfabricBackend::new(
+        &server_lp.lp,
+        BackendConfig::default(),
+        rdm(fabric),
+        server.clone(),
+    )
+    .expect("server backend");
+    let listen = sb
+        .open_listen_endpoint(any_port(), ConnectionParams::receive(SIZE, 1))
+        .expect("listening");
+    let (relay, bytes) = counting_relay(listen.port());
+    let client = PingPong {
+        client: true,
+        ..PingPong::default()
+    };
+    let cb = LibfabricBackend::new(
+        &client_lp.lp,
+        BackendConfig::default(),
+        rdm(fabric),
+        client.clone(),
+    )
+    .expect("client backend");
+    cb.open_active_endpoint(
+        EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, relay))),
+        ConnectionParams::receive(SIZE, 1),
+    )
+    .expect("connecting");
+    assert!(
+        wait_until(|| client.conn.lock().unwrap().is_some()),
+        "{fabric}: connected"
+    );
+    let conn = client.conn.lock().unwrap().unwrap();
+    let ping = vec![7u8; SIZE];
+    let play = |rounds: usize| {
+        let from = client.echoes.load(Ordering::SeqCst);
+        client.target.store(from + rounds, Ordering::SeqCst);
+        cb.send_data_copy(conn, &[&ping], &[], 0).expect("a ping");
+        assert!(
+            wait_until(|| client.echoes.load(Ordering::SeqCst) >= from + rounds),
+            "{fabric}: {} of {rounds} round trips, closed {:?} {:?}",
+            client.echoes.load(Ordering::SeqCst) - from,
+            client.closed.lock().unwrap(),
+            server.closed.lock().unwrap(),
+        );
+    };
+    // Set-up done and the credits of the first round granted.
+    play(2);
+    std::thread::sleep(Duration::from_millis(100));
+    let before = [
+        bytes[0].load(Ordering::SeqCst),
+        bytes[1].load(Ordering::SeqCst),
+    ];
+    play(500);
+    std::thread::sleep(Duration::from_millis(100));
+    let after = [
+        bytes[0].load(Ordering::SeqCst),
+        bytes[1].load(Ordering::SeqCst),
+    ];
+    // One CREDIT frame (9 bytes) goes to the server at the end: the last
+    // echo's buffer, which the client answers with nothing.
+    assert_eq!(
+        (after[0] - before[0], after[1] - before[1]),
+        (9, 0),
+        "{fabric}: control bytes written during 500 round trips (client → server, server → client)"
+    );
+    assert!(client.closed.lock().unwrap().is_empty());
+    assert!(server.closed.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_reply_from_on_data_carries_the_credit_of_the_delivered_buffer_on_shm() {
+    a_reply_from_on_data_carries_the_credit_of_the_delivered_buffer("shm");
+}
+
+#[test]
+fn a_reply_from_on_data_carries_the_credit_of_the_delivered_buffer_on_tcp_rxm() {
+    a_reply_from_on_data_carries_the_credit_of_the_delivered_buffer("tcp;ofi_rxm");
+}

@@ -593,6 +593,10 @@ fn fi_count(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong) -> Result<u64, String> 
     Ok((n.div_ceil(1000).max(1) * 1000).min(i32::MAX as u64))
 }
 
+/// Receive buffers per connection on each side of a `--fi-baseline` run
+/// unless `--recv-buffers` says otherwise: one, as `fi_pingpong` posts.
+const FI_RECV_BUFFERS: usize = 1;
+
 /// One run of the provider's ping-pong for `--fi-baseline`: its server
 /// in a second process, as `fi_pingpong`'s is, started for this run alone
 /// (a busy-polling server left running would take a core from
@@ -601,7 +605,7 @@ fn fi_provider_run(cli: &Cli, spec: &Spec) -> Result<metrics::Figures, RunError>
     let server = server_proc::ServerProc::start(&server_proc::ServerArgs {
         provider: &cli.provider,
         max_size: spec.size,
-        recv_buffers: spec.recv_buffers.unwrap_or(provider::ECHO_RECV_BUFFERS),
+        recv_buffers: spec.recv_buffers.unwrap_or(FI_RECV_BUFFERS),
         busy_poll: spec.busy_poll,
         serve_for: spec.timeout.saturating_mul(2),
         start_timeout: spec.timeout,
@@ -622,7 +626,7 @@ fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progre
         spec.mode.name()
     );
     let mut spec = spec.clone();
-    let recv_buffers = spec.recv_buffers.unwrap_or(provider::ECHO_RECV_BUFFERS);
+    let recv_buffers = *spec.recv_buffers.get_or_insert(FI_RECV_BUFFERS);
     let calibrated = spec.count.is_none();
     if calibrated {
         progress.update(&format!("{label}: calibrating the count"));
@@ -671,7 +675,7 @@ fn run_fi_row(cli: &Cli, spec: &Spec, fi: &fi::FiPingpong, progress: &mut Progre
         ));
     }
     row.notes.push(format!(
-        "fi_pingpong: {} (fabric provider `{}`); it times all {count} iterations with no warm-up, netio-perf times {count} after {} unmeasured; netio-perf's server runs as `netio-perf --listen` in a second process, and each side posts {recv_buffers} receive buffers per connection (fi_pingpong: 1)",
+        "fi_pingpong: {} (fabric provider `{}`); it times all {count} iterations with no warm-up, netio-perf times {count} after {} unmeasured; netio-perf's server runs as `netio-perf --listen` in a second process, and receive buffers per connection: {recv_buffers} on each side (fi_pingpong: 1; `--recv-buffers` sets it)",
         fi.command_lines(spec.size, count),
         fi.fabric,
         spec.warmup,

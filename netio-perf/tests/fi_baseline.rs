@@ -101,6 +101,8 @@ fn libfabric_against_fi_pingpong() {
         // netio's server runs in a second process, as fi_pingpong's does.
         "server in a second one (`netio-perf --listen`",
         "netio-perf's server runs as `netio-perf --listen` in a second process",
+        // One receive buffer per side, as fi_pingpong posts, by default.
+        "receive buffers per connection: 1 on each side (fi_pingpong: 1;",
     ] {
         assert!(table.contains(needle), "table lacks `{needle}`:\n{table}");
     }

@@ -131,6 +131,11 @@ struct Conn {
     /// completed meanwhile are reported by it, right after the `on_data`
     /// that made them, instead of by a `Drain` event.
     delivering: bool,
+    /// While `on_data` runs for one of its messages: whether a send made
+    /// meanwhile granted that message's buffer early
+    /// ([`Session::on_send_freeing`]); the buffer is then posted again
+    /// as soon as `on_data` returns, paused or not.
+    early_grant: Option<bool>,
     /// Each send's memory (none for an injected one).
     ledger: SendLedger<Option<Held>>,
     backlog: VecDeque<Backlogged>,
@@ -1399,6 +1404,7 @@ impl RdmInner {
                 .get(&(tag >> POOL_SHIFT))
                 .map_or(params.recv.buf_size, |p| p.limit),
             paused: false,
+            early_grant: None,
             held: VecDeque::new(),
             unposted: Vec::new(),
             pending_close: None,
@@ -1539,7 +1545,7 @@ impl RdmInner {
         };
         let mut failed = None;
         while !c.backlog.is_empty() {
-            let Some(tag) = c.session.on_send() else {
+            let Some(tag) = Self::take_credit(c) else {
                 break;
             };
             let b = c.backlog.pop_front().expect("not empty");
@@ -1563,6 +1569,22 @@ impl RdmInner {
             self.close_conn(st, id, CloseReason::Other(e.to_string()), true);
         }
         self.start_poll(st);
+    }
+
+    /// Takes a send credit of `c` ([`Session::on_send`]). While one of
+    /// its messages is delivered, the first send also grants that
+    /// message's buffer, which `deliver` then posts again as soon as
+    /// `on_data` returns: a reply from `on_data` carries the credit the
+    /// peer needs for its next message, with no CREDIT frame even when
+    /// the connection has a single buffer. At most that one message per
+    /// connection can reach the fabric before its buffer is posted.
+    fn take_credit(c: &mut Conn) -> Option<u64> {
+        if c.early_grant == Some(false) {
+            let tag = c.session.on_send_freeing()?;
+            c.early_grant = Some(true);
+            return Some(tag);
+        }
+        c.session.on_send()
     }
 
     /// Accepts a staged send of `len` bytes: records it and hands it to
@@ -1627,7 +1649,7 @@ impl RdmInner {
         let Some(dest) = c.peer else {
             return false;
         };
-        let Some(tag) = c.session.on_send() else {
+        let Some(tag) = Self::take_credit(c) else {
             return false;
         };
         if ep.inject(dest, tag, data, header).is_err() {
@@ -2013,6 +2035,38 @@ impl RdmInner {
         self.pump_at(st, id, read_at);
     }
 
+    /// Posts buffer `index` of `id` again at once, paused or not: a send
+    /// during its delivery granted its credit ([`Self::take_credit`]).
+    fn post_granted(&self, st: &mut State, id: ConnId, index: usize) {
+        let read_at = st.read_at;
+        let State { ep, conns, .. } = &mut *st;
+        let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
+            return;
+        };
+        if let Some(pool) = c.pool {
+            self.refill_pool(st, pool, [index]);
+        } else {
+            if c.peer_closing.is_some() {
+                return;
+            }
+            let Some(mem) = c.recv.clone() else {
+                return;
+            };
+            if let Err(e) = ep.post_recv(
+                &mem,
+                index,
+                proto::recv_tag(c.tag),
+                DATA_IGNORE,
+                c.tag as u64,
+            ) {
+                self.close_conn(st, id, CloseReason::Other(e.to_string()), true);
+                return;
+            }
+        }
+        // A send that failed after the grant left it owed.
+        self.pump_at(st, id, read_at);
+    }
+
     fn on_tick(&self) {
         let mut st = lock(&self.state);
         let now = self.lp.now();
@@ -2174,6 +2228,8 @@ impl RdmInner {
                 return st;
             };
             c.delivering = true;
+            c.early_grant = c.peer_closing.is_none().then_some(false);
+            let pool = c.pool;
             let mem = c.recv.clone().expect("receiving");
             drop(st);
             // The buffer is not posted again before on_data returns: its
@@ -2183,9 +2239,21 @@ impl RdmInner {
             drop(mem);
             st = lock(&self.state);
             let Some(c) = st.conns.get_mut(id) else {
+                // Closed meanwhile: a shared pool's buffer goes back to
+                // the pool (the connection's own buffers went with it).
+                if let Some(pool) = pool {
+                    self.refill_pool(&mut st, pool, [index]);
+                }
                 return st;
             };
-            c.unposted.push(index);
+            if c.early_grant.take() == Some(true) {
+                self.post_granted(&mut st, id, index);
+            } else {
+                c.unposted.push(index);
+            }
+            let Some(c) = st.conns.get_mut(id) else {
+                return st;
+            };
             let done = std::mem::take(&mut c.done_pending);
             self.repost(&mut st, id);
             if done {

@@ -41,7 +41,11 @@
 //! ([`Session::on_buffer_freed`]) it owes the sender one credit, which it
 //! grants back either in the tag of its own next data message or, once half
 //! of its buffers are owed, in a CREDIT frame ([`Session::poll_frame`]). A
-//! sender never holds more credits than the peer announced.
+//! data message sent while a received one is being delivered may grant the
+//! credit of that message's buffer before the buffer is posted again
+//! ([`Session::on_send_freeing`]); the receiver then posts it as soon as
+//! the delivery ends. A sender never holds more credits than the peer
+//! announced.
 //!
 //! # Wire format
 //!
@@ -1248,6 +1252,21 @@ impl Session {
         Some(data_tag(self.peer_tag, grant))
     }
 
+    /// [`Session::on_send`], granting in the same tag one credit more: that
+    /// of a receive buffer still in use (its message being delivered) that
+    /// the caller posts again as soon as it is free, whatever happens to
+    /// the send. `None`, with nothing changed, where [`Session::on_send`]
+    /// answers `None`. Lets a reply sent while a message is delivered
+    /// carry that message's credit, so that a side with one buffer needs no
+    /// CREDIT frame per round trip. Does not allocate.
+    pub fn on_send_freeing(&mut self) -> Option<u64> {
+        if self.state != State::Open || self.peer_close.is_some() || self.send_credits == 0 {
+            return None;
+        }
+        self.on_buffer_freed();
+        self.on_send()
+    }
+
     /// Undoes the last [`Session::on_send`], which returned `tag`, after the
     /// send failed (e.g. `-FI_EAGAIN`): the credit and the grant are given
     /// back and the message is not counted. Does not allocate.
@@ -2055,6 +2074,38 @@ mod tests {
             assert_eq!(credit, Frame::Credit(1));
             assert_eq!(a.on_frame(credit, secs(0)), None);
         }
+    }
+
+    #[test]
+    fn a_reply_sent_during_delivery_grants_the_delivered_buffer_with_one_buffer_each() {
+        let (mut a, mut b) = establish(1, 1);
+        // a's first message goes on its initial credit; every later one
+        // rides on the credit b's reply carried.
+        let mut tag = a.on_send().unwrap();
+        for seq in 0..3 {
+            assert_eq!(a.on_send(), None);
+            assert_eq!(b.on_received(tag, secs(0)), Ok(seq));
+            // b replies while a's message is delivered: the reply grants
+            // the buffer that message holds, and b owes nothing more.
+            let reply = b.on_send_freeing().unwrap();
+            assert_eq!(split_tag(reply), (1, 1));
+            assert_eq!(b.pending_grant(), 0);
+            assert_eq!(b.poll_frame(secs(0)), None, "no CREDIT frame");
+            assert_eq!(a.on_received(reply, secs(0)), Ok(seq));
+            assert_eq!(a.send_credits(), 1);
+            tag = a.on_send_freeing().unwrap();
+            assert_eq!(split_tag(tag), (2, 1));
+            assert_eq!(b.send_credits(), 0);
+        }
+        // Without a credit nothing is sent and nothing is granted.
+        assert_eq!(a.on_send_freeing(), None);
+        assert_eq!(a.pending_grant(), 0);
+        // A failed send keeps the grant owed.
+        assert_eq!(b.on_received(tag, secs(0)), Ok(3));
+        let reply = b.on_send_freeing().unwrap();
+        b.unsend(reply);
+        assert_eq!((b.send_credits(), b.pending_grant()), (1, 1));
+        assert_eq!(b.poll_frame(secs(0)), Some(Frame::Credit(1)));
     }
 
     #[test]
