@@ -24,11 +24,15 @@ bin() {
         --message-format=json 2>/dev/null |
         sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1
 }
+# The binaries are copied aside, so that a build during the series cannot
+# change what it runs.
+mkdir -p "$OUT/bin"
 BINS=()
 for suite in $SUITES; do
     b="$(bin "$suite")"
     [ -n "$b" ] || { echo "no test binary for $suite" >&2; exit 2; }
-    BINS+=("$b")
+    cp "$b" "$OUT/bin/$suite"
+    BINS+=("$OUT/bin/$suite")
 done
 CORES="$(nproc)"
 
