@@ -137,11 +137,8 @@ fn validate(cli: &Cli) -> Result<(), String> {
     if sim && cli.busy_poll {
         return Err("--busy-poll applies to the real event loop; the simulator runs on virtual time, driven on one thread".into());
     }
-    if cli.thread_unsafe && (sim || cli.listen.is_some()) {
-        return Err(
-            "--thread-unsafe applies to the in-process and --connect runs of a socket provider"
-                .into(),
-        );
+    if cli.thread_unsafe && sim {
+        return Err("--thread-unsafe applies to the socket providers' backends".into());
     }
     if sim && (cli.listen.is_some() || cli.connect.is_some()) {
         return Err(
@@ -607,6 +604,7 @@ fn fi_provider_run(cli: &Cli, spec: &Spec) -> Result<metrics::Figures, RunError>
         max_size: spec.size,
         recv_buffers: spec.recv_buffers.unwrap_or(FI_RECV_BUFFERS),
         busy_poll: spec.busy_poll,
+        thread_unsafe: spec.thread_unsafe,
         serve_for: spec.timeout.saturating_mul(2),
         start_timeout: spec.timeout,
     })
@@ -720,6 +718,7 @@ fn serve(cli: &Cli, addr: std::net::SocketAddr, timeout: Duration) -> Result<Exi
             recv_buffers: cli.recv_buffers.map(|n| n as usize),
             busy_poll: cli.busy_poll,
             socket_buffers: cli.socket_buffers,
+            thread_unsafe: cli.thread_unsafe,
         },
         limit,
         |a| {

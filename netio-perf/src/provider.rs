@@ -1010,6 +1010,8 @@ pub struct ServeOptions {
     pub busy_poll: bool,
     /// `SO_SNDBUF` and `SO_RCVBUF` (tcp provider).
     pub socket_buffers: Option<usize>,
+    /// The backend in thread-unsafe mode (every call on the loop thread).
+    pub thread_unsafe: bool,
 }
 
 /// Serves every test on `address` with a socket provider until `limit`
@@ -1027,17 +1029,28 @@ pub fn serve(
         recv_buffers: recv_bufs,
         busy_poll,
         socket_buffers,
+        thread_unsafe,
     } = *o;
     let lp = new_loop(busy_poll)?;
     let region = data_region(max_size);
-    let backend = create_socket_backend(
-        provider,
-        &lp,
-        BackendConfig::default(),
-        socket_buffers,
-        Server::new(Some(region.clone()), false),
-    )
-    .map_err(|e| failed("cannot create the server backend", e))?;
+    let config = BackendConfig {
+        thread_safety: if thread_unsafe {
+            ThreadSafety::Unsafe
+        } else {
+            ThreadSafety::Safe
+        },
+        ..BackendConfig::default()
+    };
+    let backend = Arc::new(
+        create_socket_backend(
+            provider,
+            &lp,
+            config,
+            socket_buffers,
+            Server::new(Some(region.clone()), false),
+        )
+        .map_err(|e| failed("cannot create the server backend", e))?,
+    );
     let params = server_params(
         max_size,
         recv_bufs.unwrap_or_else(|| recv_buffers(max_size)),
@@ -1045,11 +1058,13 @@ pub fn serve(
         Some(&region),
         backend.features(),
     );
-    let bound = backend
-        .open_listen_endpoint(address, params)
+    // Calls are made on the loop thread, as thread-unsafe mode requires.
+    let t = LoopThread::start(lp, "perf-server")?;
+    let b = backend.clone();
+    let bound = t
+        .call(move || b.open_listen_endpoint(address, params))?
         .map_err(|e| failed("cannot listen", e))?;
     on_listening(bound);
-    let t = LoopThread::start(lp, "perf-server")?;
     match limit {
         Some(d) => thread::sleep(d),
         None => loop {

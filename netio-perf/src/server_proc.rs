@@ -30,6 +30,8 @@ pub struct ServerArgs<'a> {
     pub recv_buffers: usize,
     /// `--busy-poll`.
     pub busy_poll: bool,
+    /// `--thread-unsafe`.
+    pub thread_unsafe: bool,
     /// The child stops serving after this long (`--serve-for`).
     pub serve_for: Duration,
     /// How long to wait for it to listen.
@@ -50,6 +52,9 @@ impl ServerProc {
             .args(["--serve-for", &format!("{}", a.serve_for.as_secs_f64())]);
         if a.busy_poll {
             cmd.arg("--busy-poll");
+        }
+        if a.thread_unsafe {
+            cmd.arg("--thread-unsafe");
         }
         let mut child = cmd
             .stdin(Stdio::null())

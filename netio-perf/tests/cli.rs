@@ -476,11 +476,13 @@ fn duration_instead_of_count() {
     assert!(results(&doc).iter().all(|r| r["status"] == "ok"));
 }
 
-#[test]
-fn two_processes_listen_and_connect() {
+/// A `--listen` server in one process serves a `--connect` client in
+/// another; `extra` goes to both.
+fn listen_and_connect(extra: &[&str]) {
     use std::io::{BufRead, BufReader};
     let mut server = Command::new(env!("CARGO_BIN_EXE_netio-perf"))
         .args(["--listen", "127.0.0.1:0", "--serve-for", "30"])
+        .args(extra)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -493,7 +495,7 @@ fn two_processes_listen_and_connect() {
         .find(|w| w.starts_with("127.0.0.1:"))
         .unwrap_or_else(|| panic!("no address in {line}"))
         .to_string();
-    let out = perf(&[
+    let mut args = vec![
         "pingpong",
         "bw",
         "--connect",
@@ -508,9 +510,23 @@ fn two_processes_listen_and_connect() {
         "1",
         "--json",
         "-",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let out = perf(&args);
     let _ = server.kill();
     let _ = server.wait();
     let doc = json_of(&out);
     assert!(results(&doc).iter().all(|r| r["status"] == "ok"), "{doc}");
+}
+
+#[test]
+fn two_processes_listen_and_connect() {
+    listen_and_connect(&[]);
+}
+
+/// `--thread-unsafe` applies to a `--listen` server too (as it does to
+/// the second process of `--fi-baseline`).
+#[test]
+fn two_processes_listen_and_connect_in_thread_unsafe_mode() {
+    listen_and_connect(&["--thread-unsafe"]);
 }
