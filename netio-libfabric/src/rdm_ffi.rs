@@ -135,7 +135,18 @@ enum Op {
         _keep: Arc<TxKeep>,
         owner: u64,
         seq: Option<SendSeq>,
+        dest: sys::fi_addr_t,
     },
+}
+
+/// A peer address in the address vector: who uses it.
+struct Peer {
+    /// The address as inserted (the key of `RdmEp::peers`).
+    name: Vec<u8>,
+    /// Successful [`RdmEp::insert`]s not yet [`RdmEp::release`]d.
+    users: u32,
+    /// Sends to it whose completion has not been read.
+    sends: u32,
 }
 
 /// One completion of the endpoint's queue.
@@ -199,7 +210,14 @@ pub struct RdmEp {
     cq_fd: Option<RawFd>,
     // Freed after the endpoint is closed (Drop).
     ops: FastMap<usize, Op>,
+    /// Peer addresses in the address vector, by address and by handle.
+    /// An address leaves the vector once nothing uses it: fabrics hold a
+    /// bounded number of peers (`shm`: 256), so a long-lived endpoint
+    /// must not keep every peer it ever had.
     peers: HashMap<Vec<u8>, sys::fi_addr_t>,
+    peer_uses: HashMap<sys::fi_addr_t, Peer>,
+    /// Whether unused addresses leave the address vector ([`av_remove`]).
+    av_remove: bool,
     name: Vec<u8>,
     iov_limit: usize,
     max_msg: usize,
@@ -304,6 +322,17 @@ fn inject_max(info: &Info) -> usize {
     }
 }
 
+/// Whether addresses nothing uses any more leave the address vector on
+/// fabric provider `prov`. They do, except where libfabric 1.17's removal
+/// misbehaves and the provider holds no fixed number of peers:
+/// `udp;ofi_rxd` keeps the removed address in its lookup map (inserting it
+/// again, for a new peer on a recycled UDP port, gives a handle that
+/// reaches nobody), and `sockets` leaves its connection to the peer open
+/// (two descriptors per removal when the same peer comes back).
+fn av_remove(prov: &str) -> bool {
+    !(prov.ends_with("ofi_rxd") || prov == "sockets")
+}
+
 /// How long dropping an endpoint waits for its operations to end.
 const CLOSE_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -329,6 +358,8 @@ impl RdmEp {
             cq_fd: None,
             ops: FastMap::default(),
             peers: HashMap::new(),
+            peer_uses: HashMap::new(),
+            av_remove: av_remove(&info.prov_name()),
             name: Vec::new(),
             iov_limit: info.iov_limit(),
             max_msg: info.max_msg_size(),
@@ -453,8 +484,13 @@ impl RdmEp {
     /// The fabric address handle of a peer's raw address, inserting it
     /// into the address vector the first time. Handles stay valid while
     /// the endpoint is open.
+    /// Each successful call is answered by one [`RdmEp::release`] of the
+    /// handle once the caller is done with the peer.
     pub fn insert(&mut self, addr: &[u8]) -> Result<sys::fi_addr_t, FiError> {
         if let Some(&a) = self.peers.get(addr) {
+            if let Some(p) = self.peer_uses.get_mut(&a) {
+                p.users += 1;
+            }
             return Ok(a);
         }
         if addr.is_empty() {
@@ -484,7 +520,63 @@ impl RdmEp {
             });
         }
         self.peers.insert(addr.to_vec(), out);
+        self.peer_uses.insert(
+            out,
+            Peer {
+                name: addr.to_vec(),
+                users: 1,
+                sends: 0,
+            },
+        );
         Ok(out)
+    }
+
+    /// Gives back one use of `addr` (from [`RdmEp::insert`]). The address
+    /// leaves the address vector when nothing uses it any more: no
+    /// insert holds it and no send to it is unfinished (else when the last
+    /// such send's completion is read).
+    pub fn release(&mut self, addr: sys::fi_addr_t) {
+        let Some(p) = self.peer_uses.get_mut(&addr) else {
+            return;
+        };
+        p.users = p.users.saturating_sub(1);
+        self.remove_if_unused(addr);
+    }
+
+    fn remove_if_unused(&mut self, addr: sys::fi_addr_t) {
+        let Some(p) = self.peer_uses.get(&addr) else {
+            return;
+        };
+        if p.users > 0 || p.sends > 0 || !self.av_remove {
+            return;
+        }
+        let p = self.peer_uses.remove(&addr).expect("present");
+        self.peers.remove(&p.name);
+        let mut a = addr;
+        // SAFETY: the AV is open and `a` is one of its handles, inserted
+        // here and removed once; no operation to it is unfinished.
+        let rc = unsafe { sys::fi_av_remove(self.av, &mut a, 1, 0) };
+        // A failure leaves the entry in the vector; the next insert of the
+        // address adds it again, or fails as it would have without the
+        // removal.
+        let _ = rc;
+    }
+
+    /// Counts a send to `dest` handed to the provider.
+    fn send_started(&mut self, dest: sys::fi_addr_t) {
+        if let Some(p) = self.peer_uses.get_mut(&dest) {
+            p.sends += 1;
+        }
+    }
+
+    /// Counts the end of a send to `dest` (its completion read).
+    fn send_ended(&mut self, dest: sys::fi_addr_t) {
+        if let Some(p) = self.peer_uses.get_mut(&dest) {
+            p.sends = p.sends.saturating_sub(1);
+            if p.users == 0 {
+                self.remove_if_unused(dest);
+            }
+        }
     }
 
     /// Posts buffer `index` of `mem` for messages whose tag equals `tag`
@@ -749,8 +841,10 @@ impl RdmEp {
                 _keep: staged.keep,
                 owner,
                 seq,
+                dest,
             },
         );
+        self.send_started(dest);
         Ok(())
     }
 
@@ -800,11 +894,16 @@ impl RdmEp {
                             });
                         }
                     }
-                    Some(Op::Send { owner, seq, .. }) => out.push(RdmCompletion::SendFailed {
-                        owner,
-                        seq,
-                        errno: e.err.abs(),
-                    }),
+                    Some(Op::Send {
+                        owner, seq, dest, ..
+                    }) => {
+                        self.send_ended(dest);
+                        out.push(RdmCompletion::SendFailed {
+                            owner,
+                            seq,
+                            errno: e.err.abs(),
+                        })
+                    }
                     _ => {}
                 }
                 continue;
@@ -836,9 +935,14 @@ impl RdmEp {
                         });
                     }
                     Some(Op::Send {
-                        owner, seq, ctx, ..
+                        owner,
+                        seq,
+                        ctx,
+                        dest,
+                        ..
                     }) => {
                         self.ctx_pool.push(ctx);
+                        self.send_ended(dest);
                         out.push(RdmCompletion::Sent { owner, seq })
                     }
                     _ => {}

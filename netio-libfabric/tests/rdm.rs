@@ -592,3 +592,125 @@ fn a_reply_from_on_data_carries_the_credit_of_the_delivered_buffer_on_shm() {
 fn a_reply_from_on_data_carries_the_credit_of_the_delivered_buffer_on_tcp_rxm() {
     a_reply_from_on_data_carries_the_credit_of_the_delivered_buffer("tcp;ofi_rxm");
 }
+
+/// A server outlives many client endpoints, each with a fabric address of
+/// its own (as short-lived client processes have): every one of `total`
+/// clients, connected, answered and closed one after another, is served.
+/// `shm` holds at most 256 peers in an address vector, so a server that
+/// kept the address of every peer it ever had would refuse the 257th.
+fn a_server_serves_more_peer_endpoints_over_its_life_than_the_fabric_holds_at_once(
+    fabric: &str,
+    total: usize,
+) {
+    let server_lp = Running::start();
+    let server = Recorder::new(0);
+    let sb = LibfabricBackend::new(
+        &server_lp.lp,
+        BackendConfig::default(),
+        rdm(fabric),
+        server.clone(),
+    )
+    .expect("server backend");
+    let listen = sb
+        .open_listen_endpoint(any_port(), ConnectionParams::receive(256, 2))
+        .expect("listening");
+    let client_lp = Running::start();
+    let mut closes = 0;
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let mut fds_at_start = 0;
+    for i in 0..total {
+        if i == 1 {
+            // After a first client, so that lazily made resources exist.
+            std::thread::sleep(Duration::from_millis(100));
+            fds_at_start = fds();
+        }
+        let client = Recorder::new(1);
+        client.greet_port.store(listen.port(), Ordering::SeqCst);
+        let cb = LibfabricBackend::new(
+            &client_lp.lp,
+            BackendConfig::default(),
+            rdm(fabric),
+            client.clone(),
+        )
+        .unwrap_or_else(|e| panic!("client backend {i}: {e}"));
+        // The first clients connect twice: the server takes an address it
+        // let go of again.
+        let rounds = if i < 3 { 2 } else { 1 };
+        for round in 1..=rounds {
+            let conn = cb
+                .open_active_endpoint(
+                    EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, listen.port()))),
+                    ConnectionParams::receive(256, 2),
+                )
+                .expect("connecting");
+            let pongs = || client.count(|s| matches!(s, Seen::Pong(c) if *c == conn));
+            assert!(
+                wait_until(|| pongs() == 1
+                    || client.count(|s| matches!(s, Seen::Refused(..) | Seen::Closed(..)))
+                        >= round),
+                "{fabric}: client {i}, connection {round}: no answer; saw {:?}",
+                client.seen()
+            );
+            assert_eq!(
+                pongs(),
+                1,
+                "{fabric}: client {i} of {total}, connection {round}, is served; saw {:?}",
+                client.seen()
+            );
+            cb.close_active_endpoint(conn).expect("closing");
+            closes += 1;
+            assert!(
+                wait_until(|| server.count(|s| matches!(s, Seen::Closed(..))) == closes),
+                "{fabric}: the server sees client {i}'s close {round}"
+            );
+        }
+        drop(cb);
+    }
+    // What the server keeps for departed peers does not grow with them
+    // (a descriptor per peer would be a connection the fabric keeps).
+    let mut fds_at_end = fds();
+    for _ in 0..20 {
+        if fds_at_end <= fds_at_start + total / 10 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        fds_at_end = fds();
+    }
+    assert!(
+        fds_at_end <= fds_at_start + total / 10,
+        "{fabric}: descriptors after the first client {fds_at_start}, after {total}: {fds_at_end}"
+    );
+}
+
+#[test]
+fn a_server_serves_more_peer_endpoints_over_its_life_than_the_fabric_holds_at_once_on_shm() {
+    a_server_serves_more_peer_endpoints_over_its_life_than_the_fabric_holds_at_once("shm", 300);
+}
+
+#[test]
+fn a_server_serves_more_peer_endpoints_over_its_life_than_the_fabric_holds_at_once_on_tcp_rxm() {
+    a_server_serves_more_peer_endpoints_over_its_life_than_the_fabric_holds_at_once(
+        "tcp;ofi_rxm",
+        300,
+    );
+}
+
+#[test]
+fn a_server_serves_more_peer_endpoints_over_its_life_than_the_fabric_holds_at_once_on_sockets() {
+    a_server_serves_more_peer_endpoints_over_its_life_than_the_fabric_holds_at_once("sockets", 300);
+}
+
+/// `udp;ofi_rxd` in libfabric 1.17 keeps its per-peer protocol state by
+/// address for the endpoint's life (its address removal keeps that
+/// entry), so a new peer endpoint that happens to get a departed one's UDP
+/// port can be left unanswered: a client among the first 300 got no
+/// answer in 3 of 4 runs (clients 183, 202 and 231), with or without the
+/// server removing departed addresses. Not a limit of the server.
+#[test]
+#[ignore = "udp;ofi_rxd 1.17 keeps the state of departed peers by UDP address; a new peer on a recycled port may go unanswered"]
+fn a_server_serves_more_peer_endpoints_over_its_life_than_the_fabric_holds_at_once_on_udp_rxd() {
+    a_server_serves_more_peer_endpoints_over_its_life_than_the_fabric_holds_at_once(
+        "udp;ofi_rxd",
+        300,
+    );
+}

@@ -1327,6 +1327,7 @@ impl RdmInner {
                 Err(e) => {
                     self.refused.fetch_add(1, Ordering::Relaxed);
                     Self::cancel_tag(st, tag);
+                    st.ep.as_mut().expect("open").release(peer);
                     refuse(&mut stream, error(e));
                     return;
                 }
@@ -1436,6 +1437,9 @@ impl RdmInner {
         }
         st.by_tag.remove(&c.tag);
         Self::cancel_tag(st, c.tag);
+        if let (Some(peer), Some(ep)) = (c.peer.take(), st.ep.as_mut()) {
+            ep.release(peer);
+        }
         if let Some(pool) = c.pool {
             // Buffers of the pool the connection still held.
             let held: Vec<usize> = c
