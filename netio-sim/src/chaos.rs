@@ -163,6 +163,11 @@ impl std::error::Error for ChaosFailure {}
 /// run ([`runs`](Self::runs), default 10, or `NETIO_CHAOS_RUNS`). With
 /// `NETIO_CHAOS_SEED` set (decimal or `0x` hexadecimal), exactly that seed
 /// runs once: the replay.
+///
+/// [`run`](Self::run) tries the seeds one after another on the calling
+/// thread; [`run_parallel`](Self::run_parallel) spreads them over
+/// [`threads`](Self::threads) threads, one world per thread, and reports
+/// the same failing seed whatever the number of threads.
 #[derive(Debug, Clone)]
 pub struct Chaos {
     seed: u64,
@@ -172,6 +177,7 @@ pub struct Chaos {
     interval: Duration,
     faults: Faults,
     replay: Option<String>,
+    threads: Option<usize>,
 }
 
 impl Default for Chaos {
@@ -205,6 +211,7 @@ impl Chaos {
             interval: Duration::from_millis(20),
             faults: Faults::ALL,
             replay: None,
+            threads: None,
         }
     }
 
@@ -252,15 +259,63 @@ impl Chaos {
         self
     }
 
-    fn replay_for(&self, seed: u64) -> String {
-        let cmd = self
-            .replay
+    /// Threads for [`run_parallel`](Self::run_parallel) (at least 1;
+    /// default: the machine's cores). `NETIO_CHAOS_THREADS` overrides it.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = Some(n.max(1));
+        self
+    }
+
+    /// The threads [`run_parallel`](Self::run_parallel) uses.
+    pub fn thread_count(&self) -> usize {
+        env_u64("NETIO_CHAOS_THREADS")
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX).max(1))
+            .or(self.threads)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// The command that replays a seed, after `NETIO_CHAOS_SEED=…`; named
+    /// on the caller's thread (a test's thread bears the test's name).
+    fn replay_base(&self) -> String {
+        self.replay
             .clone()
             .unwrap_or_else(|| match std::thread::current().name() {
                 Some(name) if name != "main" => format!("cargo test {name} -- --exact"),
                 _ => std::env::args().collect::<Vec<_>>().join(" "),
-            });
-        format!("NETIO_CHAOS_SEED={seed:#x} {cmd}")
+            })
+    }
+
+    /// One run with `seed`: the number of faults applied, or the failure.
+    fn run_seed<S>(
+        &self,
+        seed: u64,
+        setup: &mut dyn FnMut(&Sim) -> S,
+        check: &mut dyn FnMut(&Sim, &mut S) -> Result<(), String>,
+        replay: &str,
+    ) -> Result<usize, ChaosFailure> {
+        let mut faults = Vec::new();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let sim = Sim::with_seed(seed);
+            let mut state = setup(&sim);
+            self.apply_faults(&sim, seed, &mut faults);
+            sim.run_for(self.settle);
+            check(&sim, &mut state)
+        }));
+        let message = match outcome {
+            Ok(Ok(())) => return Ok(faults.len()),
+            Ok(Err(why)) => why,
+            Err(panic) => panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .map_or_else(|| "panicked".to_owned(), |p| format!("panicked: {p}")),
+        };
+        Err(ChaosFailure {
+            seed,
+            message,
+            faults,
+            replay: format!("NETIO_CHAOS_SEED={seed:#x} {replay}"),
+        })
     }
 
     /// The seeds this runner tries, in order.
@@ -280,37 +335,79 @@ impl Chaos {
         mut setup: impl FnMut(&Sim) -> S,
         mut check: impl FnMut(&Sim, &mut S) -> Result<(), String>,
     ) -> Result<ChaosReport, ChaosFailure> {
+        let replay = self.replay_base();
         let mut report = ChaosReport::default();
         for seed in self.seeds() {
-            let mut faults = Vec::new();
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let sim = Sim::with_seed(seed);
-                let mut state = setup(&sim);
-                self.apply_faults(&sim, seed, &mut faults);
-                sim.run_for(self.settle);
-                check(&sim, &mut state)
-            }));
-            let message = match outcome {
-                Ok(Ok(())) => {
-                    report.runs += 1;
-                    report.faults += faults.len();
-                    continue;
-                }
-                Ok(Err(why)) => why,
-                Err(panic) => panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .map_or_else(|| "panicked".to_owned(), |p| format!("panicked: {p}")),
-            };
-            return Err(ChaosFailure {
-                seed,
-                message,
-                faults,
-                replay: self.replay_for(seed),
-            });
+            report.faults += self.run_seed(seed, &mut setup, &mut check, &replay)?;
+            report.runs += 1;
         }
         Ok(report)
+    }
+
+    /// [`run`](Self::run) on [`thread_count`](Self::thread_count) threads,
+    /// each taking the next seed not yet tried and running it in a world
+    /// of its own. When runs fail, the failure reported is that of the
+    /// smallest failing seed in the order of [`seeds`](Self::seeds) (not of
+    /// the first run to fail), so it does not depend on the number of
+    /// threads or their timing: seeds after a failing one are not started,
+    /// the ones before it all run. The replay command is
+    /// [`run`](Self::run)'s, and replays the seed on one thread.
+    pub fn run_parallel<S>(
+        &self,
+        setup: impl Fn(&Sim) -> S + Sync,
+        check: impl Fn(&Sim, &mut S) -> Result<(), String> + Sync,
+    ) -> Result<ChaosReport, ChaosFailure> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Mutex;
+
+        let seeds = self.seeds();
+        let threads = self.thread_count().min(seeds.len()).max(1);
+        let replay = self.replay_base();
+        let next = AtomicUsize::new(0);
+        // The smallest index of a failing seed found so far.
+        let failed_at = AtomicUsize::new(usize::MAX);
+        let failures = Mutex::new(Vec::<(usize, ChaosFailure)>::new());
+        let report = Mutex::new(ChaosReport::default());
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let (seeds, replay) = (&seeds, &replay);
+                let (next, failed_at, failures, report) = (&next, &failed_at, &failures, &report);
+                let (setup, check) = (&setup, &check);
+                let worker = move || loop {
+                    // Indices are taken in order: every index below a
+                    // failing one was taken before it, and finishes.
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= seeds.len() || i > failed_at.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let mut setup = |sim: &Sim| setup(sim);
+                    let mut check = |sim: &Sim, state: &mut S| check(sim, state);
+                    match self.run_seed(seeds[i], &mut setup, &mut check, replay) {
+                        Ok(n) => {
+                            let mut r = report.lock().unwrap_or_else(|e| e.into_inner());
+                            r.runs += 1;
+                            r.faults += n;
+                        }
+                        Err(f) => {
+                            failed_at.fetch_min(i, Ordering::SeqCst);
+                            failures
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push((i, f));
+                        }
+                    }
+                };
+                std::thread::Builder::new()
+                    .name(format!("chaos-{t}"))
+                    .spawn_scoped(scope, worker)
+                    .expect("spawning a chaos thread");
+            }
+        });
+        let failures = failures.into_inner().unwrap_or_else(|e| e.into_inner());
+        match failures.into_iter().min_by_key(|(i, _)| *i) {
+            Some((_, f)) => Err(f),
+            None => Ok(report.into_inner().unwrap_or_else(|e| e.into_inner())),
+        }
     }
 
     /// [`run`](Self::run), panicking with the failure (seed, faults and

@@ -109,3 +109,76 @@ fn check_determinism_names_the_first_line_where_two_runs_differ() {
     );
     assert!(err.line > 1);
 }
+
+/// The failure `run_parallel` reports is that of the smallest failing
+/// seed, whatever the number of threads, also when a larger failing seed
+/// finishes first: here seeds 4, 9, 14, … fail, and seed 4 takes longest.
+#[test]
+fn run_parallel_reports_the_smallest_failing_seed_whatever_the_thread_count() {
+    if std::env::var_os("NETIO_CHAOS_SEED").is_some() {
+        return; // replaying something else
+    }
+    let quick = || {
+        Chaos::new()
+            .runs(30)
+            .duration(Duration::from_millis(10))
+            .settle(Duration::from_millis(10))
+            .faults(Faults::NONE)
+    };
+    let check = |sim: &netio_sim::Sim, _: &mut ()| {
+        if sim.seed() == 4 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if sim.seed() % 5 == 4 {
+            Err(format!("seed {} fails", sim.seed()))
+        } else {
+            Ok(())
+        }
+    };
+    for threads in [1, 2, 3, 8] {
+        let failure = quick()
+            .threads(threads)
+            .run_parallel(|_| (), check)
+            .expect_err("seeds 4, 9, 14, … fail");
+        assert_eq!(failure.seed, 4, "{threads} threads: {failure}");
+        assert_eq!(failure.message, "seed 4 fails");
+        assert!(
+            failure
+                .replay
+                .starts_with("NETIO_CHAOS_SEED=0x4 cargo test")
+                && failure
+                    .replay
+                    .contains("run_parallel_reports_the_smallest_failing_seed"),
+            "the replay command names this test, not a worker thread: {}",
+            failure.replay
+        );
+    }
+    // Without failures every seed runs once.
+    let report = quick()
+        .threads(3)
+        .run_parallel(|_| (), |_, _| Ok(()))
+        .expect("nothing fails");
+    assert_eq!(report.runs, 30);
+}
+
+#[test]
+fn run_parallel_finds_the_planted_bug_at_the_seed_run_finds() {
+    if std::env::var_os("NETIO_CHAOS_SEED").is_some() {
+        return; // replaying something else
+    }
+    let one = chaos()
+        .run(|sim| app::setup(sim, app::Ack::OnCompletion), app::check)
+        .expect_err("the planted bug is found");
+    let two = chaos()
+        .threads(2)
+        .run_parallel(|sim| app::setup(sim, app::Ack::OnCompletion), app::check)
+        .expect_err("the planted bug is found on two threads");
+    assert_eq!(two.seed, one.seed);
+    assert_eq!(two.message, one.message);
+    assert_eq!(two.faults, one.faults, "the same faults, in the same order");
+    let fixed = chaos()
+        .threads(2)
+        .run_parallel(|sim| app::setup(sim, app::Ack::FromCollector), app::check)
+        .expect("the fixed producer passes every seed");
+    assert_eq!(fixed.runs, 20);
+}
