@@ -7,10 +7,15 @@
 //! [`AsyncConn::send`] waits while the connection has no room (a full
 //! send queue is never an error) and resolves when the provider reports
 //! the send completed, or fails with the close reason when the send is
-//! cancelled by a close; [`AsyncConn::recv`] and the [`Messages`] stream
-//! give the received messages in order, and pause receiving from the peer
-//! while [`HIGH_WATER`] messages wait unread (resumed when half of them
-//! were read), so a slow reader pushes back on its sender.
+//! cancelled by a close; sends on one connection leave in the order their
+//! futures were first polled, also when they had to wait for room
+//! ([`AsyncConn::send`]); [`AsyncConn::send_parts`] sends a header and a
+//! gather list as one message. [`AsyncConn::recv`] and the [`Messages`]
+//! stream give the received messages in order, and pause receiving from
+//! the peer while [`HIGH_WATER`] messages wait unread (resumed when half
+//! of them were read; [`AsyncConn::set_high_water`] sets another mark per
+//! connection), so a slow reader pushes back on its sender;
+//! [`AsyncConn::pause`] and [`AsyncConn::resume`] do it by hand.
 //!
 //! Handler callbacks run on the provider's loop thread; futures can be
 //! polled on any thread (the backend must then be thread-safe,
@@ -65,12 +70,13 @@ use futures::Stream;
 
 pub mod session;
 use netio_core::{
-    Backend, Capabilities, CloseError, CloseReason, ConnId, ConnectionParams, EndpointAddress,
-    Handler, OpenActiveError, OpenListenError, RefuseReason, SendError,
+    Backend, Capabilities, CloseError, CloseReason, ConnError, ConnId, ConnectionParams,
+    EndpointAddress, Handler, OpenActiveError, OpenListenError, RefuseReason, SendError,
 };
 
 /// Messages a connection keeps unread before it pauses receiving from its
-/// peer; it resumes once half of them were read.
+/// peer, unless [`AsyncConn::set_high_water`] says otherwise; it resumes
+/// once half of them were read.
 pub const HIGH_WATER: usize = 64;
 
 /// Why [`AsyncBackend::connect`] gave no connection.
@@ -141,10 +147,20 @@ struct ConnState {
     opening: Option<Waker>,
     received: VecDeque<Vec<u8>>,
     reader: Option<Waker>,
+    /// Receiving is paused at the provider (by the high-water mark or by
+    /// hand).
     paused: bool,
+    /// [`AsyncConn::pause`] holds it paused until [`AsyncConn::resume`].
+    held: bool,
+    /// Unread messages at which receiving pauses.
+    high_water: usize,
     sends: HashMap<u64, SendState>,
     /// Sends waiting for room.
     waiting: Vec<Waker>,
+    /// The tickets of the sends waiting for room, oldest first: only the
+    /// oldest may try, so sends leave in the order they first asked.
+    queue: VecDeque<u64>,
+    next_ticket: u64,
     /// Its `AsyncConn` was dropped: the state goes with the close report.
     dropped: bool,
 }
@@ -158,8 +174,12 @@ impl ConnState {
             received: VecDeque::new(),
             reader: None,
             paused: false,
+            held: false,
+            high_water: HIGH_WATER,
             sends: HashMap::new(),
             waiting: Vec::new(),
+            queue: VecDeque::new(),
+            next_ticket: 0,
             dropped: false,
         }
     }
@@ -292,7 +312,7 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
             return;
         };
         c.received.push_back(data.to_vec());
-        if c.received.len() >= HIGH_WATER && !c.paused && b.pause_receive(conn).is_ok() {
+        if c.received.len() >= c.high_water && !c.paused && b.pause_receive(conn).is_ok() {
             c.paused = true;
         }
         if let Some(w) = c.reader.take() {
@@ -504,11 +524,106 @@ impl<B: Backend + Clone> AsyncConn<B> {
     /// connection has no room, then resolves when the provider reports the
     /// send completed. A close with the send in flight fails it with
     /// [`SendFailed::Cancelled`].
+    ///
+    /// Sends on one connection are made in the order their futures were
+    /// first polled: a send that finds others waiting for room waits
+    /// behind them, whatever order the executor polls them in later, so
+    /// the peer receives them in that order. A send future dropped before
+    /// its send was made gives up its place.
     pub fn send<'a>(&'a self, data: &'a [u8]) -> impl Future<Output = Result<(), SendFailed>> + 'a {
         SendFuture {
             conn: self,
-            data,
+            header: &[],
+            parts: Parts::One(data),
             key: None,
+            ticket: None,
+        }
+    }
+
+    /// Sends `header` followed by each of `parts` as one message (copied
+    /// when the send is made), as [`send`](Self::send) does.
+    pub fn send_parts<'a>(
+        &'a self,
+        header: &'a [u8],
+        parts: &'a [&'a [u8]],
+    ) -> impl Future<Output = Result<(), SendFailed>> + 'a {
+        SendFuture {
+            conn: self,
+            header,
+            parts: Parts::Many(parts),
+            key: None,
+            ticket: None,
+        }
+    }
+
+    /// The messages received and not yet read.
+    pub fn unread(&self) -> usize {
+        let st = self.shared.lock();
+        st.conns.get(&self.id).map_or(0, |c| c.received.len())
+    }
+
+    /// Sets the number of unread messages at which this connection pauses
+    /// receiving from its peer (at least 1; [`HIGH_WATER`] by default); it
+    /// resumes once half as many (rounded down) wait unread. Takes effect
+    /// at once: a connection already holding that many pauses now, and a
+    /// paused one with half the new mark or fewer unread resumes.
+    pub fn set_high_water(&self, messages: usize) -> Result<(), ConnError> {
+        let mut st = self.shared.lock();
+        let Some(c) = st.conns.get_mut(&self.id) else {
+            return Ok(());
+        };
+        c.high_water = messages.max(1);
+        self.apply_flow(c)
+    }
+
+    /// Pauses receiving from the peer until [`resume`](Self::resume),
+    /// however few messages wait unread: the peer's sends back up. The
+    /// messages that arrived before still come from [`recv`](Self::recv).
+    pub fn pause(&self) -> Result<(), ConnError> {
+        let mut st = self.shared.lock();
+        let Some(c) = st.conns.get_mut(&self.id) else {
+            return Ok(());
+        };
+        c.held = true;
+        self.apply_flow(c)
+    }
+
+    /// Ends a [`pause`](Self::pause): receiving resumes, unless the
+    /// high-water mark holds it (then it resumes once half of the mark
+    /// waits unread).
+    pub fn resume(&self) -> Result<(), ConnError> {
+        let mut st = self.shared.lock();
+        let Some(c) = st.conns.get_mut(&self.id) else {
+            return Ok(());
+        };
+        c.held = false;
+        self.apply_flow(c)
+    }
+
+    /// Pauses or resumes receiving as the hold and the high-water mark of
+    /// `c` say.
+    fn apply_flow(&self, c: &mut ConnState) -> Result<(), ConnError> {
+        if c.closed().is_some() {
+            return Ok(());
+        }
+        let want_paused = c.held
+            || c.received.len() >= c.high_water
+            || (c.paused && c.received.len() > c.high_water / 2);
+        let r = match (c.paused, want_paused) {
+            (false, true) => self
+                .backend
+                .pause_receive(self.id)
+                .map(|()| c.paused = true),
+            (true, false) => self
+                .backend
+                .resume_receive(self.id)
+                .map(|()| c.paused = false),
+            _ => Ok(()),
+        };
+        match r {
+            // Closed meanwhile: its close report is on the way.
+            Err(ConnError::UnknownConnection(_)) => Ok(()),
+            other => other,
         }
     }
 
@@ -549,7 +664,8 @@ impl<B: Backend + Clone> AsyncConn<B> {
         };
         if let Some(m) = c.received.pop_front() {
             if c.paused
-                && c.received.len() <= HIGH_WATER / 2
+                && !c.held
+                && c.received.len() <= c.high_water / 2
                 && c.closed().is_none()
                 && self.backend.resume_receive(self.id).is_ok()
             {
@@ -611,10 +727,32 @@ impl<B: Backend + Clone> Stream for Messages<'_, B> {
     }
 }
 
+/// What a [`SendFuture`] sends after its header.
+enum Parts<'a> {
+    One(&'a [u8]),
+    Many(&'a [&'a [u8]]),
+}
+
 struct SendFuture<'a, B: Backend + Clone> {
     conn: &'a AsyncConn<B>,
-    data: &'a [u8],
+    header: &'a [u8],
+    parts: Parts<'a>,
     key: Option<u64>,
+    /// Its place among the sends waiting for room, once it had to wait.
+    ticket: Option<u64>,
+}
+
+impl<B: Backend + Clone> SendFuture<'_, B> {
+    /// Leaves the queue of sends waiting for room; the next one in line
+    /// may try.
+    fn leave_queue(c: &mut ConnState, ticket: Option<u64>) {
+        let Some(t) = ticket else { return };
+        let was_first = c.queue.front() == Some(&t);
+        c.queue.retain(|&x| x != t);
+        if was_first {
+            c.waiting.drain(..).for_each(Waker::wake);
+        }
+    }
 }
 
 impl<B: Backend + Clone> Future for SendFuture<'_, B> {
@@ -642,16 +780,52 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
             };
         }
         if let Some(r) = c.closed() {
-            return Poll::Ready(Err(SendFailed::Closed(r.clone())));
+            let r = r.clone();
+            let ticket = self.ticket.take();
+            Self::leave_queue(c, ticket);
+            return Poll::Ready(Err(SendFailed::Closed(r)));
         }
+        // Sends waiting for room go in the order they first asked.
+        let first_in_line = match self.ticket {
+            Some(t) => c.queue.front() == Some(&t),
+            None => c.queue.is_empty(),
+        };
+        if !first_in_line {
+            if self.ticket.is_none() {
+                let t = c.next_ticket;
+                c.next_ticket += 1;
+                c.queue.push_back(t);
+                self.ticket = Some(t);
+            }
+            c.waiting.push(cx.waker().clone());
+            return Poll::Pending;
+        }
+        let one;
+        let parts: &[&[u8]] = match &self.parts {
+            Parts::One(d) => {
+                one = [*d];
+                &one
+            }
+            Parts::Many(p) => p,
+        };
         // Under the state lock: its completion cannot be reported before
         // the key is known.
-        match conn.backend.send_data_copy(conn.id, &[self.data], &[], key) {
+        match conn
+            .backend
+            .send_data_copy(conn.id, parts, self.header, key)
+        {
             Ok(()) => {
                 c.sends
                     .insert(key, SendState::InFlight(Some(cx.waker().clone())));
                 st.next_key += 1;
                 self.key = Some(key);
+                if let Some(t) = self.ticket.take() {
+                    let c = st.conns.get_mut(&conn.id).expect("present");
+                    c.queue.pop_front();
+                    debug_assert!(c.queue.iter().all(|&x| x != t));
+                    // The next in line may find room too.
+                    c.waiting.drain(..).for_each(Waker::wake);
+                }
                 Poll::Pending
             }
             // No room: a completion wakes the send. Unknown: the provider
@@ -659,24 +833,36 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
             // peer's) but the close has not reached this side's state yet;
             // it will, and the send then fails with the close's reason.
             Err(SendError::NoResources | SendError::UnknownConnection(_)) => {
+                if self.ticket.is_none() {
+                    let t = c.next_ticket;
+                    c.next_ticket += 1;
+                    c.queue.push_back(t);
+                    self.ticket = Some(t);
+                }
                 c.waiting.push(cx.waker().clone());
                 Poll::Pending
             }
-            Err(e) => Poll::Ready(Err(SendFailed::Refused(e))),
+            Err(e) => {
+                let ticket = self.ticket.take();
+                Self::leave_queue(c, ticket);
+                Poll::Ready(Err(SendFailed::Refused(e)))
+            }
         }
     }
 }
 
 impl<B: Backend + Clone> Drop for SendFuture<'_, B> {
     fn drop(&mut self) {
-        let Some(key) = self.key else { return };
         let mut st = self.conn.shared.lock();
-        if let Some(c) = st.conns.get_mut(&self.conn.id) {
-            if let Some(s @ SendState::InFlight(_)) = c.sends.get_mut(&key) {
-                *s = SendState::Abandoned;
-            } else {
-                c.sends.remove(&key);
-            }
+        let Some(c) = st.conns.get_mut(&self.conn.id) else {
+            return;
+        };
+        Self::leave_queue(c, self.ticket.take());
+        let Some(key) = self.key else { return };
+        if let Some(s @ SendState::InFlight(_)) = c.sends.get_mut(&key) {
+            *s = SendState::Abandoned;
+        } else {
+            c.sends.remove(&key);
         }
     }
 }

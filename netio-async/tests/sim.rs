@@ -93,9 +93,12 @@ fn sends_wait_for_room_instead_of_failing_when_the_queue_is_full() {
         results.borrow().iter().all(|ok| *ok),
         "no send fails for a full queue"
     );
-    let mut received = got.borrow().clone();
-    received.sort();
-    assert_eq!(received, (0..50).map(msg).collect::<Vec<_>>(), "each once");
+    // join_all polls its futures in order first: they arrive in that order.
+    assert_eq!(
+        *got.borrow(),
+        (0..50).map(msg).collect::<Vec<_>>(),
+        "each once, in order"
+    );
 }
 
 #[test]
@@ -375,4 +378,225 @@ fn closing_a_connection_the_peer_already_closed_is_not_an_error_and_keeps_the_pe
     assert_eq!(conn.close_reason(), Some(CloseReason::PeerClosed));
     accepted.close().expect("a second close");
     assert_eq!(accepted.close_reason(), Some(CloseReason::Local));
+}
+
+/// Polls every future of `futs` not yet done, in the order given, once;
+/// `done` collects their outputs.
+fn poll_each<F: std::future::Future + Unpin>(
+    futs: &mut [(usize, F)],
+    done: &mut Vec<(usize, F::Output)>,
+    cx: &mut std::task::Context<'_>,
+) {
+    for (i, f) in futs.iter_mut() {
+        if done.iter().any(|(j, _)| j == i) {
+            continue;
+        }
+        if let std::task::Poll::Ready(o) = std::pin::Pin::new(f).poll(cx) {
+            done.push((*i, o));
+        }
+    }
+}
+
+/// Six sends on a queue of one: polled first in order 0..6, then always in
+/// reverse; they still leave, and arrive, in the order 0..6.
+#[test]
+fn sends_on_one_connection_leave_in_the_order_their_futures_were_first_polled() {
+    let mut w = World::new(6, STEP);
+    let params = ConnectionParams::receive(64, 8);
+    let (server, client, addr) = w.pair(
+        rdma(),
+        BackendConfig {
+            send_queue_depth: 1,
+            ..rdma()
+        },
+        &params,
+    );
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let (g, s2) = (got.clone(), server.clone());
+    w.spawn(async move {
+        let conn = s2.accept().await.unwrap();
+        while let Some(m) = conn.recv().await {
+            g.borrow_mut().push(m);
+        }
+    });
+    let outcomes = Rc::new(RefCell::new(Vec::new()));
+    let (o, c2) = (outcomes.clone(), client.clone());
+    w.spawn(async move {
+        let conn = c2.connect(addr, params).await.unwrap();
+        let all: Vec<Vec<u8>> = (0..6).map(msg).collect();
+        let mut futs: Vec<(usize, _)> = all
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (i, Box::pin(conn.send(m))))
+            .collect();
+        let mut done = Vec::new();
+        futures::future::poll_fn(|cx| {
+            poll_each(&mut futs, &mut done, cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        futs.reverse();
+        futures::future::poll_fn(|cx| {
+            poll_each(&mut futs, &mut done, cx);
+            if done.len() == 6 {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+        o.borrow_mut()
+            .extend(done.into_iter().map(|(i, r)| (i, r.is_ok())));
+    });
+    assert!(w.run_until(|| outcomes.borrow().len() == 6 && got.borrow().len() == 6));
+    assert!(outcomes.borrow().iter().all(|(_, ok)| *ok));
+    assert_eq!(
+        *got.borrow(),
+        (0..6).map(msg).collect::<Vec<_>>(),
+        "in the order first polled"
+    );
+}
+
+/// A connection's own high-water mark: with 4, an unread connection
+/// pauses its peer long before the default of 64 messages.
+#[test]
+fn a_connections_own_high_water_mark_pauses_its_peer_at_that_many_unread() {
+    let mut w = World::new(7, STEP);
+    let params = ConnectionParams::receive(64, 4);
+    let (server, client, addr) = w.pair(rdma(), rdma(), &params);
+    let n = 200;
+    let completed = Rc::new(RefCell::new(0usize));
+    let accepted = Rc::new(RefCell::new(None));
+    let (a, s2) = (accepted.clone(), server.clone());
+    w.spawn(async move {
+        let conn = s2.accept().await.unwrap();
+        conn.set_high_water(4).unwrap();
+        *a.borrow_mut() = Some(conn);
+    });
+    let (c, c2) = (completed.clone(), client.clone());
+    w.spawn(async move {
+        let conn = c2.connect(addr, params).await.unwrap();
+        // The server sets its mark meanwhile.
+        c2.sleep(Duration::from_millis(5)).await;
+        let all: Vec<Vec<u8>> = (0..n).map(msg).collect();
+        for o in join_all(all.iter().map(|m| async {
+            let r = conn.send(m).await;
+            *c.borrow_mut() += 1;
+            r
+        }))
+        .await
+        {
+            o.expect("completed");
+        }
+    });
+    assert!(w.run_until(|| accepted.borrow().is_some()));
+    w.run_for(Duration::from_millis(50));
+    let stuck = *completed.borrow();
+    assert!(
+        (4..HIGH_WATER).contains(&stuck),
+        "paused at 4 unread (plus the 4 receive buffers): {stuck} of {n} sends completed"
+    );
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let g = got.clone();
+    let conn = accepted.borrow_mut().take().unwrap();
+    w.spawn(async move {
+        while let Some(m) = conn.recv().await {
+            g.borrow_mut().push(m);
+            if g.borrow().len() == n {
+                break;
+            }
+        }
+    });
+    assert!(w.run_until(|| got.borrow().len() == n && *completed.borrow() == n));
+    assert_eq!(*got.borrow(), (0..n).map(msg).collect::<Vec<_>>());
+}
+
+/// `pause` holds the peer even with nothing unread (reading does not
+/// resume it); `resume` lets everything through, in order.
+#[test]
+fn an_explicit_pause_holds_the_peer_until_resume_even_with_nothing_unread() {
+    let mut w = World::new(8, STEP);
+    let params = ConnectionParams::receive(64, 4);
+    let (server, client, addr) = w.pair(rdma(), rdma(), &params);
+    let n = 100;
+    let accepted = Rc::new(RefCell::new(None));
+    let (a, s2) = (accepted.clone(), server.clone());
+    w.spawn(async move {
+        let conn = s2.accept().await.unwrap();
+        conn.pause().unwrap();
+        *a.borrow_mut() = Some(Rc::new(conn));
+    });
+    let completed = Rc::new(RefCell::new(0usize));
+    let (c, c2) = (completed.clone(), client.clone());
+    w.spawn(async move {
+        let conn = c2.connect(addr, params).await.unwrap();
+        // The server pauses meanwhile.
+        c2.sleep(Duration::from_millis(5)).await;
+        let all: Vec<Vec<u8>> = (0..n).map(msg).collect();
+        for o in join_all(all.iter().map(|m| async {
+            let r = conn.send(m).await;
+            *c.borrow_mut() += 1;
+            r
+        }))
+        .await
+        {
+            o.expect("completed");
+        }
+    });
+    assert!(w.run_until(|| accepted.borrow().is_some()));
+    let conn = accepted.borrow().clone().unwrap();
+    // A reader that takes whatever comes.
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let (g, rc) = (got.clone(), conn.clone());
+    w.spawn(async move {
+        while let Some(m) = rc.recv().await {
+            g.borrow_mut().push(m);
+        }
+    });
+    w.run_for(Duration::from_millis(50));
+    let (stuck, read) = (*completed.borrow(), got.borrow().len());
+    assert!(
+        stuck < n && read <= stuck,
+        "paused by hand: {stuck} of {n} sends completed, {read} read"
+    );
+    w.run_for(Duration::from_millis(50));
+    assert_eq!(
+        *completed.borrow(),
+        stuck,
+        "reading everything did not resume it"
+    );
+    conn.resume().unwrap();
+    assert!(w.run_until(|| got.borrow().len() == n && *completed.borrow() == n));
+    assert_eq!(*got.borrow(), (0..n).map(msg).collect::<Vec<_>>());
+}
+
+/// `send_parts` sends a header and a gather list as one message.
+#[test]
+fn send_parts_sends_a_header_and_its_parts_as_one_message() {
+    let mut w = World::new(9, STEP);
+    let params = ConnectionParams::receive(64, 4);
+    let (server, client, addr) = w.pair(rdma(), rdma(), &params);
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let (g, s2) = (got.clone(), server.clone());
+    w.spawn(async move {
+        let conn = s2.accept().await.unwrap();
+        while let Some(m) = conn.recv().await {
+            g.borrow_mut().push(m);
+        }
+    });
+    let sent = Rc::new(RefCell::new(false));
+    let (s, c2) = (sent.clone(), client.clone());
+    w.spawn(async move {
+        let conn = c2.connect(addr, params).await.unwrap();
+        conn.send_parts(b"hdr:", &[b"one,", b"two,", b"three"])
+            .await
+            .unwrap();
+        conn.send_parts(&[], &[]).await.unwrap();
+        *s.borrow_mut() = true;
+    });
+    assert!(w.run_until(|| *sent.borrow() && got.borrow().len() == 2));
+    assert_eq!(
+        *got.borrow(),
+        vec![b"hdr:one,two,three".to_vec(), Vec::new()]
+    );
 }

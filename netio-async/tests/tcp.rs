@@ -2,6 +2,7 @@
 //! thread, the futures on the test's (`futures::executor::block_on`), so
 //! the backends are thread-safe. Each test runs under a watchdog.
 
+use std::future::Future;
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -137,10 +138,11 @@ fn over_tcp_sends_wait_for_room_instead_of_failing_when_the_queue_is_full() {
             let conn = client.connect(addr, params.clone()).await.unwrap();
             futures::future::join_all(all.iter().map(|m| conn.send(m))).await
         };
-        let (mut got, outcomes) = block_on(join(receive, send));
+        let (got, outcomes) = block_on(join(receive, send));
         assert!(outcomes.iter().all(|o| o.is_ok()), "{outcomes:?}");
-        got.sort();
-        assert_eq!(got, all, "each message once");
+        // join_all polls its futures in order first: they arrive in that
+        // order.
+        assert_eq!(got, all, "each message once, in order");
     });
 }
 
@@ -189,5 +191,143 @@ fn over_tcp_a_close_fails_the_sends_that_did_not_complete() {
         );
         assert_eq!(ok + failed.len(), 400);
         drop(server_conn);
+    });
+}
+
+/// Waits `d` of wall time inside an async block (a thread sleeps, the
+/// executor does not).
+async fn pause_for(d: Duration) {
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    thread::spawn(move || {
+        thread::sleep(d);
+        let _ = tx.send(());
+    });
+    let _ = rx.await;
+}
+
+/// A server and a connected client; the server's side of the connection
+/// and the client's.
+fn connected(
+    server: &AsyncBackend<TcpBackend>,
+    client: &AsyncBackend<TcpBackend>,
+) -> (
+    netio_async::AsyncConn<TcpBackend>,
+    netio_async::AsyncConn<TcpBackend>,
+) {
+    let params = ConnectionParams::receive(256, 8);
+    let addr = server
+        .listen(EndpointAddress::localhost(0), params.clone())
+        .unwrap();
+    block_on(join(
+        async { server.accept().await.expect("accepted") },
+        async { client.connect(addr, params.clone()).await.unwrap() },
+    ))
+}
+
+/// Six sends on a queue of one, polled first in order 0..6 and then
+/// always in reverse: they arrive in the order 0..6.
+#[test]
+fn over_tcp_sends_on_one_connection_leave_in_the_order_their_futures_were_first_polled() {
+    with_loop(|lp| {
+        let (server, client) = (backend(lp), backend_with_depth(lp, 1));
+        let (sconn, conn) = connected(&server, &client);
+        let all: Vec<Vec<u8>> = (0..6).map(msg).collect();
+        let mut futs: Vec<_> = all.iter().map(|m| Box::pin(conn.send(m))).collect();
+        let mut done = vec![false; futs.len()];
+        block_on(futures::future::poll_fn(|cx| {
+            for (i, f) in futs.iter_mut().enumerate() {
+                done[i] = f.as_mut().poll(cx).is_ready();
+            }
+            std::task::Poll::Ready(())
+        }));
+        block_on(futures::future::poll_fn(|cx| {
+            for (i, f) in futs.iter_mut().enumerate().rev() {
+                if !done[i] {
+                    if let std::task::Poll::Ready(r) = f.as_mut().poll(cx) {
+                        r.expect("completed");
+                        done[i] = true;
+                    }
+                }
+            }
+            if done.iter().all(|d| *d) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        }));
+        let got: Vec<Vec<u8>> = block_on(async {
+            let mut got = Vec::new();
+            while got.len() < 6 {
+                got.push(sconn.recv().await.expect("open"));
+            }
+            got
+        });
+        assert_eq!(got, all, "in the order first polled");
+    });
+}
+
+/// With a mark of 4, the reading side holds at most 4 unread messages:
+/// the provider stops delivering until some are read.
+#[test]
+fn over_tcp_a_connections_own_high_water_mark_holds_that_many_unread() {
+    with_loop(|lp| {
+        let (server, client) = (backend(lp), backend(lp));
+        let (sconn, conn) = connected(&server, &client);
+        sconn.set_high_water(4).unwrap();
+        let all: Vec<Vec<u8>> = (0..100).map(msg).collect();
+        block_on(async {
+            for o in futures::future::join_all(all.iter().map(|m| conn.send(m))).await {
+                o.expect("completed into the kernel's buffers");
+            }
+            pause_for(Duration::from_millis(200)).await;
+        });
+        assert_eq!(sconn.unread(), 4, "paused at the mark");
+        let got: Vec<Vec<u8>> = block_on(async {
+            let mut got = Vec::new();
+            while got.len() < all.len() {
+                got.push(sconn.recv().await.expect("open"));
+                assert!(sconn.unread() <= 4);
+            }
+            got
+        });
+        assert_eq!(got, all);
+    });
+}
+
+/// A paused connection delivers nothing, however little is unread, until
+/// `resume`.
+#[test]
+fn over_tcp_an_explicit_pause_holds_everything_until_resume() {
+    with_loop(|lp| {
+        let (server, client) = (backend(lp), backend(lp));
+        let (sconn, conn) = connected(&server, &client);
+        sconn.pause().unwrap();
+        let all: Vec<Vec<u8>> = (0..100).map(msg).collect();
+        block_on(async {
+            for o in futures::future::join_all(all.iter().map(|m| conn.send(m))).await {
+                o.expect("completed into the kernel's buffers");
+            }
+            pause_for(Duration::from_millis(200)).await;
+        });
+        assert_eq!(sconn.unread(), 0, "nothing delivered while paused");
+        sconn.resume().unwrap();
+        let got: Vec<Vec<u8>> = block_on(async {
+            let mut got = Vec::new();
+            while got.len() < all.len() {
+                got.push(sconn.recv().await.expect("open"));
+            }
+            got
+        });
+        assert_eq!(got, all);
+    });
+}
+
+#[test]
+fn over_tcp_send_parts_sends_a_header_and_its_parts_as_one_message() {
+    with_loop(|lp| {
+        let (server, client) = (backend(lp), backend(lp));
+        let (sconn, conn) = connected(&server, &client);
+        block_on(conn.send_parts(b"hdr:", &[b"one,", b"two,", b"three"])).unwrap();
+        assert_eq!(block_on(sconn.recv()), Some(b"hdr:one,two,three".to_vec()));
     });
 }
