@@ -568,41 +568,32 @@ impl<B: Backend + Clone> AsyncConn<B> {
     /// at once: a connection already holding that many pauses now, and a
     /// paused one with half the new mark or fewer unread resumes.
     pub fn set_high_water(&self, messages: usize) -> Result<(), ConnError> {
-        let mut st = self.shared.lock();
-        let Some(c) = st.conns.get_mut(&self.id) else {
-            return Ok(());
-        };
-        c.high_water = messages.max(1);
-        self.apply_flow(c)
+        self.change_flow(|c| c.high_water = messages.max(1))
     }
 
     /// Pauses receiving from the peer until [`resume`](Self::resume),
     /// however few messages wait unread: the peer's sends back up. The
     /// messages that arrived before still come from [`recv`](Self::recv).
     pub fn pause(&self) -> Result<(), ConnError> {
-        let mut st = self.shared.lock();
-        let Some(c) = st.conns.get_mut(&self.id) else {
-            return Ok(());
-        };
-        c.held = true;
-        self.apply_flow(c)
+        self.change_flow(|c| c.held = true)
     }
 
     /// Ends a [`pause`](Self::pause): receiving resumes, unless the
     /// high-water mark holds it (then it resumes once half of the mark
     /// waits unread).
     pub fn resume(&self) -> Result<(), ConnError> {
+        self.change_flow(|c| c.held = false)
+    }
+
+    /// Applies `change` to the connection's state, then pauses or resumes
+    /// receiving as its hold and high-water mark say (nothing once it is
+    /// gone).
+    fn change_flow(&self, change: impl FnOnce(&mut ConnState)) -> Result<(), ConnError> {
         let mut st = self.shared.lock();
         let Some(c) = st.conns.get_mut(&self.id) else {
             return Ok(());
         };
-        c.held = false;
-        self.apply_flow(c)
-    }
-
-    /// Pauses or resumes receiving as the hold and the high-water mark of
-    /// `c` say.
-    fn apply_flow(&self, c: &mut ConnState) -> Result<(), ConnError> {
+        change(c);
         if c.closed().is_some() {
             return Ok(());
         }
