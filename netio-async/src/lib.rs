@@ -734,6 +734,18 @@ struct SendFuture<'a, B: Backend + Clone> {
 }
 
 impl<B: Backend + Clone> SendFuture<'_, B> {
+    /// Waits for room: takes a place at the end of the line unless it
+    /// holds one, and is woken when room comes.
+    fn wait_in_line(c: &mut ConnState, ticket: &mut Option<u64>, cx: &Context<'_>) {
+        if ticket.is_none() {
+            let t = c.next_ticket;
+            c.next_ticket += 1;
+            c.queue.push_back(t);
+            *ticket = Some(t);
+        }
+        c.waiting.push(cx.waker().clone());
+    }
+
     /// Leaves the queue of sends waiting for room; the next one in line
     /// may try.
     fn leave_queue(c: &mut ConnState, ticket: Option<u64>) {
@@ -782,13 +794,7 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
             None => c.queue.is_empty(),
         };
         if !first_in_line {
-            if self.ticket.is_none() {
-                let t = c.next_ticket;
-                c.next_ticket += 1;
-                c.queue.push_back(t);
-                self.ticket = Some(t);
-            }
-            c.waiting.push(cx.waker().clone());
+            Self::wait_in_line(c, &mut self.ticket, cx);
             return Poll::Pending;
         }
         let one;
@@ -824,13 +830,7 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
             // peer's) but the close has not reached this side's state yet;
             // it will, and the send then fails with the close's reason.
             Err(SendError::NoResources | SendError::UnknownConnection(_)) => {
-                if self.ticket.is_none() {
-                    let t = c.next_ticket;
-                    c.next_ticket += 1;
-                    c.queue.push_back(t);
-                    self.ticket = Some(t);
-                }
-                c.waiting.push(cx.waker().clone());
+                Self::wait_in_line(c, &mut self.ticket, cx);
                 Poll::Pending
             }
             Err(e) => {
