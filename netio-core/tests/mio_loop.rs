@@ -794,6 +794,105 @@ fn spin_callbacks_never_run_on_a_loop_that_sleeps_and_may_remove_themselves() {
     running.stop();
 }
 
+/// A removed spin callback is dropped: at once when the loop is not
+/// running it, and by the loop within a turn when another thread removes
+/// it while the loop runs (the loop keeps its own list of the callbacks).
+#[test]
+fn a_removed_spin_callback_is_dropped_running_or_not() {
+    let _fds = fds_shared();
+    let el = MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        ..LoopConfig::default()
+    })
+    .unwrap();
+    let held = Arc::new(());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let add = |el: &MioLoop| {
+        let (held, calls) = (Arc::clone(&held), Arc::clone(&calls));
+        el.add_spin(move || {
+            let _ = &held;
+            calls.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    // Never run: dropped by remove_spin itself.
+    let id = add(&el);
+    assert_eq!(Arc::strong_count(&held), 2);
+    assert!(el.remove_spin(id));
+    assert_eq!(Arc::strong_count(&held), 1, "dropped by remove_spin");
+
+    // Run, then the loop stopped: dropped by remove_spin itself.
+    let id = add(&el);
+    let running = Running::start(&el);
+    assert!(wait_until(|| count(&calls) > 10));
+    running.stop();
+    assert!(el.remove_spin(id));
+    assert_eq!(
+        Arc::strong_count(&held),
+        1,
+        "the stopped loop keeps no copy of a removed callback"
+    );
+
+    // Removed from another thread while the loop spins.
+    let id = add(&el);
+    let running = Running::start(&el);
+    let before = count(&calls);
+    assert!(wait_until(|| count(&calls) > before + 10));
+    assert!(el.remove_spin(id));
+    fence(&el);
+    fence(&el);
+    assert_eq!(
+        Arc::strong_count(&held),
+        1,
+        "the running loop dropped the removed callback"
+    );
+    let after = count(&calls);
+    fence(&el);
+    assert_eq!(count(&calls), after, "a removed spin runs no more");
+    running.stop();
+}
+
+/// A timer started from another thread while a busy-polling loop spins is
+/// run although the loop reads the earliest deadline without the timers'
+/// lock; one that is restarted later than its first deadline does not tick
+/// at the old one.
+#[test]
+fn a_busy_loop_runs_a_timer_started_from_another_thread_at_its_deadline() {
+    let _fds = fds_shared();
+    let el = MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        ..LoopConfig::default()
+    })
+    .unwrap();
+    let _spin = el.add_spin(|| {});
+    let long_ticks = Arc::new(AtomicUsize::new(0));
+    let long = {
+        let t = Arc::clone(&long_ticks);
+        el.timer(move || {
+            t.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    long.start(Duration::from_secs(3600));
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let short = {
+        let t = Arc::clone(&ticks);
+        el.timer(move || {
+            t.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let running = Running::start(&el);
+    fence(&el);
+    let started = Instant::now();
+    short.start(Duration::from_millis(2));
+    assert!(
+        wait_until(|| count(&ticks) >= 3),
+        "a timer earlier than the loop's earliest deadline ticks"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(6));
+    short.stop();
+    assert_eq!(count(&long_ticks), 0, "the hour-long timer has not ticked");
+    running.stop();
+}
+
 /// Open file descriptors of this process.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -95,15 +95,28 @@ impl Control {
     }
 
     /// Takes a requested stop: `run` returns, and a later `run` starts
-    /// afresh.
+    /// afresh. A busy-polling loop, which never sleeps, reads the flag
+    /// before it writes it: a turn with no stop requested then writes
+    /// nothing shared, and a request it does not see yet is seen a turn
+    /// later.
     pub(crate) fn take_stop(&self) -> bool {
+        if self.busy_poll && !self.stop.is_requested() {
+            return false;
+        }
         self.stop.take()
     }
 
     /// Lowers the wake flag before the loop looks at its queues; returns
     /// `true` when work was announced since the last look. Everything
     /// queued before an announcement this clears is visible afterwards.
+    /// A busy-polling loop reads the flag first, as in
+    /// [`take_stop`](Self::take_stop): it never sleeps, so the flag only
+    /// orders what it reads, which each queue's own release and acquire
+    /// do as well.
     pub(crate) fn begin_look(&self) -> bool {
+        if self.busy_poll && !self.wake.is_raised() {
+            return false;
+        }
         self.wake.clear()
     }
 

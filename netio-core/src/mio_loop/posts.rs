@@ -11,12 +11,18 @@
 
 use std::collections::VecDeque;
 
-use crate::sync::{lock, AtomicBool, Mutex, Ordering};
+use crate::sync::{lock, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// Closures posted to the loop, in the order posted.
 #[derive(Debug)]
 pub(crate) struct PostQueue<T> {
     posts: Mutex<VecDeque<T>>,
+    /// The queue's length, written under the lock after each change: the
+    /// loop reads it without the lock, so a turn with nothing posted takes
+    /// no lock. A poster announces its post (the wake flag) after this
+    /// store, and the loop lowers the flag before it reads it, so a post it
+    /// does not see keeps the flag raised.
+    queued: AtomicUsize,
 }
 
 impl<T> PostQueue<T> {
@@ -24,23 +30,30 @@ impl<T> PostQueue<T> {
     pub(crate) fn new() -> Self {
         Self {
             posts: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
         }
     }
 
     /// Queues `task` behind every earlier one.
     pub(crate) fn push(&self, task: T) {
-        lock(&self.posts).push_back(task);
+        let mut posts = lock(&self.posts);
+        posts.push_back(task);
+        self.queued.store(posts.len(), Ordering::Release);
     }
 
     /// The number of queued tasks: what one turn runs at most, so tasks
-    /// posted by the tasks themselves wait for the next turn.
+    /// posted by the tasks themselves wait for the next turn. Read without
+    /// the lock.
     pub(crate) fn len(&self) -> usize {
-        lock(&self.posts).len()
+        self.queued.load(Ordering::Acquire)
     }
 
     /// Takes the oldest task; it runs with no lock held, so it may post.
     pub(crate) fn pop(&self) -> Option<T> {
-        lock(&self.posts).pop_front()
+        let mut posts = lock(&self.posts);
+        let task = posts.pop_front();
+        self.queued.store(posts.len(), Ordering::Release);
+        task
     }
 
     /// Runs, in order, the tasks queued when it looked (tasks posted
@@ -61,7 +74,9 @@ impl<T> PostQueue<T> {
     /// Empties the queue, returning what it held (to be dropped by the
     /// caller outside the lock: dropping a task may post or drop handles).
     pub(crate) fn take_all(&self) -> VecDeque<T> {
-        std::mem::take(&mut *lock(&self.posts))
+        let mut posts = lock(&self.posts);
+        self.queued.store(0, Ordering::Release);
+        std::mem::take(&mut *posts)
     }
 }
 

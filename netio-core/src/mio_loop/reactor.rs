@@ -14,7 +14,7 @@ use super::posts::PostQueue;
 use super::signal_queue::{SignalCore, SignalQueue};
 use super::timers::SharedTimers;
 use crate::event_loop::{thread_token, EventLoop, Signal, Timer};
-use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// The token of the loop's waker; sources get tokens from 1 on.
 const WAKER: Token = Token(0);
@@ -26,6 +26,18 @@ type Callback = Box<dyn FnMut() + Send>;
 type Task = Box<dyn FnOnce() + Send>;
 
 type SpinCallback = Box<dyn FnMut() + Send>;
+
+/// A spin callback and its removal flag. The loop thread holds its own list
+/// of these (refreshed when the shared one changes) and locks only the
+/// slot of the callback it runs, holding the lock while the callback runs;
+/// [`MioLoop::remove_spin`] only tries that lock, so a callback may remove
+/// itself.
+struct SpinSlot {
+    id: usize,
+    /// `None` once removed, or lost to a panic.
+    callback: Mutex<Option<SpinCallback>>,
+    removed: AtomicBool,
+}
 
 /// On a busy-polling loop with spin callbacks, epoll is asked once every
 /// this many turns; the spin callbacks run every turn.
@@ -114,8 +126,10 @@ struct PollState {
     next: usize,
     /// Turns since epoll was last asked (busy polling with spin callbacks).
     spin_turns: u32,
-    /// The spin callbacks' ids, collected each turn (memory kept).
-    spin_ids: Vec<usize>,
+    /// The spin callbacks as of `spin_epoch` (the loop thread's copy).
+    spins: Vec<Arc<SpinSlot>>,
+    /// The [`Inner::spin_epoch`] `spins` was copied at.
+    spin_epoch: usize,
 }
 
 struct Inner {
@@ -128,9 +142,12 @@ struct Inner {
     control: Control,
     next_id: AtomicUsize,
     sources: Mutex<HashMap<usize, Option<SourceCallback>>>,
-    /// Spin callbacks in the order added; `None` while one runs.
-    spins: Mutex<Vec<(usize, Option<SpinCallback>)>>,
+    /// Spin callbacks in the order added.
+    spins: Mutex<Vec<Arc<SpinSlot>>>,
     spin_count: AtomicUsize,
+    /// Bumped (under the `spins` lock) by every addition and removal: the
+    /// loop thread copies `spins` again when it changed.
+    spin_epoch: AtomicUsize,
     posts: PostQueue<Task>,
     signal_queue: SignalQueue<SignalSlot>,
     signals: Mutex<HashMap<usize, Arc<SignalCore<SignalSlot>>>>,
@@ -165,7 +182,8 @@ impl MioLoop {
                 events: Events::with_capacity(capacity),
                 next: 0,
                 spin_turns: 0,
-                spin_ids: Vec::new(),
+                spins: Vec::new(),
+                spin_epoch: 0,
             })),
             running_on: AtomicU64::new(0),
             control: Control::new(config.busy_poll),
@@ -173,6 +191,7 @@ impl MioLoop {
             sources: Mutex::new(HashMap::new()),
             spins: Mutex::new(Vec::new()),
             spin_count: AtomicUsize::new(0),
+            spin_epoch: AtomicUsize::new(1),
             posts: PostQueue::new(),
             signal_queue: SignalQueue::new(),
             signals: Mutex::new(HashMap::new()),
@@ -286,7 +305,14 @@ impl MioLoop {
     pub fn add_spin(&self, callback: impl FnMut() + Send + 'static) -> SpinId {
         let inner = self.inner();
         let id = inner.next_id();
-        lock(&inner.spins).push((id, Some(Box::new(callback))));
+        let slot = Arc::new(SpinSlot {
+            id,
+            callback: Mutex::new(Some(Box::new(callback))),
+            removed: AtomicBool::new(false),
+        });
+        let mut spins = lock(&inner.spins);
+        spins.push(slot);
+        inner.spin_epoch.fetch_add(1, Ordering::AcqRel);
         inner.spin_count.fetch_add(1, Ordering::AcqRel);
         SpinId(id)
     }
@@ -298,17 +324,27 @@ impl MioLoop {
         let inner = self.inner();
         let removed = {
             let mut spins = lock(&inner.spins);
-            let at = spins.iter().position(|(i, _)| *i == id.0);
-            at.map(|at| spins.remove(at))
-        };
-        match removed {
-            Some(entry) => {
+            let at = spins.iter().position(|slot| slot.id == id.0);
+            at.map(|at| {
+                let slot = spins.remove(at);
+                slot.removed.store(true, Ordering::Release);
+                inner.spin_epoch.fetch_add(1, Ordering::AcqRel);
                 inner.spin_count.fetch_sub(1, Ordering::AcqRel);
-                drop(entry);
-                true
-            }
-            None => false,
-        }
+                slot
+            })
+        };
+        let Some(slot) = removed else {
+            return false;
+        };
+        // Not running now: drop the callback here. Running (on the loop
+        // thread, maybe this very call): the loop drops it when it returns.
+        let callback = match slot.callback.try_lock() {
+            Ok(mut callback) => callback.take(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().take(),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        drop(callback);
+        true
     }
 
     /// `true` while a thread is inside [`run`](EventLoop::run).
@@ -440,6 +476,13 @@ struct RunGuard<'a> {
 
 impl Drop for RunGuard<'_> {
     fn drop(&mut self) {
+        // The loop thread's copy of the spin callbacks goes: a removed one
+        // it still held is dropped here, with no lock held.
+        if let Some(state) = self.state.as_mut() {
+            let spins = std::mem::take(&mut state.spins);
+            state.spin_epoch = 0;
+            drop(spins);
+        }
         let mut slot = lock(&self.inner.poll);
         self.inner.running_on.store(0, Ordering::Release);
         *slot = self.state.take();
@@ -542,39 +585,38 @@ impl Inner {
     /// Runs every spin callback once. Returns `false` when a callback
     /// requested a stop.
     fn run_spins(&self, st: &mut PollState) -> bool {
-        let mut ids = std::mem::take(&mut st.spin_ids);
-        ids.clear();
-        ids.extend(lock(&self.spins).iter().map(|(id, _)| *id));
-        let mut go_on = true;
-        for &id in &ids {
-            let taken = lock(&self.spins)
-                .iter_mut()
-                .find(|(i, _)| *i == id)
-                .and_then(|(_, cb)| cb.take());
-            let Some(mut callback) = taken else {
+        let epoch = self.spin_epoch.load(Ordering::Acquire);
+        if epoch != st.spin_epoch {
+            let copy: Vec<_> = lock(&self.spins).iter().map(Arc::clone).collect();
+            // Removed ones the old copy held are dropped with no lock held.
+            drop(std::mem::replace(&mut st.spins, copy));
+            st.spin_epoch = epoch;
+        }
+        for slot in &st.spins {
+            if slot.removed.load(Ordering::Acquire) {
+                continue;
+            }
+            let mut held = lock(&slot.callback);
+            // Taken out while it runs: a panic drops it (it never runs
+            // again), and a removal meanwhile leaves it to be dropped here.
+            let Some(mut callback) = held.take() else {
                 continue;
             };
             callback();
-            let leftover = {
-                let mut spins = lock(&self.spins);
-                match spins.iter_mut().find(|(i, _)| *i == id) {
-                    Some((_, slot @ None)) => {
-                        *slot = Some(callback);
-                        None
-                    }
-                    _ => Some(callback),
-                }
-            };
-            // Removed from inside its own callback: drop it now, with no
-            // lock held.
-            drop(leftover);
+            if slot.removed.load(Ordering::Acquire) {
+                // Removed from inside its own callback (or from another
+                // thread while it ran): dropped now, with no lock held.
+                drop(held);
+                drop(callback);
+            } else {
+                *held = Some(callback);
+                drop(held);
+            }
             if self.stopping() {
-                go_on = false;
-                break;
+                return false;
             }
         }
-        st.spin_ids = ids;
-        go_on
+        true
     }
 
     /// Runs the closures posted before this turn.
@@ -594,6 +636,7 @@ impl Inner {
         let now = Instant::now();
         let nanos = u64::try_from(now.duration_since(self.created).as_nanos()).unwrap_or(u64::MAX);
         self.turn_nanos.store(nanos, Ordering::Relaxed);
+        // Takes the timers' lock only when one may be due.
         self.timers
             .run_due(now, |callback| callback(), || !self.stopping())
     }

@@ -144,6 +144,10 @@ impl<C> SignalCore<Mutex<Option<C>>> {
 #[derive(Debug)]
 pub(crate) struct SignalQueue<T> {
     ready: Mutex<VecDeque<Arc<SignalCore<T>>>>,
+    /// The queue's length, written under the lock after each change and
+    /// read without it (as [`PostQueue`](super::posts::PostQueue) does):
+    /// a turn with no signal ready takes no lock.
+    queued: AtomicUsize,
 }
 
 impl<T> SignalQueue<T> {
@@ -151,13 +155,16 @@ impl<T> SignalQueue<T> {
     pub(crate) fn new() -> Self {
         Self {
             ready: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
         }
     }
 
     /// Queues a signal whose [`mark_fired`](SignalCore::mark_fired) returned
     /// `true`.
     pub(crate) fn push(&self, core: Arc<SignalCore<T>>) {
-        lock(&self.ready).push_back(core);
+        let mut ready = lock(&self.ready);
+        ready.push_back(core);
+        self.queued.store(ready.len(), Ordering::Release);
     }
 
     /// Takes one fire of the first ready signal and returns that signal: the
@@ -166,32 +173,39 @@ impl<T> SignalQueue<T> {
     /// from the queue with all their fires.
     pub(crate) fn take_one(&self) -> Option<Arc<SignalCore<T>>> {
         let mut ready = lock(&self.ready);
-        loop {
-            let core = ready.pop_front()?;
+        let taken = loop {
+            let Some(core) = ready.pop_front() else {
+                break None;
+            };
             if core.is_removed() {
                 continue;
             }
             if core.pending.fetch_sub(1, Ordering::AcqRel) > 1 {
                 ready.push_back(Arc::clone(&core));
             }
-            return Some(core);
-        }
+            break Some(core);
+        };
+        self.queued.store(ready.len(), Ordering::Release);
+        taken
     }
 
-    /// The number of ready signals (bounds one dispatch pass).
+    /// The number of ready signals (bounds one dispatch pass), read without
+    /// the lock.
     pub(crate) fn len(&self) -> usize {
-        lock(&self.ready).len()
+        self.queued.load(Ordering::Acquire)
     }
 
     /// `true` when no signal is ready.
     pub(crate) fn is_empty(&self) -> bool {
-        lock(&self.ready).is_empty()
+        self.len() == 0
     }
 
     /// Empties the queue, returning what it held (to be dropped by the
     /// caller outside any lock).
     pub(crate) fn clear(&self) -> VecDeque<Arc<SignalCore<T>>> {
-        std::mem::take(&mut *lock(&self.ready))
+        let mut ready = lock(&self.ready);
+        self.queued.store(0, Ordering::Release);
+        std::mem::take(&mut *ready)
     }
 }
 

@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// One heap entry: when, which timer, which generation of it.
 type Deadline = Reverse<(Instant, usize, u64)>;
@@ -156,6 +156,12 @@ impl<C> Timers<C> {
             .collect()
     }
 
+    /// The deadline on top of the heap, live or stale: no live deadline is
+    /// earlier.
+    fn earliest_entry(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((when, _, _))| *when)
+    }
+
     fn is_live(&self, id: usize, generation: u64) -> bool {
         self.entries
             .get(&id)
@@ -192,6 +198,13 @@ impl<C> Timers<C> {
 #[derive(Debug)]
 pub(super) struct SharedTimers<C> {
     timers: Mutex<Timers<C>>,
+    /// The clock's zero for [`earliest`](Self::earliest).
+    base: Instant,
+    /// Nanoseconds from `base` to the deadline on top of the heap
+    /// (`u64::MAX`: none), written under the lock after each change of the
+    /// heap. No live deadline is earlier, so the loop thread reads it
+    /// without the lock and takes the lock only once it is due.
+    earliest: AtomicU64,
 }
 
 impl<C> SharedTimers<C> {
@@ -199,7 +212,25 @@ impl<C> SharedTimers<C> {
     pub(super) fn new() -> Self {
         Self {
             timers: Mutex::new(Timers::default()),
+            base: Instant::now(),
+            earliest: AtomicU64::new(u64::MAX),
         }
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Publishes the heap's top deadline for [`may_be_due`](Self::may_be_due)
+    /// (under the lock).
+    fn publish(&self, timers: &Timers<C>) {
+        let earliest = timers.earliest_entry().map_or(u64::MAX, |t| self.nanos(t));
+        self.earliest.store(earliest, Ordering::Release);
+    }
+
+    /// `false` when no timer can be due at `now`, read without the lock.
+    pub(super) fn may_be_due(&self, now: Instant) -> bool {
+        self.earliest.load(Ordering::Acquire) <= self.nanos(now)
     }
 
     /// Adds a stopped timer.
@@ -218,7 +249,10 @@ impl<C> SharedTimers<C> {
     /// must then wake the loop, which may sleep until a later deadline or
     /// for ever.
     pub(super) fn start(&self, id: usize, period: Duration, now: Instant) -> bool {
-        lock(&self.timers).start(id, period, now)
+        let mut timers = lock(&self.timers);
+        let earliest = timers.start(id, period, now);
+        self.publish(&timers);
+        earliest
     }
 
     /// Stops a timer (see the type's documentation for what a stop from
@@ -229,7 +263,10 @@ impl<C> SharedTimers<C> {
 
     /// The earliest live deadline.
     pub(super) fn next_deadline(&self) -> Option<Instant> {
-        lock(&self.timers).next_deadline()
+        let mut timers = lock(&self.timers);
+        let next = timers.next_deadline();
+        self.publish(&timers);
+        next
     }
 
     /// Runs the timers due at `now`, each at most once (loop thread): takes
@@ -243,8 +280,16 @@ impl<C> SharedTimers<C> {
         mut run: impl FnMut(&mut C),
         keep_going: impl Fn() -> bool,
     ) -> bool {
+        if !self.may_be_due(now) {
+            return true;
+        }
         loop {
-            let due = lock(&self.timers).pop_due(now);
+            let due = {
+                let mut timers = lock(&self.timers);
+                let due = timers.pop_due(now);
+                self.publish(&timers);
+                due
+            };
             let Some((id, mut callback)) = due else {
                 return true;
             };
@@ -262,7 +307,10 @@ impl<C> SharedTimers<C> {
     /// Removes every timer, returning the callbacks for the caller to drop
     /// with no lock held.
     pub(super) fn drain(&self) -> Vec<C> {
-        lock(&self.timers).drain()
+        let mut timers = lock(&self.timers);
+        let drained = timers.drain();
+        self.publish(&timers);
+        drained
     }
 }
 
@@ -305,6 +353,38 @@ mod tests {
         assert_eq!(t.put_back(1, 1), None);
         assert_eq!(t.put_back(2, 2), Some(2));
         assert_eq!(t.next_deadline(), Some(t0 + Duration::from_millis(21)));
+    }
+
+    #[test]
+    fn may_be_due_follows_the_earliest_deadline_without_the_lock() {
+        let t: SharedTimers<&str> = SharedTimers::new();
+        let t0 = Instant::now();
+        assert!(
+            !t.may_be_due(t0 + Duration::from_secs(1_000_000)),
+            "no timer"
+        );
+        t.insert(1, "long");
+        t.insert(2, "short");
+        t.start(1, Duration::from_secs(60), t0);
+        assert!(!t.may_be_due(t0 + Duration::from_secs(59)));
+        assert!(t.may_be_due(t0 + Duration::from_secs(60)));
+        assert!(t.start(2, Duration::from_millis(5), t0), "now the earliest");
+        assert!(!t.may_be_due(t0 + Duration::from_millis(4)));
+        assert!(t.may_be_due(t0 + Duration::from_millis(5)));
+        let mut ran = Vec::new();
+        assert!(t.run_due(t0 + Duration::from_millis(5), |cb| ran.push(*cb), || true));
+        assert_eq!(ran, ["short"]);
+        // Rescheduled at 10 ms: due again only then.
+        assert!(!t.may_be_due(t0 + Duration::from_millis(9)));
+        assert!(t.may_be_due(t0 + Duration::from_millis(10)));
+        t.stop(2);
+        // A stopped timer's deadline stays published until the loop looks
+        // (a false alarm costs one lock); the look publishes the next one.
+        assert!(t.run_due(t0 + Duration::from_millis(10), |cb| ran.push(*cb), || true));
+        assert_eq!(ran, ["short"]);
+        assert!(!t.may_be_due(t0 + Duration::from_secs(59)));
+        assert_eq!(t.drain().len(), 2);
+        assert!(!t.may_be_due(t0 + Duration::from_secs(1_000_000)));
     }
 
     #[test]
