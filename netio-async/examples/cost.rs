@@ -7,9 +7,10 @@
 //! cargo run --release -p netio-async --example cost [-- --runs 5]
 //! ```
 //!
-//! Both paths use one `MioLoop` thread for the backends; the async path
-//! polls its futures on two more threads (server and client, with
-//! `futures::executor::block_on`), as an application would.
+//! All paths use one `MioLoop` thread for the backends. The async path
+//! runs twice: as tasks on the loop thread (`AsyncBackend::spawn`), and
+//! with its futures polled on two more threads (server and client, with
+//! `futures::executor::block_on`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -164,6 +165,39 @@ fn async_pingpong(lp: &MioLoop) -> Duration {
     })
 }
 
+/// Async ping-pong with both sides tasks on the loop thread: mean round
+/// trip.
+fn loop_pingpong(lp: &MioLoop) -> Duration {
+    let server = Arc::new(AsyncBackend::new(|h| TcpProvider::create(lp, config(), h)).unwrap());
+    let client = Arc::new(AsyncBackend::new(|h| TcpProvider::create(lp, config(), h)).unwrap());
+    let addr = server
+        .listen(EndpointAddress::localhost(0), params())
+        .unwrap();
+    let s = Arc::clone(&server);
+    server
+        .spawn(async move {
+            let conn = s.accept().await.unwrap();
+            while let Some(m) = conn.recv().await {
+                if conn.send(&m).await.is_err() {
+                    break;
+                }
+            }
+        })
+        .detach();
+    let c = Arc::clone(&client);
+    let t = Instant::now();
+    block_on(client.spawn(async move {
+        let conn = c.connect(addr, params()).await.unwrap();
+        for _ in 0..ROUND_TRIPS {
+            conn.send(&MSG).await.unwrap();
+            conn.recv().await.unwrap();
+        }
+        let rtt = t.elapsed() / ROUND_TRIPS as u32;
+        conn.close().unwrap();
+        rtt
+    }))
+}
+
 /// Callback rate: messages per second.
 fn callback_rate(lp: &MioLoop) -> f64 {
     let got = Arc::new(AtomicUsize::new(0));
@@ -220,6 +254,41 @@ fn async_rate(lp: &MioLoop) -> f64 {
     })
 }
 
+/// Async rate with both sides tasks on the loop thread: messages per
+/// second, 256 sends in flight.
+fn loop_rate(lp: &MioLoop) -> f64 {
+    let server = Arc::new(AsyncBackend::new(|h| TcpProvider::create(lp, config(), h)).unwrap());
+    let client = Arc::new(AsyncBackend::new(|h| TcpProvider::create(lp, config(), h)).unwrap());
+    let addr = server
+        .listen(EndpointAddress::localhost(0), params())
+        .unwrap();
+    let t = Instant::now();
+    let s = Arc::clone(&server);
+    let receiver = server.spawn(async move {
+        let conn = s.accept().await.unwrap();
+        let mut n = 0;
+        while n < MESSAGES && conn.recv().await.is_some() {
+            n += 1;
+        }
+        n
+    });
+    let c = Arc::clone(&client);
+    let sender = client.spawn(async move {
+        let conn = c.connect(addr, params()).await.unwrap();
+        futures::stream::iter(0..MESSAGES)
+            .map(|_| conn.send(&MSG))
+            .buffer_unordered(256)
+            .for_each(|r| {
+                r.unwrap();
+                futures::future::ready(())
+            })
+            .await;
+    });
+    block_on(sender);
+    assert_eq!(block_on(receiver), MESSAGES);
+    MESSAGES as f64 / t.elapsed().as_secs_f64()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -235,18 +304,40 @@ fn main() {
     let runner = lp.clone();
     let t = thread::spawn(move || runner.run(|| {}));
 
-    let (mut pp, mut rate) = (Vec::new(), Vec::new());
+    let (mut pp, mut rate, mut pp_l, mut rate_l) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut pp_cb, mut pp_as, mut r_cb, mut r_as) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..runs {
-        let (c, a) = (callback_pingpong(&lp), async_pingpong(&lp));
+    let (mut pp_lo, mut r_lo) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        // The order alternates: A B C, C B A, ...
+        let (c, l, a) = if run % 2 == 0 {
+            let c = callback_pingpong(&lp);
+            let l = loop_pingpong(&lp);
+            (c, l, async_pingpong(&lp))
+        } else {
+            let a = async_pingpong(&lp);
+            let l = loop_pingpong(&lp);
+            (callback_pingpong(&lp), l, a)
+        };
         pp.push(a.as_secs_f64() / c.as_secs_f64());
+        pp_l.push(l.as_secs_f64() / c.as_secs_f64());
         pp_cb.push(c.as_secs_f64() * 1e6);
         pp_as.push(a.as_secs_f64() * 1e6);
-        let (c, a) = (callback_rate(&lp), async_rate(&lp));
+        pp_lo.push(l.as_secs_f64() * 1e6);
+        let (c, l, a) = if run % 2 == 0 {
+            let c = callback_rate(&lp);
+            let l = loop_rate(&lp);
+            (c, l, async_rate(&lp))
+        } else {
+            let a = async_rate(&lp);
+            let l = loop_rate(&lp);
+            (callback_rate(&lp), l, a)
+        };
         rate.push(a / c);
+        rate_l.push(l / c);
         r_cb.push(c / 1e6);
         r_as.push(a / 1e6);
+        r_lo.push(l / 1e6);
     }
     lp.stop();
     let _ = t.join();
@@ -258,15 +349,21 @@ fn main() {
     };
     println!("netio-async against handler callbacks, TCP 127.0.0.1, 64 B, {runs} alternated pairs");
     println!(
-        "ping-pong round trip: callbacks {:.1} us, async {:.1} us: async/callbacks {:.2}x (range {})",
+        "ping-pong round trip: callbacks {:.1} us; async, tasks on the loop {:.1} us: {:.2}x (range {}); async, futures on other threads {:.1} us: {:.2}x (range {})",
         median(pp_cb),
+        median(pp_lo),
+        median(pp_l.clone()),
+        range(&pp_l),
         median(pp_as),
         median(pp.clone()),
         range(&pp)
     );
     println!(
-        "message rate: callbacks {:.2} M/s, async {:.2} M/s: async/callbacks {:.2}x (range {})",
+        "message rate: callbacks {:.2} M/s; async, tasks on the loop {:.2} M/s: {:.2}x (range {}); async, futures on other threads {:.2} M/s: {:.2}x (range {})",
         median(r_cb),
+        median(r_lo),
+        median(rate_l.clone()),
+        range(&rate_l),
         median(r_as),
         median(rate.clone()),
         range(&rate)

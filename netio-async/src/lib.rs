@@ -17,10 +17,15 @@
 //! connection), so a slow reader pushes back on its sender;
 //! [`AsyncConn::pause`] and [`AsyncConn::resume`] do it by hand.
 //!
-//! Handler callbacks run on the provider's loop thread; futures can be
-//! polled on any thread (the backend must then be thread-safe,
-//! `ThreadSafety::Safe`) or, on the simulator, on the thread that
-//! drives it, where a run is deterministic: one seed, one trace.
+//! Handler callbacks run on the provider's loop thread. Futures run
+//! there too as tasks ([`AsyncBackend::spawn`]): a message or a completion
+//! that wakes a task is followed by its poll as soon as the callback that
+//! reported it returns, in the same loop turn, so a task answers at about
+//! the speed of a handler callback, and on the simulator tasks run inside
+//! the simulation with nothing else to drive (one seed, one trace).
+//! Futures can also be polled on any other thread (the backend must then
+//! be thread-safe, `ThreadSafety::Safe`) or, on the simulator, by an
+//! executor on the thread that drives it, as below.
 //!
 //! ```
 //! use futures::executor::LocalPool;
@@ -68,7 +73,10 @@ use std::task::{Context, Poll, Waker};
 
 use futures::Stream;
 
+mod exec;
 pub mod session;
+pub use exec::Task;
+use exec::{Executor, Output, EXEC_TOKEN};
 use netio_core::{
     Backend, Capabilities, CloseError, CloseReason, ConnError, ConnId, ConnectionParams,
     EndpointAddress, Handler, OpenActiveError, OpenListenError, RefuseReason, SendError,
@@ -214,9 +222,19 @@ struct State {
     timers: HashMap<u64, (bool, Option<Waker>)>,
 }
 
-#[derive(Default)]
 struct Shared {
     state: Mutex<State>,
+    /// The tasks of [`AsyncBackend::spawn`], polled on the loop thread.
+    exec: Arc<Executor>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            exec: Arc::new(Executor::new()),
+        }
+    }
 }
 
 impl Shared {
@@ -241,6 +259,7 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         remote: EndpointAddress,
         _capabilities: Capabilities,
     ) {
+        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         if let Some(c) = st.conns.get_mut(&conn) {
             c.phase = Phase::Open;
@@ -263,6 +282,7 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         _remote: EndpointAddress,
         reason: &RefuseReason,
     ) {
+        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         if let Some(c) = st.conns.get_mut(&conn) {
             c.phase = Phase::Refused(reason.clone());
@@ -281,6 +301,7 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         reason: &CloseReason,
         cancelled_keys: &[u64],
     ) {
+        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
@@ -307,6 +328,7 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
     }
 
     fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
+        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
@@ -321,6 +343,7 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
     }
 
     fn on_timer(&mut self, _b: &B, token: u64) {
+        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         if let Some((fired, waker)) = st.timers.get_mut(&token) {
             *fired = true;
@@ -331,6 +354,7 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
     }
 
     fn on_sends_completed(&mut self, _b: &B, conn: ConnId, keys: &[u64]) {
+        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
@@ -351,6 +375,13 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         }
         // Room again.
         c.waiting.drain(..).for_each(Waker::wake);
+    }
+
+    fn on_wake(&mut self, _b: &B, token: u64) {
+        if token == EXEC_TOKEN {
+            self.shared.exec.woken();
+            let _tasks = self.shared.exec.enter();
+        }
     }
 }
 
@@ -375,6 +406,43 @@ impl<B: Backend + Clone> AsyncBackend<B> {
     /// The backend, for what this API does not cover.
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// Runs `future` as a task on the backend's loop thread and returns a
+    /// [`Task`], a future of its output (which any thread may await).
+    ///
+    /// A task is polled only on the loop thread. A message, a send
+    /// completion or a connection event that wakes it is followed by its
+    /// poll as soon as the handler callback that reported it returns, in
+    /// the same loop turn and with no wake-up of the loop, so a reply it
+    /// sends leaves as a handler callback's would; a task woken from
+    /// another thread is polled after a [`Backend::wake`]. A task's future
+    /// is dropped on the loop thread too (also when its `Task` is dropped
+    /// elsewhere), so on the loop thread a backend made for one thread
+    /// (`ThreadSafety::Unsafe`) serves tasks.
+    ///
+    /// A task that never finishes keeps what it holds alive, this backend
+    /// included when it holds an [`AsyncConn`] or the `AsyncBackend`
+    /// itself: end it, or drop its `Task`, to let them go.
+    pub fn spawn<F>(&self, future: F) -> Task<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+        B: 'static,
+    {
+        let output = Output::new();
+        let out = Arc::clone(&output);
+        let task = self.shared.exec.spawn(
+            Box::pin(async move { out.set(future.await) }),
+            exec::wake_loop(&self.backend),
+        );
+        Task::new(task, output)
+    }
+
+    /// Tasks spawned with [`spawn`](Self::spawn) that have not finished
+    /// (nor been dropped with their `Task`) yet.
+    pub fn tasks(&self) -> usize {
+        self.shared.exec.len()
     }
 
     /// Listens at `address`; the connections it accepts come from

@@ -1,0 +1,326 @@
+//! Tasks on the loop thread (`AsyncBackend::spawn`), on the simulator and
+//! on TCP over 127.0.0.1: where they are polled and dropped, how a message
+//! wakes one, their outputs, and a thread-unsafe backend serving them.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::{self, ThreadId};
+use std::time::{Duration, Instant};
+
+use futures::executor::block_on;
+use netio_async::{AsyncBackend, AsyncHandler};
+use netio_core::mio_loop::MioLoop;
+use netio_core::{
+    Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
+    EventLoop, Handler, RefuseReason, ThreadSafety,
+};
+use netio_sim::Sim;
+use netio_tcp::{TcpConfig, TcpProvider};
+
+/// The async handler, with its `on_wake` calls counted: how often the
+/// executor asked the loop for a turn of its own.
+struct CountWakes {
+    inner: AsyncHandler,
+    wakes: Arc<AtomicUsize>,
+}
+
+impl<B: Backend + ?Sized> Handler<B> for CountWakes {
+    fn on_connection_established(
+        &mut self,
+        b: &B,
+        c: ConnId,
+        r: EndpointAddress,
+        caps: Capabilities,
+    ) {
+        self.inner.on_connection_established(b, c, r, caps);
+    }
+    fn on_connection_refused(&mut self, b: &B, c: ConnId, r: EndpointAddress, why: &RefuseReason) {
+        self.inner.on_connection_refused(b, c, r, why);
+    }
+    fn on_connection_closed(
+        &mut self,
+        b: &B,
+        c: ConnId,
+        r: EndpointAddress,
+        why: &CloseReason,
+        keys: &[u64],
+    ) {
+        self.inner.on_connection_closed(b, c, r, why, keys);
+    }
+    fn on_data(&mut self, b: &B, c: ConnId, d: &[u8]) {
+        self.inner.on_data(b, c, d);
+    }
+    fn on_sends_completed(&mut self, b: &B, c: ConnId, k: &[u64]) {
+        self.inner.on_sends_completed(b, c, k);
+    }
+    fn on_timer(&mut self, b: &B, t: u64) {
+        self.inner.on_timer(b, t);
+    }
+    fn on_wake(&mut self, b: &B, t: u64) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        self.inner.on_wake(b, t);
+    }
+}
+
+fn msg(i: usize) -> Vec<u8> {
+    format!("message {i:04}").into_bytes()
+}
+
+/// Runs `body` with a loop running on another thread (whose id it gets);
+/// fails the test if it takes more than 30 s.
+fn with_loop(body: impl FnOnce(&MioLoop, ThreadId) + Send + 'static) {
+    let lp = MioLoop::new().expect("loop");
+    let runner = lp.clone();
+    let (id_tx, id_rx) = mpsc::channel();
+    let t = thread::spawn(move || {
+        let _ = id_tx.send(thread::current().id());
+        runner.run(|| {})
+    });
+    let loop_thread = id_rx.recv().expect("loop thread id");
+    let (tx, rx) = mpsc::channel();
+    let lp2 = lp.clone();
+    let test = thread::spawn(move || {
+        body(&lp2, loop_thread);
+        let _ = tx.send(());
+    });
+    let finished = rx.recv_timeout(Duration::from_secs(30));
+    lp.stop();
+    let _ = t.join();
+    if finished.is_err() {
+        match test.join() {
+            Err(p) => std::panic::resume_unwind(p),
+            Ok(()) => panic!("the test did not finish within 30 s"),
+        }
+    }
+    test.join().expect("test body");
+}
+
+fn tcp_backend(
+    lp: &MioLoop,
+    safety: ThreadSafety,
+    wakes: &Arc<AtomicUsize>,
+) -> Arc<AsyncBackend<netio_tcp::TcpBackend>> {
+    let config = BackendConfig {
+        thread_safety: safety,
+        ..BackendConfig::default()
+    };
+    let wakes = Arc::clone(wakes);
+    let b = AsyncBackend::new(|h| {
+        let h = CountWakes { inner: h, wakes };
+        TcpProvider::create_with(lp, config, TcpConfig::default(), h)
+    })
+    .expect("backend");
+    Arc::new(b)
+}
+
+/// The threads tasks were polled on, in order.
+type Threads = Arc<Mutex<Vec<ThreadId>>>;
+
+/// An echo server and a client that sends `n` messages one after another,
+/// each after the echo of the one before, as tasks of their backends; the
+/// echoes the client got, and the threads the tasks were polled on.
+fn echo_tasks<B: Backend + Clone + 'static>(
+    server: &Arc<AsyncBackend<B>>,
+    client: &Arc<AsyncBackend<B>>,
+    addr: EndpointAddress,
+    params: ConnectionParams,
+    n: usize,
+) -> (netio_async::Task<Vec<Vec<u8>>>, Threads) {
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let (s, t) = (Arc::clone(server), Arc::clone(&threads));
+    server
+        .spawn(async move {
+            let conn = s.accept().await.expect("accepted");
+            while let Some(m) = conn.recv().await {
+                t.lock().unwrap().push(thread::current().id());
+                if conn.send(&m).await.is_err() {
+                    break;
+                }
+            }
+        })
+        .detach();
+    let (c, t) = (Arc::clone(client), Arc::clone(&threads));
+    let task = client.spawn(async move {
+        let conn = c.connect(addr, params).await.expect("connected");
+        let mut echoes = Vec::new();
+        for i in 0..n {
+            conn.send(&msg(i)).await.expect("sent");
+            echoes.push(conn.recv().await.expect("echo"));
+            t.lock().unwrap().push(thread::current().id());
+        }
+        echoes
+    });
+    (task, threads)
+}
+
+#[test]
+fn over_tcp_tasks_are_polled_on_the_loop_thread_and_a_message_wakes_its_task_without_a_loop_wake_up(
+) {
+    with_loop(|lp, loop_thread| {
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let server = tcp_backend(lp, ThreadSafety::Safe, &wakes);
+        let client = tcp_backend(lp, ThreadSafety::Safe, &wakes);
+        let params = ConnectionParams::receive(256, 8);
+        let addr = server
+            .listen(EndpointAddress::localhost(0), params.clone())
+            .unwrap();
+        let (task, threads) = echo_tasks(&server, &client, addr, params, 500);
+        let echoes = block_on(task);
+        assert_eq!(echoes, (0..500).map(msg).collect::<Vec<_>>());
+        let threads = threads.lock().unwrap();
+        assert_eq!(threads.len(), 1000);
+        assert!(
+            threads.iter().all(|t| *t == loop_thread),
+            "every poll ran on the loop thread"
+        );
+        // Two spawns from this thread need a loop wake-up each; the 1,000
+        // messages woke their tasks from inside the callbacks that
+        // delivered them.
+        let n = wakes.load(Ordering::SeqCst);
+        assert!(n <= 4, "{n} loop wake-ups for 1,000 messages");
+    });
+}
+
+#[test]
+fn over_tcp_tasks_serve_a_backend_made_for_the_loop_thread_alone() {
+    with_loop(|lp, _| {
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let server = tcp_backend(lp, ThreadSafety::Unsafe, &wakes);
+        let client = tcp_backend(lp, ThreadSafety::Unsafe, &wakes);
+        let params = ConnectionParams::receive(256, 8);
+        // Listening and connecting off the loop thread is refused by such
+        // a backend, so a task does it.
+        let (s, p) = (Arc::clone(&server), params.clone());
+        let addr = block_on(
+            server
+                .spawn(async move { s.listen(EndpointAddress::localhost(0), p).expect("listen") }),
+        );
+        let (task, _) = echo_tasks(&server, &client, addr, params, 100);
+        assert_eq!(block_on(task), (0..100).map(msg).collect::<Vec<_>>());
+    });
+}
+
+/// Records the thread it is dropped on.
+struct DropProbe(Arc<Mutex<Option<ThreadId>>>);
+
+impl Drop for DropProbe {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(thread::current().id());
+    }
+}
+
+#[test]
+fn over_tcp_a_task_whose_handle_is_dropped_is_dropped_on_the_loop_thread() {
+    with_loop(|lp, loop_thread| {
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let b = tcp_backend(lp, ThreadSafety::Safe, &wakes);
+        let dropped = Arc::new(Mutex::new(None));
+        let probe = DropProbe(Arc::clone(&dropped));
+        let polled = Arc::new(AtomicUsize::new(0));
+        let p = Arc::clone(&polled);
+        let task = b.spawn(async move {
+            let _probe = probe;
+            p.fetch_add(1, Ordering::SeqCst);
+            futures::future::pending::<()>().await;
+        });
+        let end = Instant::now() + Duration::from_secs(10);
+        while polled.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < end, "the task was never polled");
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(b.tasks(), 1);
+        assert!(!task.is_finished());
+        drop(task);
+        while dropped.lock().unwrap().is_none() {
+            assert!(Instant::now() < end, "the task was never dropped");
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(*dropped.lock().unwrap(), Some(loop_thread));
+        assert_eq!(b.tasks(), 0);
+        assert_eq!(polled.load(Ordering::SeqCst), 1, "not polled again");
+    });
+}
+
+#[test]
+fn over_tcp_a_task_that_keeps_waking_itself_does_not_hold_the_loop() {
+    with_loop(|lp, _| {
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let b = tcp_backend(lp, ThreadSafety::Safe, &wakes);
+        let spins = Arc::new(AtomicUsize::new(0));
+        let s = Arc::clone(&spins);
+        let spinner = b.spawn(async move {
+            // Wakes itself at every poll, 100,000 times.
+            for _ in 0..100_000 {
+                s.fetch_add(1, Ordering::SeqCst);
+                let mut yielded = false;
+                futures::future::poll_fn(|cx| {
+                    if yielded {
+                        std::task::Poll::Ready(())
+                    } else {
+                        yielded = true;
+                        cx.waker().wake_by_ref();
+                        std::task::Poll::Pending
+                    }
+                })
+                .await;
+            }
+        });
+        // Meanwhile a sleep on the same loop resolves.
+        let b2 = Arc::clone(&b);
+        block_on(b.spawn(async move {
+            b2.sleep(Duration::from_millis(5)).await;
+        }));
+        assert!(
+            spins.load(Ordering::SeqCst) < 100_000,
+            "the sleep resolved while the spinning task still ran"
+        );
+        block_on(spinner);
+        assert_eq!(spins.load(Ordering::SeqCst), 100_000);
+    });
+}
+
+/// One echo scenario on the simulator with tasks on the loop: the trace
+/// and the echoes.
+fn sim_echo(seed: u64) -> (String, Vec<Vec<u8>>, usize) {
+    let sim = Sim::with_seed(seed);
+    sim.enable_trace(true);
+    let (hs, hc) = (sim.next_host(), sim.next_host());
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let make = |host: &netio_sim::SimHost| {
+        let wakes = Arc::clone(&wakes);
+        Arc::new(
+            AsyncBackend::new(|h| {
+                host.backend(BackendConfig::default(), CountWakes { inner: h, wakes })
+            })
+            .expect("backend"),
+        )
+    };
+    let (server, client) = (make(&hs), make(&hc));
+    let params = ConnectionParams::receive(64, 8);
+    let addr = server
+        .listen(EndpointAddress::new(hs.ip(), 0), params.clone())
+        .unwrap();
+    let (task, _) = echo_tasks(&server, &client, addr, params, 50);
+    assert!(
+        sim.run_until(Duration::from_secs(10), || task.is_finished()),
+        "the client task finished in virtual time"
+    );
+    let echoes = block_on(task);
+    (sim.trace(), echoes, wakes.load(Ordering::SeqCst))
+}
+
+#[test]
+fn on_the_simulator_tasks_run_inside_the_simulation_with_no_executor_to_drive() {
+    let (_, echoes, wakes) = sim_echo(7);
+    assert_eq!(echoes, (0..50).map(msg).collect::<Vec<_>>());
+    assert!(wakes <= 4, "{wakes} loop wake-ups for 100 messages");
+}
+
+#[test]
+fn on_the_simulator_a_scenario_of_tasks_run_twice_with_one_seed_gives_the_same_trace() {
+    let (a, ea, _) = sim_echo(11);
+    let (b, eb, _) = sim_echo(11);
+    assert!(a.lines().count() > 100, "the trace records the run:\n{a}");
+    assert!(a == b, "same seed, same trace");
+    assert_eq!(ea, eb);
+}
