@@ -23,8 +23,8 @@ use netio_async::AsyncBackend;
 use netio_core::mio_loop::MioLoop;
 use netio_core::Provider;
 use netio_core::{
-    Backend, BackendConfig, Capabilities, ConnId, ConnectionParams, EndpointAddress, EventLoop,
-    Handler, SendError,
+    Backend, BackendConfig, Capabilities, ConnId, ConnectionParams, CopyMessage, EndpointAddress,
+    EventLoop, Handler, SendError,
 };
 use netio_tcp::{TcpBackend, TcpProvider};
 
@@ -97,6 +97,43 @@ impl Pump {
     }
 }
 impl Handler<TcpBackend> for Pump {
+    fn on_connection_established(
+        &mut self,
+        b: &TcpBackend,
+        conn: ConnId,
+        _: EndpointAddress,
+        _: Capabilities,
+    ) {
+        self.fill(b, conn);
+    }
+    fn on_sends_completed(&mut self, b: &TcpBackend, conn: ConnId, _: &[u64]) {
+        self.fill(b, conn);
+    }
+}
+
+/// Keeps the connection's send queue full with batch sends (up to 256
+/// messages a call) until `left` is used up.
+struct PumpBatch {
+    left: Arc<Mutex<usize>>,
+}
+impl PumpBatch {
+    fn fill(&self, b: &TcpBackend, conn: ConnId) {
+        let mut left = self.left.lock().unwrap();
+        let batch: Vec<CopyMessage<'_>> = (0..256).map(|_| CopyMessage::new(&MSG, 0)).collect();
+        while *left > 0 {
+            let n = (*left).min(batch.len());
+            match b.send_copy_batch(conn, &batch[..n]) {
+                Ok(()) => *left -= n,
+                Err(e) if matches!(e.error, SendError::NoResources) => {
+                    *left -= e.sent;
+                    break;
+                }
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+    }
+}
+impl Handler<TcpBackend> for PumpBatch {
     fn on_connection_established(
         &mut self,
         b: &TcpBackend,
@@ -198,20 +235,28 @@ fn loop_pingpong(lp: &MioLoop) -> Duration {
     }))
 }
 
-/// Callback rate: messages per second.
-fn callback_rate(lp: &MioLoop) -> f64 {
+/// Callback rate: messages per second, one send call per message or
+/// batches of 256.
+fn callback_rate(lp: &MioLoop, batch: bool) -> f64 {
     let got = Arc::new(AtomicUsize::new(0));
     let server = TcpProvider::create(lp, config(), Counter(got.clone())).unwrap();
     let addr = server
         .open_listen_endpoint(EndpointAddress::localhost(0), params())
         .unwrap();
-    let client = TcpProvider::create(
-        lp,
-        config(),
-        Pump {
-            left: Arc::new(Mutex::new(MESSAGES)),
-        },
-    )
+    let left = Arc::new(Mutex::new(MESSAGES));
+    let client = if batch {
+        TcpProvider::create(
+            lp,
+            config(),
+            Box::new(PumpBatch { left }) as Box<dyn Handler<TcpBackend>>,
+        )
+    } else {
+        TcpProvider::create(
+            lp,
+            config(),
+            Box::new(Pump { left }) as Box<dyn Handler<TcpBackend>>,
+        )
+    }
     .unwrap();
     let t = Instant::now();
     client.open_active_endpoint(addr, params()).unwrap();
@@ -255,8 +300,8 @@ fn async_rate(lp: &MioLoop) -> f64 {
 }
 
 /// Async rate with both sides tasks on the loop thread: messages per
-/// second, 256 sends in flight.
-fn loop_rate(lp: &MioLoop) -> f64 {
+/// second, 256 sends in flight, or batches of 256 (`send_batch`).
+fn loop_rate(lp: &MioLoop, batch: bool) -> f64 {
     let server = Arc::new(AsyncBackend::new(|h| TcpProvider::create(lp, config(), h)).unwrap());
     let client = Arc::new(AsyncBackend::new(|h| TcpProvider::create(lp, config(), h)).unwrap());
     let addr = server
@@ -275,14 +320,24 @@ fn loop_rate(lp: &MioLoop) -> f64 {
     let c = Arc::clone(&client);
     let sender = client.spawn(async move {
         let conn = c.connect(addr, params()).await.unwrap();
-        futures::stream::iter(0..MESSAGES)
-            .map(|_| conn.send(&MSG))
-            .buffer_unordered(256)
-            .for_each(|r| {
-                r.unwrap();
-                futures::future::ready(())
-            })
-            .await;
+        if batch {
+            let batch = [&MSG[..]; 256];
+            let mut left = MESSAGES;
+            while left > 0 {
+                let n = left.min(batch.len());
+                conn.send_batch(&batch[..n]).await.unwrap();
+                left -= n;
+            }
+        } else {
+            futures::stream::iter(0..MESSAGES)
+                .map(|_| conn.send(&MSG))
+                .buffer_unordered(256)
+                .for_each(|r| {
+                    r.unwrap();
+                    futures::future::ready(())
+                })
+                .await;
+        }
     });
     block_on(sender);
     assert_eq!(block_on(receiver), MESSAGES);
@@ -308,6 +363,7 @@ fn main() {
     let (mut pp_cb, mut pp_as, mut r_cb, mut r_as) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut pp_lo, mut r_lo) = (Vec::new(), Vec::new());
+    let (mut rate_b, mut r_cbb, mut r_lob) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
         // The order alternates: A B C, C B A, ...
         let (c, l, a) = if run % 2 == 0 {
@@ -325,19 +381,29 @@ fn main() {
         pp_as.push(a.as_secs_f64() * 1e6);
         pp_lo.push(l.as_secs_f64() * 1e6);
         let (c, l, a) = if run % 2 == 0 {
-            let c = callback_rate(&lp);
-            let l = loop_rate(&lp);
+            let c = callback_rate(&lp, false);
+            let l = loop_rate(&lp, false);
             (c, l, async_rate(&lp))
         } else {
             let a = async_rate(&lp);
-            let l = loop_rate(&lp);
-            (callback_rate(&lp), l, a)
+            let l = loop_rate(&lp, false);
+            (callback_rate(&lp, false), l, a)
         };
         rate.push(a / c);
         rate_l.push(l / c);
         r_cb.push(c / 1e6);
         r_as.push(a / 1e6);
         r_lo.push(l / 1e6);
+        let (cb, lb) = if run % 2 == 0 {
+            let c = callback_rate(&lp, true);
+            (c, loop_rate(&lp, true))
+        } else {
+            let l = loop_rate(&lp, true);
+            (callback_rate(&lp, true), l)
+        };
+        rate_b.push(lb / cb);
+        r_cbb.push(cb / 1e6);
+        r_lob.push(lb / 1e6);
     }
     lp.stop();
     let _ = t.join();
@@ -367,5 +433,12 @@ fn main() {
         median(r_as),
         median(rate.clone()),
         range(&rate)
+    );
+    println!(
+        "message rate, batches of 256: callbacks (send_copy_batch) {:.2} M/s; async, tasks on the loop (send_batch) {:.2} M/s: {:.2}x (range {})",
+        median(r_cbb),
+        median(r_lob),
+        median(rate_b.clone()),
+        range(&rate_b)
     );
 }

@@ -1,16 +1,14 @@
 //! Tasks polled on the backend's loop thread ([`AsyncBackend::spawn`]).
 //!
 //! A task lives in a slot of its backend's [`Executor`], which the
-//! backend's handler shares. Waking a task queues it; the queue is run on
-//! the loop thread:
-//!
-//! - at the end of the handler callback during which it was woken (a
-//!   message, a completion, a connection event): the reply a task sends to
-//!   a message leaves from inside the callback that delivered it, with no
-//!   wake-up of the loop and no extra turn;
-//! - otherwise (woken from another thread, or from the loop thread outside
-//!   this backend's callbacks) through [`Backend::wake`], whose
-//!   `on_wake` runs the queue on the loop thread soon.
+//! backend's handler shares. Waking a task queues it, and the first wake
+//! since the queue last ran asks for a run with [`Backend::wake`], whose
+//! `on_wake` runs the queue on the loop thread. Woken from a handler
+//! callback (a message, a completion, a connection event), on the loop
+//! thread, that costs no system call, and the run comes after the events
+//! the provider is dispatching now: a task that reads a burst of messages
+//! is polled once for all of them, and a reply it sends leaves in the same
+//! loop turn as the message it answers.
 //!
 //! A task is polled only on the loop thread, and dropped there too (a
 //! [`Task`] handle dropped elsewhere only asks for it), so its future may
@@ -18,7 +16,6 @@
 //!
 //! [`AsyncBackend::spawn`]: crate::AsyncBackend::spawn
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
@@ -46,12 +43,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
-thread_local! {
-    /// The executor whose handler callback runs on this thread now (its
-    /// address; compared, never dereferenced).
-    static IN_CALLBACK: Cell<usize> = const { Cell::new(0) };
-}
-
 enum Slot {
     Free,
     /// Waiting to be polled (woken or not).
@@ -69,6 +60,9 @@ struct Slots {
 pub(crate) struct Executor {
     slots: Mutex<Slots>,
     ready: Mutex<VecDeque<Arc<TaskRef>>>,
+    /// `ready` is not empty (written under its lock): a callback that woke
+    /// no task looks at this flag only.
+    has_ready: AtomicBool,
     /// A `Backend::wake` is on its way (cleared when its `on_wake` runs).
     wake_requested: AtomicBool,
     /// The queue is being run (loop thread): a callback made from inside a
@@ -102,11 +96,7 @@ impl Wake for TaskRef {
         let Some(exec) = self.exec.upgrade() else {
             return;
         };
-        lock(&exec.ready).push_back(Arc::clone(self));
-        if exec.in_callback() {
-            // Run when this callback returns.
-            return;
-        }
+        exec.push_ready(Arc::clone(self));
         if !exec.wake_requested.swap(true, Ordering::AcqRel) {
             let wake = lock(&self.wake_loop).clone();
             match wake {
@@ -115,23 +105,6 @@ impl Wake for TaskRef {
                 None => exec.wake_requested.store(false, Ordering::Release),
             }
         }
-    }
-}
-
-/// One handler callback of the backend (loop thread): tasks woken during
-/// it are polled when it ends ([`Executor::run_ready`]), then
-/// [`IN_CALLBACK`] is what it was before.
-pub(crate) struct CallbackScope<'a> {
-    exec: &'a Executor,
-    previous: usize,
-}
-
-impl Drop for CallbackScope<'_> {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            self.exec.run_ready();
-        }
-        IN_CALLBACK.with(|c| c.set(self.previous));
     }
 }
 
@@ -170,34 +143,28 @@ impl Executor {
                 free: Vec::new(),
             }),
             ready: Mutex::new(VecDeque::new()),
+            has_ready: AtomicBool::new(false),
             wake_requested: AtomicBool::new(false),
             running: AtomicBool::new(false),
-        }
-    }
-
-    fn id(&self) -> usize {
-        self as *const Self as usize
-    }
-
-    fn in_callback(&self) -> bool {
-        IN_CALLBACK.with(|c| c.get()) == self.id()
-    }
-
-    /// Marks this thread as inside one of the backend's handler callbacks
-    /// (the loop thread) until the scope is dropped, which then runs the
-    /// tasks woken meanwhile. Declare it before any lock the callback
-    /// takes, so that the lock is released first.
-    pub(crate) fn enter(&self) -> CallbackScope<'_> {
-        let previous = IN_CALLBACK.with(|c| c.replace(self.id()));
-        CallbackScope {
-            exec: self,
-            previous,
         }
     }
 
     /// `on_wake` with [`EXEC_TOKEN`]: a later wake asks again.
     pub(crate) fn woken(&self) {
         self.wake_requested.store(false, Ordering::Release);
+    }
+
+    fn push_ready(&self, task: Arc<TaskRef>) {
+        let mut ready = lock(&self.ready);
+        ready.push_back(task);
+        self.has_ready.store(true, Ordering::Release);
+    }
+
+    fn pop_ready(&self) -> Option<Arc<TaskRef>> {
+        let mut ready = lock(&self.ready);
+        let task = ready.pop_front();
+        self.has_ready.store(!ready.is_empty(), Ordering::Release);
+        task
     }
 
     /// Adds a task and queues its first poll.
@@ -230,23 +197,22 @@ impl Executor {
         task
     }
 
-    /// Runs the queued tasks (loop thread, inside a callback scope): each
-    /// queued when the run started is polled once, or dropped if its
-    /// `Task` was. Does nothing when called from inside a run.
+    /// Runs the queued tasks (loop thread, from `on_wake`): each is polled
+    /// once, or dropped if its `Task` was, at most [`POLLS_PER_RUN`] of
+    /// them. Does nothing when called from inside a run.
     pub(crate) fn run_ready(&self) {
-        if lock(&self.ready).is_empty() || self.running.swap(true, Ordering::AcqRel) {
+        if !self.has_ready.load(Ordering::Acquire) || self.running.swap(true, Ordering::AcqRel) {
             return;
         }
         let flag = RunFlag(&self.running);
         let mut polls = 0;
         loop {
-            let Some(task) = lock(&self.ready).pop_front() else {
-                break;
-            };
             if polls == POLLS_PER_RUN {
-                lock(&self.ready).push_front(task);
                 break;
             }
+            let Some(task) = self.pop_ready() else {
+                break;
+            };
             polls += 1;
             task.queued.store(false, Ordering::Release);
             self.poll_task(&task);

@@ -19,10 +19,10 @@
 //!
 //! Handler callbacks run on the provider's loop thread. Futures run
 //! there too as tasks ([`AsyncBackend::spawn`]): a message or a completion
-//! that wakes a task is followed by its poll as soon as the callback that
-//! reported it returns, in the same loop turn, so a task answers at about
-//! the speed of a handler callback, and on the simulator tasks run inside
-//! the simulation with nothing else to drive (one seed, one trace).
+//! that wakes a task is followed by its poll in the same loop turn, with
+//! no system call, so a task answers at about the speed of a handler
+//! callback, and on the simulator tasks run inside the simulation with
+//! nothing else to drive (one seed, one trace).
 //! Futures can also be polled on any other thread (the backend must then
 //! be thread-safe, `ThreadSafety::Safe`) or, on the simulator, by an
 //! executor on the thread that drives it, as below.
@@ -64,7 +64,7 @@
 //! assert_eq!(*got.borrow(), vec![b"hello".to_vec()]);
 //! ```
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -77,9 +77,11 @@ mod exec;
 pub mod session;
 pub use exec::Task;
 use exec::{Executor, Output, EXEC_TOKEN};
+use netio_core::fast_map::FastMap;
 use netio_core::{
     Backend, Capabilities, CloseError, CloseReason, ConnError, ConnId, ConnectionParams,
-    EndpointAddress, Handler, OpenActiveError, OpenListenError, RefuseReason, SendError,
+    CopyMessage, EndpointAddress, Handler, OpenActiveError, OpenListenError, RefuseReason,
+    SendError,
 };
 
 /// Messages a connection keeps unread before it pauses receiving from its
@@ -162,7 +164,7 @@ struct ConnState {
     held: bool,
     /// Unread messages at which receiving pauses.
     high_water: usize,
-    sends: HashMap<u64, SendState>,
+    sends: FastMap<u64, SendState>,
     /// Sends waiting for room.
     waiting: Vec<Waker>,
     /// The tickets of the sends waiting for room, oldest first: only the
@@ -184,7 +186,7 @@ impl ConnState {
             paused: false,
             held: false,
             high_water: HIGH_WATER,
-            sends: HashMap::new(),
+            sends: FastMap::default(),
             waiting: Vec::new(),
             queue: VecDeque::new(),
             next_ticket: 0,
@@ -213,13 +215,13 @@ impl ConnState {
 #[derive(Default)]
 struct State {
     next_key: u64,
-    conns: HashMap<ConnId, ConnState>,
+    conns: FastMap<ConnId, ConnState>,
     /// Accepted connections not yet taken with `accept`.
     incoming: VecDeque<(ConnId, EndpointAddress)>,
     acceptor: Option<Waker>,
     next_timer: u64,
     /// Sleeps by timer token: fired yet, and the sleeper's waker.
-    timers: HashMap<u64, (bool, Option<Waker>)>,
+    timers: FastMap<u64, (bool, Option<Waker>)>,
 }
 
 struct Shared {
@@ -259,7 +261,6 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         remote: EndpointAddress,
         _capabilities: Capabilities,
     ) {
-        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         if let Some(c) = st.conns.get_mut(&conn) {
             c.phase = Phase::Open;
@@ -282,7 +283,6 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         _remote: EndpointAddress,
         reason: &RefuseReason,
     ) {
-        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         if let Some(c) = st.conns.get_mut(&conn) {
             c.phase = Phase::Refused(reason.clone());
@@ -301,7 +301,6 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         reason: &CloseReason,
         cancelled_keys: &[u64],
     ) {
-        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
@@ -328,7 +327,6 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
     }
 
     fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
-        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
@@ -343,7 +341,6 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
     }
 
     fn on_timer(&mut self, _b: &B, token: u64) {
-        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         if let Some((fired, waker)) = st.timers.get_mut(&token) {
             *fired = true;
@@ -354,7 +351,6 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
     }
 
     fn on_sends_completed(&mut self, _b: &B, conn: ConnId, keys: &[u64]) {
-        let _tasks = self.shared.exec.enter();
         let mut st = self.shared.lock();
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
@@ -380,7 +376,7 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
     fn on_wake(&mut self, _b: &B, token: u64) {
         if token == EXEC_TOKEN {
             self.shared.exec.woken();
-            let _tasks = self.shared.exec.enter();
+            self.shared.exec.run_ready();
         }
     }
 }
@@ -411,12 +407,14 @@ impl<B: Backend + Clone> AsyncBackend<B> {
     /// Runs `future` as a task on the backend's loop thread and returns a
     /// [`Task`], a future of its output (which any thread may await).
     ///
-    /// A task is polled only on the loop thread. A message, a send
-    /// completion or a connection event that wakes it is followed by its
-    /// poll as soon as the handler callback that reported it returns, in
-    /// the same loop turn and with no wake-up of the loop, so a reply it
-    /// sends leaves as a handler callback's would; a task woken from
-    /// another thread is polled after a [`Backend::wake`]. A task's future
+    /// A task is polled only on the loop thread, from the handler's
+    /// `on_wake` ([`Backend::wake`]). A message, a send completion or a
+    /// connection event that wakes it, reported on the loop thread, asks
+    /// for that with no system call, and the poll follows the events the
+    /// provider is dispatching, in the same loop turn: a reply the task
+    /// sends leaves in the turn that delivered the message, and a burst of
+    /// messages read at once costs the task one poll. A task woken from
+    /// another thread is polled soon after the loop wakes. A task's future
     /// is dropped on the loop thread too (also when its `Task` is dropped
     /// elsewhere), so on the loop thread a backend made for one thread
     /// (`ThreadSafety::Unsafe`) serves tasks.
@@ -621,6 +619,34 @@ impl<B: Backend + Clone> AsyncConn<B> {
             parts: Parts::Many(parts),
             key: None,
             ticket: None,
+        }
+    }
+
+    /// Sends each of `messages` (copied when sent), in order, with the
+    /// provider's batch call ([`Backend::send_copy_batch`]), taking the
+    /// connection's locks once for as many as there is room for: the
+    /// cheapest way to send many small messages. Waits for room as
+    /// [`send`](Self::send) does, keeping its place in line until every
+    /// message was sent, so no other send on the connection comes in
+    /// between; resolves when the last one completed (the provider
+    /// reports a connection's completions in order, so every one did).
+    ///
+    /// A close fails it with [`SendFailed::Cancelled`] or
+    /// [`SendFailed::Closed`] as for `send`; some of the messages may have
+    /// arrived. [`SendFailed::Refused`] (for example a message larger than
+    /// the connection allows) means the messages before that one were
+    /// sent, and none after it.
+    pub fn send_batch<'a>(
+        &'a self,
+        messages: &'a [&'a [u8]],
+    ) -> impl Future<Output = Result<(), SendFailed>> + 'a {
+        BatchFuture {
+            conn: self,
+            messages,
+            sent: 0,
+            last_key: None,
+            ticket: None,
+            scratch: Vec::new(),
         }
     }
 
@@ -918,6 +944,113 @@ impl<B: Backend + Clone> Drop for SendFuture<'_, B> {
         };
         Self::leave_queue(c, self.ticket.take());
         let Some(key) = self.key else { return };
+        if let Some(s @ SendState::InFlight(_)) = c.sends.get_mut(&key) {
+            *s = SendState::Abandoned;
+        } else {
+            c.sends.remove(&key);
+        }
+    }
+}
+
+struct BatchFuture<'a, B: Backend + Clone> {
+    conn: &'a AsyncConn<B>,
+    messages: &'a [&'a [u8]],
+    /// How many of `messages` were sent.
+    sent: usize,
+    /// The key of the last message, once every one was sent: the only one
+    /// whose completion is tracked.
+    last_key: Option<u64>,
+    ticket: Option<u64>,
+    scratch: Vec<CopyMessage<'a>>,
+}
+
+impl<B: Backend + Clone> Future for BatchFuture<'_, B> {
+    type Output = Result<(), SendFailed>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.messages.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        let this = &mut *self;
+        let conn = this.conn;
+        let mut st = conn.shared.lock();
+        let first_key = st.next_key;
+        let Some(c) = st.conns.get_mut(&conn.id) else {
+            return Poll::Ready(Err(SendFailed::Closed(CloseReason::Local)));
+        };
+        if let Some(key) = this.last_key {
+            return match c.sends.remove(&key) {
+                Some(SendState::Completed) => Poll::Ready(Ok(())),
+                Some(SendState::Cancelled(r)) => Poll::Ready(Err(SendFailed::Cancelled(r))),
+                Some(SendState::InFlight(_) | SendState::Abandoned) | None => {
+                    c.sends
+                        .insert(key, SendState::InFlight(Some(cx.waker().clone())));
+                    Poll::Pending
+                }
+            };
+        }
+        if let Some(r) = c.closed() {
+            let r = r.clone();
+            SendFuture::<B>::leave_queue(c, this.ticket.take());
+            return Poll::Ready(Err(SendFailed::Closed(r)));
+        }
+        let first_in_line = match this.ticket {
+            Some(t) => c.queue.front() == Some(&t),
+            None => c.queue.is_empty(),
+        };
+        if !first_in_line {
+            SendFuture::<B>::wait_in_line(c, &mut this.ticket, cx);
+            return Poll::Pending;
+        }
+        let rest = &this.messages[this.sent..];
+        this.scratch.clear();
+        this.scratch.extend(
+            rest.iter()
+                .zip(first_key..)
+                .map(|(m, key)| CopyMessage::new(m, key)),
+        );
+        // Under the state lock: no completion is reported before the keys
+        // are known.
+        let (made, error) = match conn.backend.send_copy_batch(conn.id, &this.scratch) {
+            Ok(()) => (rest.len(), None),
+            Err(e) => (e.sent, Some(e.error)),
+        };
+        st.next_key += made as u64;
+        this.sent += made;
+        let c = st.conns.get_mut(&conn.id).expect("present");
+        if this.sent == this.messages.len() {
+            let key = first_key + made as u64 - 1;
+            c.sends
+                .insert(key, SendState::InFlight(Some(cx.waker().clone())));
+            this.last_key = Some(key);
+            if this.ticket.take().is_some() {
+                c.queue.pop_front();
+                c.waiting.drain(..).for_each(Waker::wake);
+            }
+            return Poll::Pending;
+        }
+        match error {
+            // No room: a completion wakes it; it keeps its place in line.
+            Some(SendError::NoResources | SendError::UnknownConnection(_)) | None => {
+                SendFuture::<B>::wait_in_line(c, &mut this.ticket, cx);
+                Poll::Pending
+            }
+            Some(e) => {
+                SendFuture::<B>::leave_queue(c, this.ticket.take());
+                Poll::Ready(Err(SendFailed::Refused(e)))
+            }
+        }
+    }
+}
+
+impl<B: Backend + Clone> Drop for BatchFuture<'_, B> {
+    fn drop(&mut self) {
+        let mut st = self.conn.shared.lock();
+        let Some(c) = st.conns.get_mut(&self.conn.id) else {
+            return;
+        };
+        SendFuture::<B>::leave_queue(c, self.ticket.take());
+        let Some(key) = self.last_key else { return };
         if let Some(s @ SendState::InFlight(_)) = c.sends.get_mut(&key) {
             *s = SendState::Abandoned;
         } else {

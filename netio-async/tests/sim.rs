@@ -600,3 +600,52 @@ fn send_parts_sends_a_header_and_its_parts_as_one_message() {
         vec![b"hdr:one,two,three".to_vec(), Vec::new()]
     );
 }
+
+#[test]
+fn a_batch_larger_than_the_send_queue_arrives_whole_and_in_order_with_nothing_in_between() {
+    let mut w = World::new(12, STEP);
+    let params = ConnectionParams::receive(64, 4);
+    let (server, client, addr) = w.pair(
+        rdma(),
+        BackendConfig {
+            send_queue_depth: 4,
+            ..rdma()
+        },
+        &params,
+    );
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let (g, s2) = (got.clone(), server.clone());
+    w.spawn(async move {
+        let conn = s2.accept().await.unwrap();
+        while let Some(m) = conn.recv().await {
+            g.borrow_mut().push(m);
+        }
+    });
+    let done = Rc::new(RefCell::new(Vec::new()));
+    let (d, c2) = (done.clone(), client.clone());
+    w.spawn(async move {
+        let conn = c2.connect(addr, params).await.unwrap();
+        let batch: Vec<Vec<u8>> = (0..100).map(msg).collect();
+        let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+        let after = msg(100);
+        // The batch is polled first, then a single send that must wait
+        // behind all of it although room comes and goes meanwhile.
+        let (b, s) = futures::future::join(conn.send_batch(&refs), async {
+            let r = conn.send(&after).await;
+            d.borrow_mut().push("single");
+            r
+        })
+        .await;
+        b.expect("the batch completed");
+        s.expect("the single send completed");
+        let empty: [&[u8]; 0] = [];
+        conn.send_batch(&empty).await.expect("an empty batch");
+        d.borrow_mut().push("batch");
+    });
+    assert!(w.run_until(|| done.borrow().len() == 2 && got.borrow().len() == 101));
+    assert_eq!(
+        *got.borrow(),
+        (0..101).map(msg).collect::<Vec<_>>(),
+        "every message once, in order, the single send after the batch"
+    );
+}

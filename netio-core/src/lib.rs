@@ -62,6 +62,7 @@ mod buffer;
 mod conn;
 mod error;
 mod event_loop;
+pub mod fast_map;
 mod free_list;
 mod handler;
 pub mod ledger;

@@ -20,7 +20,6 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::ptr;
@@ -31,42 +30,7 @@ use netio_core::ledger::{LedgerFull, SendLedger, SendSeq};
 use netio_core::{BufferPool, Lent, MemoryRegion, NetworkBuffer};
 use netio_libfabric_sys as sys;
 
-/// A map keyed by an operation context's address or a small integer,
-/// hashed with one multiplication per lookup (the standard hasher's
-/// SipHash costs more than the rest of a lookup on the per-message path;
-/// keys come from this process, not from peers).
-pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
-
-/// The hasher of [`FastMap`]: integer keys multiplied by an odd constant,
-/// the high half folded into the low (a table's bucket index), so that
-/// aligned addresses spread too.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct FastHasher(u64);
-
-impl Hasher for FastHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        let x = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        self.0 = x ^ (x >> 32);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-}
+pub(crate) use netio_core::fast_map::FastMap;
 
 /// The libfabric API version asked for.
 const API_VERSION: u32 = sys::FI_VERSION(1, 17);
