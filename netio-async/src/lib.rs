@@ -150,12 +150,48 @@ enum SendState {
     Abandoned,
 }
 
+/// Received messages not yet read: their bytes one after another in one
+/// ring, and their lengths. A message costs no allocation of its own until
+/// it is read as a `Vec` ([`AsyncConn::recv_into`] reads it with none).
+#[derive(Default)]
+struct Inbox {
+    bytes: VecDeque<u8>,
+    lens: VecDeque<usize>,
+}
+
+impl Inbox {
+    fn push(&mut self, data: &[u8]) {
+        self.bytes.extend(data);
+        self.lens.push_back(data.len());
+    }
+
+    fn len(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Moves the oldest message into `out` (replacing what it held);
+    /// `false` when there is none.
+    fn pop_into(&mut self, out: &mut Vec<u8>) -> bool {
+        let Some(n) = self.lens.pop_front() else {
+            return false;
+        };
+        out.clear();
+        out.reserve(n);
+        let (a, b) = self.bytes.as_slices();
+        let from_a = n.min(a.len());
+        out.extend_from_slice(&a[..from_a]);
+        out.extend_from_slice(&b[..n - from_a]);
+        self.bytes.drain(..n);
+        true
+    }
+}
+
 struct ConnState {
     phase: Phase,
     remote: EndpointAddress,
     /// Wakes the connect future.
     opening: Option<Waker>,
-    received: VecDeque<Vec<u8>>,
+    received: Inbox,
     reader: Option<Waker>,
     /// Receiving is paused at the provider (by the high-water mark or by
     /// hand).
@@ -181,7 +217,7 @@ impl ConnState {
             phase,
             remote,
             opening: None,
-            received: VecDeque::new(),
+            received: Inbox::default(),
             reader: None,
             paused: false,
             held: false,
@@ -331,7 +367,7 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
         };
-        c.received.push_back(data.to_vec());
+        c.received.push(data);
         if c.received.len() >= c.high_water && !c.paused && b.pause_receive(conn).is_ok() {
             c.paused = true;
         }
@@ -718,6 +754,14 @@ impl<B: Backend + Clone> AsyncConn<B> {
         futures::future::poll_fn(move |cx| self.poll_recv(cx))
     }
 
+    /// Reads the next message into `buf` (replacing what it held), with no
+    /// allocation once `buf` has grown to the size of the messages:
+    /// resolves `true` with a message, `false` once the connection is
+    /// closed and every message that arrived before the close was read.
+    pub fn recv_into<'a>(&'a self, buf: &'a mut Vec<u8>) -> impl Future<Output = bool> + 'a {
+        futures::future::poll_fn(move |cx| self.poll_recv_into(cx, buf))
+    }
+
     /// The received messages as a stream (ends with the connection).
     pub fn messages(&self) -> Messages<'_, B> {
         Messages { conn: self }
@@ -743,11 +787,16 @@ impl<B: Backend + Clone> AsyncConn<B> {
     }
 
     fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Vec<u8>>> {
+        let mut m = Vec::new();
+        self.poll_recv_into(cx, &mut m).map(|got| got.then_some(m))
+    }
+
+    fn poll_recv_into(&self, cx: &mut Context<'_>, out: &mut Vec<u8>) -> Poll<bool> {
         let mut st = self.shared.lock();
         let Some(c) = st.conns.get_mut(&self.id) else {
-            return Poll::Ready(None);
+            return Poll::Ready(false);
         };
-        if let Some(m) = c.received.pop_front() {
+        if c.received.pop_into(out) {
             if c.paused
                 && !c.held
                 && c.received.len() <= c.high_water / 2
@@ -756,10 +805,10 @@ impl<B: Backend + Clone> AsyncConn<B> {
             {
                 c.paused = false;
             }
-            return Poll::Ready(Some(m));
+            return Poll::Ready(true);
         }
         match c.phase {
-            Phase::Closed(_) | Phase::Refused(_) => Poll::Ready(None),
+            Phase::Closed(_) | Phase::Refused(_) => Poll::Ready(false),
             Phase::Opening | Phase::Open => {
                 c.reader = Some(cx.waker().clone());
                 Poll::Pending
@@ -1083,5 +1132,39 @@ impl Drop for Sleep<'_> {
     fn drop(&mut self) {
         // A timer has no cancel: forget the token; `on_timer` ignores it.
         self.shared.lock().timers.remove(&self.token);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Inbox;
+
+    #[test]
+    fn the_inbox_gives_messages_back_whole_and_in_order_across_its_ring_wrapping() {
+        let mut inbox = Inbox::default();
+        let mut out = vec![9u8; 3];
+        assert!(!inbox.pop_into(&mut out));
+        let msg = |i: usize| vec![i as u8; i % 7];
+        let (mut next_in, mut next_out) = (0, 0);
+        // Pushes and pops interleaved, so the ring wraps many times.
+        for round in 0..200 {
+            for _ in 0..(round % 5) + 1 {
+                inbox.push(&msg(next_in));
+                next_in += 1;
+            }
+            for _ in 0..(round % 3) + 1 {
+                if inbox.pop_into(&mut out) {
+                    assert_eq!(out, msg(next_out), "message {next_out}");
+                    next_out += 1;
+                }
+            }
+            assert_eq!(inbox.len(), next_in - next_out);
+        }
+        while inbox.pop_into(&mut out) {
+            assert_eq!(out, msg(next_out));
+            next_out += 1;
+        }
+        assert_eq!(next_out, next_in);
+        assert!(inbox.bytes.is_empty());
     }
 }

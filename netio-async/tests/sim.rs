@@ -649,3 +649,37 @@ fn a_batch_larger_than_the_send_queue_arrives_whole_and_in_order_with_nothing_in
         "every message once, in order, the single send after the batch"
     );
 }
+
+#[test]
+fn recv_into_reads_each_message_into_one_buffer_and_ends_with_the_connection() {
+    let mut w = World::new(14, STEP);
+    let params = ConnectionParams::receive(64, 8);
+    let (server, client, addr) = w.pair(rdma(), rdma(), &params);
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let ended = Rc::new(RefCell::new(false));
+    let (g, e, s2) = (got.clone(), ended.clone(), server.clone());
+    w.spawn(async move {
+        let conn = s2.accept().await.unwrap();
+        let mut buf = Vec::new();
+        while conn.recv_into(&mut buf).await {
+            g.borrow_mut().push(buf.clone());
+        }
+        *e.borrow_mut() = true;
+    });
+    let c2 = client.clone();
+    let sizes = [5usize, 0, 64, 1, 17];
+    w.spawn(async move {
+        let conn = c2.connect(addr, params).await.unwrap();
+        for (i, n) in sizes.iter().enumerate() {
+            conn.send(&vec![i as u8; *n]).await.unwrap();
+        }
+        conn.close().unwrap();
+    });
+    assert!(w.run_until(|| *ended.borrow()));
+    let want: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| vec![i as u8; *n])
+        .collect();
+    assert_eq!(*got.borrow(), want);
+}

@@ -712,7 +712,10 @@ impl FrameDecoder {
 
     /// Moves the buffered bytes to the front when the item they begin needs
     /// more room than is left, or when few bytes are buffered (cheap to
-    /// move, and frees the most room for the next read).
+    /// move, and frees the most room for the next read). A full buffer
+    /// whose first frame is whole stays put: its frames are taken first
+    /// (a receiver paused with its buffer full would otherwise move it all
+    /// at each resume).
     fn make_room(&mut self) {
         if self.start == self.end {
             self.start = 0;
@@ -724,7 +727,7 @@ impl FrameDecoder {
         }
         let pending = self.buffered();
         let cap = self.buf.len();
-        if pending < MIN_DECODER_BUFFER || self.end == cap || self.start + self.needed() > cap {
+        if pending < MIN_DECODER_BUFFER || self.start + self.needed() > cap {
             self.buf.copy_within(self.start..self.end, 0);
             self.start = 0;
             self.end = pending;
@@ -1202,6 +1205,45 @@ mod tests {
             }
         }
         assert_eq!(seen, 2);
+    }
+
+    /// A full buffer whose first frame is whole (a paused receiver's) is
+    /// not moved when read room is asked for: the room is empty until its
+    /// frames were taken, and then the whole buffer is free.
+    #[test]
+    fn a_full_buffer_of_whole_frames_is_taken_before_it_is_moved() {
+        let mut dec = FrameDecoder::new(4096, Some(100));
+        let cap = dec.capacity();
+        let frame = data_frame(&[5u8; 64]);
+        let mut stream = Vec::new();
+        while stream.len() < 2 * cap {
+            stream.extend_from_slice(&frame);
+        }
+        let mut rest = &stream[..];
+        let n = dec.feed(rest);
+        rest = &rest[n..];
+        assert_eq!(dec.buffered(), cap, "full");
+        // Take one frame, as a receiver does before it pauses.
+        assert!(dec.next_frame().unwrap().is_some());
+        let pending = dec.buffered();
+        assert!(pending > MIN_DECODER_BUFFER);
+        assert!(dec.read_buf().is_empty(), "no room and nothing moved");
+        assert_eq!(dec.buffered(), pending);
+        // Take every whole frame: the rest is less than a frame, cheap to
+        // move, and the room is the whole buffer but it.
+        let mut taken = 1;
+        while dec.next_frame().unwrap().is_some() {
+            taken += 1;
+        }
+        let left = dec.buffered();
+        assert!(left < frame.len());
+        assert_eq!(dec.read_buf().len(), cap - left);
+        let n = dec.feed(rest);
+        assert!(n > 0);
+        while dec.next_frame().unwrap().is_some() {
+            taken += 1;
+        }
+        assert_eq!(taken, (cap + n) / frame.len());
     }
 
     #[test]
