@@ -1,63 +1,190 @@
-//! The async API under tokio: an echo server and a client as tokio tasks
-//! on a multi-threaded runtime, over TCP on 127.0.0.1. The provider's own
-//! loop runs on a thread of its own; tokio only polls the futures.
+//! The async API inside tokio, with no thread for the netio loop: the loop
+//! is driven by a tokio task (`tokio_driver::drive`), and an echo server
+//! and a client run as tokio tasks over TCP on 127.0.0.1. Then the same
+//! 64-byte ping-pong written with tokio's own `TcpStream`, alternated with
+//! the netio one on the same current-thread runtime, so the round trips
+//! compare under the same conditions.
 //!
 //! ```text
-//! cargo run -p netio-async --example tokio_echo
+//! cargo run --release -p netio-async --example tokio_echo [-- --runs 5]
 //! ```
 
-use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use netio_async::AsyncBackend;
+use netio_async::{tokio_driver, AsyncBackend};
 use netio_core::mio_loop::MioLoop;
-use netio_core::{BackendConfig, ConnectionParams, EndpointAddress, EventLoop, Provider};
+use netio_core::{BackendConfig, ConnectionParams, EndpointAddress, Provider};
 use netio_tcp::TcpProvider;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
-fn main() {
-    let lp = MioLoop::new().expect("loop");
-    let runner = lp.clone();
-    let loop_thread = thread::spawn(move || runner.run(|| {}));
+const MSG: [u8; 64] = [7; 64];
+const ROUND_TRIPS: u32 = 5_000;
 
-    let server = AsyncBackend::new(|h| TcpProvider::create(&lp, BackendConfig::default(), h))
+/// netio ping-pong, both sides tokio tasks: mean round trip.
+async fn netio_pingpong(lp: &MioLoop) -> Duration {
+    let server = AsyncBackend::new(|h| TcpProvider::create(lp, BackendConfig::default(), h))
         .expect("server backend");
-    let client = AsyncBackend::new(|h| TcpProvider::create(&lp, BackendConfig::default(), h))
+    let client = AsyncBackend::new(|h| TcpProvider::create(lp, BackendConfig::default(), h))
         .expect("client backend");
-    let params = ConnectionParams::receive(1024, 16);
+    let params = ConnectionParams::receive(256, 16);
     let addr = server
         .listen(EndpointAddress::localhost(0), params.clone())
         .expect("listen");
+    let echo = tokio::spawn(async move {
+        let conn = server.accept().await.expect("accepted");
+        while let Some(m) = conn.recv().await {
+            if conn.send(&m).await.is_err() {
+                break;
+            }
+        }
+    });
+    let conn = client.connect(addr, params).await.expect("connected");
+    let t = Instant::now();
+    for _ in 0..ROUND_TRIPS {
+        conn.send(&MSG).await.expect("completed");
+        let back = conn.recv().await.expect("an echo");
+        assert_eq!(back.len(), MSG.len());
+    }
+    let rtt = t.elapsed() / ROUND_TRIPS;
+    conn.close().expect("close");
+    echo.await.expect("echo task");
+    rtt
+}
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_time()
+/// netio ping-pong, both sides tasks of the netio loop (awaited from
+/// tokio): mean round trip.
+async fn netio_loop_pingpong(lp: &MioLoop) -> Duration {
+    let server = std::sync::Arc::new(
+        AsyncBackend::new(|h| TcpProvider::create(lp, BackendConfig::default(), h))
+            .expect("server backend"),
+    );
+    let client = std::sync::Arc::new(
+        AsyncBackend::new(|h| TcpProvider::create(lp, BackendConfig::default(), h))
+            .expect("client backend"),
+    );
+    let params = ConnectionParams::receive(256, 16);
+    let addr = server
+        .listen(EndpointAddress::localhost(0), params.clone())
+        .expect("listen");
+    let s = server.clone();
+    let echo = server.spawn(async move {
+        let conn = s.accept().await.expect("accepted");
+        while let Some(m) = conn.recv().await {
+            if conn.send(&m).await.is_err() {
+                break;
+            }
+        }
+    });
+    let c = client.clone();
+    let rtt = client
+        .spawn(async move {
+            let conn = c.connect(addr, params).await.expect("connected");
+            let t = Instant::now();
+            for _ in 0..ROUND_TRIPS {
+                conn.send(&MSG).await.expect("completed");
+                let back = conn.recv().await.expect("an echo");
+                assert_eq!(back.len(), MSG.len());
+            }
+            let rtt = t.elapsed() / ROUND_TRIPS;
+            conn.close().expect("close");
+            rtt
+        })
+        .await;
+    echo.await;
+    rtt
+}
+
+/// The same exchange with tokio's `TcpStream` (no delay): mean round trip.
+async fn tokio_pingpong() -> Duration {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let echo = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accepted");
+        s.set_nodelay(true).expect("nodelay");
+        let mut buf = [0u8; 64];
+        while s.read_exact(&mut buf).await.is_ok() {
+            if s.write_all(&buf).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut s = TcpStream::connect(addr).await.expect("connected");
+    s.set_nodelay(true).expect("nodelay");
+    let mut buf = [0u8; 64];
+    let t = Instant::now();
+    for _ in 0..ROUND_TRIPS {
+        s.write_all(&MSG).await.expect("written");
+        s.read_exact(&mut buf).await.expect("an echo");
+    }
+    let rtt = t.elapsed() / ROUND_TRIPS;
+    drop(s);
+    echo.await.expect("echo task");
+    rtt
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let runs: usize = std::env::args()
+        .skip_while(|a| a != "--runs")
+        .nth(1)
+        .map(|n| n.parse().expect("--runs N"))
+        .unwrap_or(5);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
         .expect("tokio runtime");
-    let echoed = rt.block_on(async move {
-        let echo = tokio::spawn(async move {
-            let conn = server.accept().await.expect("accepted");
-            let mut n = 0;
-            while let Some(m) = conn.recv().await {
-                conn.send(&m).await.expect("echo completed");
-                n += 1;
-            }
-            n
-        });
-        let conn = client.connect(addr, params).await.expect("connected");
-        for i in 0..100u32 {
-            let msg = format!("ping {i}");
-            conn.send(msg.as_bytes()).await.expect("completed");
-            let back = tokio::time::timeout(Duration::from_secs(10), conn.recv())
-                .await
-                .expect("an echo within 10 s")
-                .expect("connection open");
-            assert_eq!(back, msg.as_bytes());
+    let (netio, plain, ratio) = rt.block_on(async {
+        let lp = MioLoop::new().expect("loop");
+        let driver = tokio::spawn(tokio_driver::drive(lp.clone()));
+        let (mut netio, mut plain, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut lnetio, mut lratio) = (Vec::new(), Vec::new());
+        for run in 0..runs {
+            // A B C, then C B A, ...
+            let (n, l, p) = if run % 2 == 0 {
+                let n = netio_pingpong(&lp).await;
+                let l = netio_loop_pingpong(&lp).await;
+                (n, l, tokio_pingpong().await)
+            } else {
+                let p = tokio_pingpong().await;
+                let l = netio_loop_pingpong(&lp).await;
+                (netio_pingpong(&lp).await, l, p)
+            };
+            netio.push(n.as_secs_f64() * 1e6);
+            lnetio.push(l.as_secs_f64() * 1e6);
+            plain.push(p.as_secs_f64() * 1e6);
+            ratio.push(n.as_secs_f64() / p.as_secs_f64());
+            lratio.push(l.as_secs_f64() / p.as_secs_f64());
         }
-        conn.close().expect("close");
-        echo.await.expect("echo task")
+        driver.abort();
+        ((netio, lnetio), plain, (ratio, lratio))
     });
-    println!("tokio: {echoed} messages echoed over TCP through netio-async");
-    lp.stop();
-    let _ = loop_thread.join();
-    assert_eq!(echoed, 100);
+    let ((netio, lnetio), (ratio, lratio)) = (netio, ratio);
+    let range = |v: &[f64]| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(*x), h.max(*x)));
+        format!("{lo:.2}-{hi:.2}")
+    };
+    println!(
+        "tokio current-thread runtime, TCP 127.0.0.1, 64 B ping-pong, {runs} alternated pairs, {ROUND_TRIPS} round trips each"
+    );
+    let plain = median(plain);
+    println!("mean round trip: tokio TcpStream {plain:.1} us");
+    println!(
+        "  netio-async, tokio tasks, loop driven by tokio: {:.1} us: {:.2}x (range {})",
+        median(netio),
+        median(ratio.clone()),
+        range(&ratio)
+    );
+    println!(
+        "  netio-async, tasks of the netio loop, loop driven by tokio: {:.1} us: {:.2}x (range {})",
+        median(lnetio),
+        median(lratio.clone()),
+        range(&lratio)
+    );
 }

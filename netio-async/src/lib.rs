@@ -75,6 +75,8 @@ use futures::Stream;
 
 mod exec;
 pub mod session;
+#[cfg(feature = "tokio")]
+pub mod tokio_driver;
 pub use exec::Task;
 use exec::{Executor, Output, EXEC_TOKEN};
 use netio_core::fast_map::FastMap;

@@ -893,6 +893,118 @@ fn a_busy_loop_runs_a_timer_started_from_another_thread_at_its_deadline() {
     running.stop();
 }
 
+/// Waits until `fd` is readable, at most `ms` milliseconds, through an
+/// epoll instance of its own (which reports an fd that is ready when it is
+/// added).
+fn readable_within(fd: std::os::fd::RawFd, ms: u64) -> bool {
+    let mut poll = mio::Poll::new().unwrap();
+    let mut events = mio::Events::with_capacity(4);
+    poll.registry()
+        .register(&mut SourceFd(&fd), mio::Token(1), Interest::READABLE)
+        .unwrap();
+    poll.poll(&mut events, Some(Duration::from_millis(ms)))
+        .unwrap();
+    !events.is_empty()
+}
+
+/// A loop driven one turn at a time from outside (`MioLoop::turn`): a
+/// ready source is dispatched in the turn that finds it, the returned wait
+/// says when to turn again, and the loop's descriptor becomes readable
+/// when another thread gives it work.
+#[test]
+fn a_loop_driven_by_turns_dispatches_what_is_ready_and_says_when_to_turn_again() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let fd = el.as_raw_fd();
+    assert_eq!(el.turn(Duration::ZERO), None, "idle: nothing to wait for");
+
+    // A ready source, dispatched by the turn that finds it.
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    let reads = Arc::new(AtomicUsize::new(0));
+    {
+        let reads = Arc::clone(&reads);
+        el.register(&mut b, Interest::READABLE, move |_| {
+            reads.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    }
+    a.write_all(b"x").unwrap();
+    assert!(
+        readable_within(fd, 2_000),
+        "a ready source makes the fd readable"
+    );
+    el.turn(Duration::ZERO);
+    assert_eq!(count(&reads), 1);
+
+    // Work posted from the loop thread: turn again at once. A chain of
+    // closures, each posting the next, takes several turns.
+    fn chain(el: &MioLoop, ran: Arc<AtomicUsize>, left: usize) {
+        if left == 0 {
+            return;
+        }
+        let el2 = el.clone();
+        el.post(move || {
+            ran.fetch_add(1, Ordering::SeqCst);
+            chain(&el2, ran, left - 1);
+        });
+    }
+    let ran = Arc::new(AtomicUsize::new(0));
+    chain(&el, Arc::clone(&ran), 10);
+    let mut again = 0;
+    while el.turn(Duration::ZERO) == Some(Duration::ZERO) {
+        again += 1;
+        assert!(again < 100);
+    }
+    assert_eq!(count(&ran), 10);
+    assert!(
+        again >= 2,
+        "each turn said to turn again while the chain went on"
+    );
+
+    // A timer: the wait is the time to its deadline.
+    let t = el.timer(|| {});
+    t.start(Duration::from_secs(60));
+    let wait = el.turn(Duration::ZERO).expect("a timer to wait for");
+    assert!(wait > Duration::from_secs(59) && wait <= Duration::from_secs(60));
+    t.stop();
+
+    // A post from another thread makes the fd readable.
+    while el.turn(Duration::ZERO) == Some(Duration::ZERO) {}
+    assert!(!readable_within(fd, 10));
+    let posted = Arc::new(AtomicUsize::new(0));
+    {
+        let (el2, posted) = (el.clone(), Arc::clone(&posted));
+        thread::spawn(move || {
+            el2.post(move || {
+                posted.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .join()
+        .unwrap();
+    }
+    assert!(
+        readable_within(fd, 2_000),
+        "another thread's post wakes the driver"
+    );
+    el.turn(Duration::ZERO);
+    assert_eq!(count(&posted), 1);
+}
+
+#[test]
+fn turn_waits_at_most_its_bound_and_refuses_a_loop_running_elsewhere() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let t = Instant::now();
+    assert_eq!(el.turn(Duration::from_millis(20)), None);
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(19), "waited {waited:?}");
+    let running = Running::start(&el);
+    let el2 = el.clone();
+    let r = thread::spawn(move || el2.turn(Duration::ZERO)).join();
+    assert!(r.is_err(), "turn on a loop that runs elsewhere panics");
+    running.stop();
+}
+
 /// Open file descriptors of this process.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -347,6 +347,80 @@ impl MioLoop {
         true
     }
 
+    /// Runs the loop for one turn on the calling thread, for an
+    /// application that drives it from another event loop (tokio, for
+    /// example) instead of giving it a thread in [`run`](EventLoop::run):
+    /// dispatches what epoll reports (waiting at most `max_wait` when there
+    /// is nothing to do), then runs the posted closures, the ready signals
+    /// and the due timers, as a turn of `run` does. The calling thread is
+    /// the loop thread until `turn` returns.
+    ///
+    /// Returns how long the driver may wait before the next turn:
+    /// `Some(Duration::ZERO)` when work is already waiting (turn again
+    /// soon, after letting the driver's other tasks run), the time to the
+    /// earliest timer, or `None` for as long as nothing happens. Something
+    /// happens when the loop's file descriptor ([`AsRawFd`], the epoll
+    /// instance) becomes readable: a source is ready, or another thread
+    /// posted, fired a signal, started a timer or called
+    /// [`stop`](EventLoop::stop). Register that descriptor with the
+    /// driver's reactor for readability and call `turn` when it reports
+    /// it (or the time is up). A stop request is left for `run`.
+    ///
+    /// # Panics
+    ///
+    /// When the loop is running on another thread (or `turn` is called
+    /// from one of its callbacks), and when epoll fails (not for `EINTR`).
+    ///
+    /// [`AsRawFd`]: std::os::fd::AsRawFd
+    pub fn turn(&self, max_wait: Duration) -> Option<Duration> {
+        self.turn_with(Some(max_wait))
+    }
+
+    /// A [`turn`](Self::turn) that does not ask epoll: runs what already
+    /// waits (events an earlier turn fetched and left, posted closures,
+    /// ready signals, due timers). For a driver told to turn again at once
+    /// (`Some(Duration::ZERO)`) whose reactor reports no readiness of the
+    /// loop's descriptor meanwhile: it saves the system call of a look at
+    /// epoll that would find nothing.
+    ///
+    /// # Panics
+    ///
+    /// As [`turn`](Self::turn).
+    pub fn run_pending(&self) -> Option<Duration> {
+        self.turn_with(None)
+    }
+
+    fn turn_with(&self, poll: Option<Duration>) -> Option<Duration> {
+        let inner = self.inner();
+        let state = {
+            let mut slot = lock(&inner.poll);
+            let state = slot
+                .take()
+                .expect("MioLoop::turn: the loop is running on another thread");
+            inner.running_on.store(thread_token(), Ordering::Release);
+            state
+        };
+        let mut guard = RunGuard {
+            inner,
+            state: Some(state),
+        };
+        let st = guard.state.as_mut().expect("poll state present");
+        // What an earlier turn fetched and left, then what is ready now.
+        if inner.work(st) {
+            if let Some(max_wait) = poll {
+                inner.poll(st, Some(max_wait));
+                inner.work(st);
+            }
+        }
+        let events_left = st.events.iter().nth(st.next).is_some();
+        drop(guard);
+        if events_left {
+            Some(Duration::ZERO)
+        } else {
+            inner.sleep_for()
+        }
+    }
+
     /// `true` while a thread is inside [`run`](EventLoop::run).
     pub fn is_running(&self) -> bool {
         self.inner().running_on.load(Ordering::Acquire) != 0
@@ -449,6 +523,14 @@ impl EventLoop for MioLoop {
     }
 }
 
+/// The loop's epoll instance: readable when the loop has something to do
+/// (see [`MioLoop::turn`]).
+impl std::os::fd::AsRawFd for MioLoop {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.inner().registry.as_raw_fd()
+    }
+}
+
 impl fmt::Debug for MioLoop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MioLoop")
@@ -513,11 +595,7 @@ impl Inner {
     /// One turn of the loop. Returns early (leaving the rest for the next
     /// turn) as soon as a callback requested a stop.
     fn turn(&self, st: &mut PollState) {
-        if !self.dispatch_events(st) {
-            return;
-        }
-        self.control.begin_look();
-        if !self.run_posts() || !self.run_signals() || !self.run_timers() {
+        if !self.work(st) {
             return;
         }
         if self.control.busy_poll() && self.spin_count.load(Ordering::Acquire) > 0 {
@@ -533,11 +611,40 @@ impl Inner {
             }
             st.spin_turns = 0;
         }
-        let timeout = self.control.poll_timeout(
+        self.poll(st, None);
+    }
+
+    /// Dispatches the events of the last poll, then runs the posted
+    /// closures, the ready signals and the due timers. `false` when a
+    /// callback requested a stop (the rest waits for the next turn).
+    fn work(&self, st: &mut PollState) -> bool {
+        if !self.dispatch_events(st) {
+            return false;
+        }
+        self.control.begin_look();
+        self.run_posts() && self.run_signals() && self.run_timers()
+    }
+
+    /// How long the loop may sleep in epoll: zero with work announced or
+    /// signals ready, until the earliest timer, or for ever (`None`).
+    fn sleep_for(&self) -> Option<Duration> {
+        self.control.poll_timeout(
             || !self.signal_queue.is_empty(),
             || self.timers.next_deadline(),
             Instant::now,
-        );
+        )
+    }
+
+    /// Asks epoll for events, waiting as long as [`sleep_for`] allows and
+    /// at most `cap`.
+    ///
+    /// [`sleep_for`]: Self::sleep_for
+    fn poll(&self, st: &mut PollState, cap: Option<Duration>) {
+        let timeout = match (self.sleep_for(), cap) {
+            (Some(t), Some(c)) => Some(t.min(c)),
+            (t, None) => t,
+            (None, c) => c,
+        };
         st.next = 0;
         match st.poll.poll(&mut st.events, timeout) {
             Ok(()) => {}

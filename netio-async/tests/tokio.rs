@@ -1,0 +1,145 @@
+//! A netio loop driven from tokio (`tokio_driver::drive`), with no thread
+//! of its own: TCP over 127.0.0.1 served to tokio tasks and to the loop's
+//! own tasks, timers on the loop clock, on a current-thread and on a
+//! multi-thread runtime. Each test bounds its run with a tokio timeout.
+
+use std::sync::Arc;
+use std::thread::{self, ThreadId};
+use std::time::{Duration, Instant};
+
+use netio_async::{tokio_driver, AsyncBackend};
+use netio_core::mio_loop::MioLoop;
+use netio_core::{BackendConfig, ConnectionParams, EndpointAddress, Provider};
+use netio_tcp::{TcpBackend, TcpProvider};
+
+fn backend(lp: &MioLoop) -> Arc<AsyncBackend<TcpBackend>> {
+    Arc::new(
+        AsyncBackend::new(|h| TcpProvider::create(lp, BackendConfig::default(), h))
+            .expect("backend"),
+    )
+}
+
+fn msg(i: usize) -> Vec<u8> {
+    format!("message {i:04}").into_bytes()
+}
+
+/// An echo of `n` messages between a loop task (the server) and a tokio
+/// task (the client); the threads the server task ran on.
+async fn echo(lp: &MioLoop, n: usize) -> Vec<ThreadId> {
+    let (server, client) = (backend(lp), backend(lp));
+    let params = ConnectionParams::receive(256, 8);
+    let addr = server
+        .listen(EndpointAddress::localhost(0), params.clone())
+        .unwrap();
+    let s = Arc::clone(&server);
+    let served = server.spawn(async move {
+        let mut threads = Vec::new();
+        let conn = s.accept().await.expect("accepted");
+        while let Some(m) = conn.recv().await {
+            threads.push(thread::current().id());
+            if conn.send(&m).await.is_err() {
+                break;
+            }
+        }
+        threads
+    });
+    let conn = client.connect(addr, params).await.expect("connected");
+    for i in 0..n {
+        conn.send(&msg(i)).await.expect("sent");
+        assert_eq!(conn.recv().await.expect("an echo"), msg(i));
+    }
+    conn.close().unwrap();
+    served.await
+}
+
+#[test]
+fn on_a_current_thread_runtime_the_loop_runs_on_the_runtimes_own_thread() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let me = thread::current().id();
+    rt.block_on(async {
+        let lp = MioLoop::new().unwrap();
+        let driver = tokio::spawn(tokio_driver::drive(lp.clone()));
+        let threads = tokio::time::timeout(Duration::from_secs(30), echo(&lp, 200))
+            .await
+            .expect("the echo finished within 30 s");
+        assert_eq!(threads.len(), 200);
+        assert!(
+            threads.iter().all(|t| *t == me),
+            "the loop's tasks ran on the runtime's thread: no thread of its own"
+        );
+        driver.abort();
+    });
+}
+
+#[test]
+fn on_a_multi_thread_runtime_tokio_and_loop_tasks_share_the_loop_and_its_timers() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let lp = MioLoop::new().unwrap();
+        let driver = tokio::spawn(tokio_driver::drive(lp.clone()));
+        let lp2 = lp.clone();
+        let threads = tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_secs(30), echo(&lp2, 200)).await
+        })
+        .await
+        .unwrap()
+        .expect("the echo finished within 30 s");
+        assert_eq!(threads.len(), 200);
+        // A sleep on the loop's clock, from a tokio task and from a loop
+        // task: the driver turns the loop when its timer is due.
+        let b = backend(&lp);
+        let t = Instant::now();
+        b.sleep(Duration::from_millis(20)).await;
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        let b2 = Arc::clone(&b);
+        let t = Instant::now();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            b.spawn(async move { b2.sleep(Duration::from_millis(20)).await }),
+        )
+        .await
+        .expect("the loop task's sleep ended");
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        driver.abort();
+    });
+}
+
+#[test]
+fn a_driver_aborted_leaves_a_loop_that_runs_on_a_thread_again() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let lp = MioLoop::new().unwrap();
+    rt.block_on(async {
+        let driver = tokio::spawn(tokio_driver::drive(lp.clone()));
+        tokio::time::timeout(Duration::from_secs(30), echo(&lp, 10))
+            .await
+            .expect("the echo finished within 30 s");
+        driver.abort();
+        assert!(driver.await.unwrap_err().is_cancelled());
+    });
+    // The same loop, now on a thread of its own.
+    let runner = lp.clone();
+    let t = thread::spawn(move || netio_core::EventLoop::run(&runner, || {}));
+    let served = futures::executor::block_on(async {
+        let (server, client) = (backend(&lp), backend(&lp));
+        let params = ConnectionParams::receive(256, 8);
+        let addr = server
+            .listen(EndpointAddress::localhost(0), params.clone())
+            .unwrap();
+        let accept = async { server.accept().await.is_some() };
+        let connect = async { client.connect(addr, params).await.is_ok() };
+        futures::future::join(accept, connect).await
+    });
+    assert_eq!(served, (true, true));
+    netio_core::EventLoop::stop(&lp);
+    t.join().unwrap();
+}
