@@ -242,6 +242,72 @@ impl ConnState {
         self.waiting.drain(..).for_each(Waker::wake);
     }
 
+    /// The outcome of the send with `key`, made already: its completion or
+    /// cancellation, or pending (the waker kept for it).
+    fn poll_sent(&mut self, key: u64, cx: &Context<'_>) -> Poll<Result<(), SendFailed>> {
+        match self.sends.remove(&key) {
+            Some(SendState::Completed) => Poll::Ready(Ok(())),
+            Some(SendState::Cancelled(r)) => Poll::Ready(Err(SendFailed::Cancelled(r))),
+            Some(SendState::InFlight(_) | SendState::Abandoned) | None => {
+                self.sends
+                    .insert(key, SendState::InFlight(Some(cx.waker().clone())));
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The failure of a send not made yet on a closed connection (it
+    /// leaves the line of sends waiting for room).
+    fn closed_before_send(&mut self, ticket: &mut Option<u64>) -> Option<SendFailed> {
+        let r = self.closed()?.clone();
+        let t = ticket.take();
+        self.leave_queue(t);
+        Some(SendFailed::Closed(r))
+    }
+
+    /// Whether a send holding `ticket` (or none yet) may try now.
+    fn first_in_line(&self, ticket: Option<u64>) -> bool {
+        match ticket {
+            Some(t) => self.queue.front() == Some(&t),
+            None => self.queue.is_empty(),
+        }
+    }
+
+    /// A send future dropped: it leaves the line, and its outcome, if its
+    /// send was made, is forgotten when it comes.
+    fn abandon(&mut self, ticket: Option<u64>, key: Option<u64>) {
+        self.leave_queue(ticket);
+        let Some(key) = key else { return };
+        if let Some(s @ SendState::InFlight(_)) = self.sends.get_mut(&key) {
+            *s = SendState::Abandoned;
+        } else {
+            self.sends.remove(&key);
+        }
+    }
+
+    /// Waits for room: takes a place at the end of the line unless it
+    /// holds one, and is woken when room comes.
+    fn wait_in_line(&mut self, ticket: &mut Option<u64>, cx: &Context<'_>) {
+        if ticket.is_none() {
+            let t = self.next_ticket;
+            self.next_ticket += 1;
+            self.queue.push_back(t);
+            *ticket = Some(t);
+        }
+        self.waiting.push(cx.waker().clone());
+    }
+
+    /// Leaves the queue of sends waiting for room; the next one in line
+    /// may try.
+    fn leave_queue(&mut self, ticket: Option<u64>) {
+        let Some(t) = ticket else { return };
+        let was_first = self.queue.front() == Some(&t);
+        self.queue.retain(|&x| x != t);
+        if was_first {
+            self.waiting.drain(..).for_each(Waker::wake);
+        }
+    }
+
     fn closed(&self) -> Option<&CloseReason> {
         match &self.phase {
             Phase::Closed(r) => Some(r),
@@ -878,31 +944,6 @@ struct SendFuture<'a, B: Backend + Clone> {
     ticket: Option<u64>,
 }
 
-impl<B: Backend + Clone> SendFuture<'_, B> {
-    /// Waits for room: takes a place at the end of the line unless it
-    /// holds one, and is woken when room comes.
-    fn wait_in_line(c: &mut ConnState, ticket: &mut Option<u64>, cx: &Context<'_>) {
-        if ticket.is_none() {
-            let t = c.next_ticket;
-            c.next_ticket += 1;
-            c.queue.push_back(t);
-            *ticket = Some(t);
-        }
-        c.waiting.push(cx.waker().clone());
-    }
-
-    /// Leaves the queue of sends waiting for room; the next one in line
-    /// may try.
-    fn leave_queue(c: &mut ConnState, ticket: Option<u64>) {
-        let Some(t) = ticket else { return };
-        let was_first = c.queue.front() == Some(&t);
-        c.queue.retain(|&x| x != t);
-        if was_first {
-            c.waiting.drain(..).for_each(Waker::wake);
-        }
-    }
-}
-
 impl<B: Backend + Clone> Future for SendFuture<'_, B> {
     type Output = Result<(), SendFailed>;
 
@@ -917,29 +958,14 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
             return Poll::Ready(Err(SendFailed::Closed(CloseReason::Local)));
         };
         if self.key.is_some() {
-            return match c.sends.remove(&key) {
-                Some(SendState::Completed) => Poll::Ready(Ok(())),
-                Some(SendState::Cancelled(r)) => Poll::Ready(Err(SendFailed::Cancelled(r))),
-                Some(SendState::InFlight(_) | SendState::Abandoned) | None => {
-                    c.sends
-                        .insert(key, SendState::InFlight(Some(cx.waker().clone())));
-                    Poll::Pending
-                }
-            };
+            return c.poll_sent(key, cx);
         }
-        if let Some(r) = c.closed() {
-            let r = r.clone();
-            let ticket = self.ticket.take();
-            Self::leave_queue(c, ticket);
-            return Poll::Ready(Err(SendFailed::Closed(r)));
+        if let Some(failed) = c.closed_before_send(&mut self.ticket) {
+            return Poll::Ready(Err(failed));
         }
         // Sends waiting for room go in the order they first asked.
-        let first_in_line = match self.ticket {
-            Some(t) => c.queue.front() == Some(&t),
-            None => c.queue.is_empty(),
-        };
-        if !first_in_line {
-            Self::wait_in_line(c, &mut self.ticket, cx);
+        if !c.first_in_line(self.ticket) {
+            c.wait_in_line(&mut self.ticket, cx);
             return Poll::Pending;
         }
         let one;
@@ -975,12 +1001,11 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
             // peer's) but the close has not reached this side's state yet;
             // it will, and the send then fails with the close's reason.
             Err(SendError::NoResources | SendError::UnknownConnection(_)) => {
-                Self::wait_in_line(c, &mut self.ticket, cx);
+                c.wait_in_line(&mut self.ticket, cx);
                 Poll::Pending
             }
             Err(e) => {
-                let ticket = self.ticket.take();
-                Self::leave_queue(c, ticket);
+                c.leave_queue(self.ticket.take());
                 Poll::Ready(Err(SendFailed::Refused(e)))
             }
         }
@@ -993,13 +1018,7 @@ impl<B: Backend + Clone> Drop for SendFuture<'_, B> {
         let Some(c) = st.conns.get_mut(&self.conn.id) else {
             return;
         };
-        Self::leave_queue(c, self.ticket.take());
-        let Some(key) = self.key else { return };
-        if let Some(s @ SendState::InFlight(_)) = c.sends.get_mut(&key) {
-            *s = SendState::Abandoned;
-        } else {
-            c.sends.remove(&key);
-        }
+        c.abandon(self.ticket.take(), self.key);
     }
 }
 
@@ -1030,27 +1049,13 @@ impl<B: Backend + Clone> Future for BatchFuture<'_, B> {
             return Poll::Ready(Err(SendFailed::Closed(CloseReason::Local)));
         };
         if let Some(key) = this.last_key {
-            return match c.sends.remove(&key) {
-                Some(SendState::Completed) => Poll::Ready(Ok(())),
-                Some(SendState::Cancelled(r)) => Poll::Ready(Err(SendFailed::Cancelled(r))),
-                Some(SendState::InFlight(_) | SendState::Abandoned) | None => {
-                    c.sends
-                        .insert(key, SendState::InFlight(Some(cx.waker().clone())));
-                    Poll::Pending
-                }
-            };
+            return c.poll_sent(key, cx);
         }
-        if let Some(r) = c.closed() {
-            let r = r.clone();
-            SendFuture::<B>::leave_queue(c, this.ticket.take());
-            return Poll::Ready(Err(SendFailed::Closed(r)));
+        if let Some(failed) = c.closed_before_send(&mut this.ticket) {
+            return Poll::Ready(Err(failed));
         }
-        let first_in_line = match this.ticket {
-            Some(t) => c.queue.front() == Some(&t),
-            None => c.queue.is_empty(),
-        };
-        if !first_in_line {
-            SendFuture::<B>::wait_in_line(c, &mut this.ticket, cx);
+        if !c.first_in_line(this.ticket) {
+            c.wait_in_line(&mut this.ticket, cx);
             return Poll::Pending;
         }
         let rest = &this.messages[this.sent..];
@@ -1083,11 +1088,11 @@ impl<B: Backend + Clone> Future for BatchFuture<'_, B> {
         match error {
             // No room: a completion wakes it; it keeps its place in line.
             Some(SendError::NoResources | SendError::UnknownConnection(_)) | None => {
-                SendFuture::<B>::wait_in_line(c, &mut this.ticket, cx);
+                c.wait_in_line(&mut this.ticket, cx);
                 Poll::Pending
             }
             Some(e) => {
-                SendFuture::<B>::leave_queue(c, this.ticket.take());
+                c.leave_queue(this.ticket.take());
                 Poll::Ready(Err(SendFailed::Refused(e)))
             }
         }
@@ -1100,13 +1105,7 @@ impl<B: Backend + Clone> Drop for BatchFuture<'_, B> {
         let Some(c) = st.conns.get_mut(&self.conn.id) else {
             return;
         };
-        SendFuture::<B>::leave_queue(c, self.ticket.take());
-        let Some(key) = self.last_key else { return };
-        if let Some(s @ SendState::InFlight(_)) = c.sends.get_mut(&key) {
-            *s = SendState::Abandoned;
-        } else {
-            c.sends.remove(&key);
-        }
+        c.abandon(self.ticket.take(), self.last_key);
     }
 }
 
