@@ -144,14 +144,6 @@ enum Phase {
     Closed(CloseReason),
 }
 
-enum SendState {
-    InFlight(Option<Waker>),
-    Completed,
-    Cancelled(CloseReason),
-    /// Its future was dropped: forgotten when its outcome comes.
-    Abandoned,
-}
-
 /// Received messages not yet read: their bytes one after another in one
 /// ring, and their lengths. A message costs no allocation of its own until
 /// it is read as a `Vec` ([`AsyncConn::recv_into`] reads it with none).
@@ -202,7 +194,13 @@ struct ConnState {
     held: bool,
     /// Unread messages at which receiving pauses.
     high_water: usize,
-    sends: FastMap<u64, SendState>,
+    /// The highest key of this connection reported completed: its sends
+    /// complete in order, so every earlier one did too.
+    completed_through: Option<u64>,
+    /// The sends made and not reported completed yet, in key order, with
+    /// the waker of the future waiting for each (`None` once it was
+    /// dropped).
+    in_flight: VecDeque<(u64, Option<Waker>)>,
     /// Sends waiting for room.
     waiting: Vec<Waker>,
     /// The tickets of the sends waiting for room, oldest first: only the
@@ -224,7 +222,8 @@ impl ConnState {
             paused: false,
             held: false,
             high_water: HIGH_WATER,
-            sends: FastMap::default(),
+            completed_through: None,
+            in_flight: VecDeque::new(),
             waiting: Vec::new(),
             queue: VecDeque::new(),
             next_ticket: 0,
@@ -245,15 +244,19 @@ impl ConnState {
     /// The outcome of the send with `key`, made already: its completion or
     /// cancellation, or pending (the waker kept for it).
     fn poll_sent(&mut self, key: u64, cx: &Context<'_>) -> Poll<Result<(), SendFailed>> {
-        match self.sends.remove(&key) {
-            Some(SendState::Completed) => Poll::Ready(Ok(())),
-            Some(SendState::Cancelled(r)) => Poll::Ready(Err(SendFailed::Cancelled(r))),
-            Some(SendState::InFlight(_) | SendState::Abandoned) | None => {
-                self.sends
-                    .insert(key, SendState::InFlight(Some(cx.waker().clone())));
-                Poll::Pending
-            }
+        if self.completed_through.is_some_and(|k| key <= k) {
+            return Poll::Ready(Ok(()));
         }
+        // Closed with the send in flight: the close cancelled it.
+        if let Phase::Closed(r) = &self.phase {
+            return Poll::Ready(Err(SendFailed::Cancelled(r.clone())));
+        }
+        let waker = Some(cx.waker().clone());
+        match self.in_flight.binary_search_by_key(&key, |e| e.0) {
+            Ok(i) => self.in_flight[i].1 = waker,
+            Err(i) => self.in_flight.insert(i, (key, waker)),
+        }
+        Poll::Pending
     }
 
     /// The failure of a send not made yet on a closed connection (it
@@ -278,10 +281,8 @@ impl ConnState {
     fn abandon(&mut self, ticket: Option<u64>, key: Option<u64>) {
         self.leave_queue(ticket);
         let Some(key) = key else { return };
-        if let Some(s @ SendState::InFlight(_)) = self.sends.get_mut(&key) {
-            *s = SendState::Abandoned;
-        } else {
-            self.sends.remove(&key);
+        if let Ok(i) = self.in_flight.binary_search_by_key(&key, |e| e.0) {
+            self.in_flight[i].1 = None;
         }
     }
 
@@ -403,27 +404,19 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         conn: ConnId,
         _remote: EndpointAddress,
         reason: &CloseReason,
-        cancelled_keys: &[u64],
+        _cancelled_keys: &[u64],
     ) {
         let mut st = self.shared.lock();
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
         };
         c.phase = Phase::Closed(reason.clone());
-        for key in cancelled_keys {
-            match c.sends.remove(key) {
-                Some(SendState::InFlight(w)) => {
-                    c.sends.insert(*key, SendState::Cancelled(reason.clone()));
-                    if let Some(w) = w {
-                        w.wake();
-                    }
-                }
-                Some(SendState::Abandoned) | None => {}
-                Some(other) => {
-                    c.sends.insert(*key, other);
-                }
-            }
-        }
+        // Every send still in flight was cancelled: its future sees the
+        // close.
+        c.in_flight
+            .drain(..)
+            .filter_map(|(_, w)| w)
+            .for_each(Waker::wake);
         c.wake_all();
         if c.dropped {
             st.conns.remove(&conn);
@@ -459,17 +452,12 @@ impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {
         let Some(c) = st.conns.get_mut(&conn) else {
             return;
         };
-        for key in keys {
-            match c.sends.remove(key) {
-                Some(SendState::InFlight(w)) => {
-                    c.sends.insert(*key, SendState::Completed);
-                    if let Some(w) = w {
-                        w.wake();
-                    }
-                }
-                Some(SendState::Abandoned) | None => {}
-                Some(other) => {
-                    c.sends.insert(*key, other);
+        // In send order: the last key is the highest.
+        if let Some(&last) = keys.last() {
+            c.completed_through = Some(c.completed_through.map_or(last, |k| k.max(last)));
+            while c.in_flight.front().is_some_and(|e| e.0 <= last) {
+                if let Some((_, Some(w))) = c.in_flight.pop_front() {
+                    w.wake();
                 }
             }
         }
@@ -983,8 +971,7 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
             .send_data_copy(conn.id, parts, self.header, key)
         {
             Ok(()) => {
-                c.sends
-                    .insert(key, SendState::InFlight(Some(cx.waker().clone())));
+                c.in_flight.push_back((key, Some(cx.waker().clone())));
                 st.next_key += 1;
                 self.key = Some(key);
                 if let Some(t) = self.ticket.take() {
@@ -1076,8 +1063,7 @@ impl<B: Backend + Clone> Future for BatchFuture<'_, B> {
         let c = st.conns.get_mut(&conn.id).expect("present");
         if this.sent == this.messages.len() {
             let key = first_key + made as u64 - 1;
-            c.sends
-                .insert(key, SendState::InFlight(Some(cx.waker().clone())));
+            c.in_flight.push_back((key, Some(cx.waker().clone())));
             this.last_key = Some(key);
             if this.ticket.take().is_some() {
                 c.queue.pop_front();
