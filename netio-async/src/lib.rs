@@ -1,5 +1,6 @@
-//! An async API over any netio provider, runtime-agnostic (it depends on
-//! `futures` only).
+//! An async API over any netio provider, runtime-agnostic: it needs
+//! `futures` only, and its default feature `tokio` adds
+//! [`tokio_driver`], which runs a netio loop inside a tokio runtime.
 //!
 //! [`AsyncBackend`] installs its own [`Handler`] on a backend and turns its
 //! callbacks into wake-ups: [`AsyncBackend::connect`] is a future of an
