@@ -4461,8 +4461,13 @@ pub fn peer_timeout_ends_a_connection_whose_peer_stops_answering_with_timed_out<
             "a connection whose peer stopped answering stays open until peer_timeout passed"
         );
     }
+    // The recorder logs an event before it runs the test's reaction to it:
+    // the close time is waited for too, not read as soon as the log shows
+    // the close.
     c.wait("both sides close the unreachable connection", || {
-        cl.closed_count(to_server) == 1 && sl.closed_count(to_client) == 1
+        cl.closed_count(to_server) == 1
+            && sl.closed_count(to_client) == 1
+            && closed_at.lock().unwrap().is_some()
     });
     let t1 = closed_at.lock().unwrap().expect("the close time");
     assert!(
