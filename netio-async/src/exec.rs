@@ -60,11 +60,12 @@ struct Slots {
 pub(crate) struct Executor {
     slots: Mutex<Slots>,
     ready: Mutex<VecDeque<Arc<TaskRef>>>,
-    /// `ready` is not empty (written under its lock): a callback that woke
-    /// no task looks at this flag only.
-    has_ready: AtomicBool,
     /// A `Backend::wake` is on its way (cleared when its `on_wake` runs).
     wake_requested: AtomicBool,
+    /// Asks the loop to run the queue (`Backend::wake`), while a task lives:
+    /// held by the backend's own handler, it would otherwise keep the
+    /// backend alive for ever.
+    wake_loop: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// The queue is being run (loop thread): a callback made from inside a
     /// task's poll leaves the queue to that run.
     running: AtomicBool,
@@ -79,9 +80,6 @@ pub(crate) struct TaskRef {
     queued: AtomicBool,
     /// Its `Task` handle was dropped: the task is dropped, not polled.
     cancelled: AtomicBool,
-    /// Asks the loop to run the queue (`Backend::wake`); gone once the task
-    /// finished, so a waker left behind holds no backend.
-    wake_loop: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
 impl Wake for TaskRef {
@@ -96,15 +94,8 @@ impl Wake for TaskRef {
         let Some(exec) = self.exec.upgrade() else {
             return;
         };
-        exec.push_ready(Arc::clone(self));
-        if !exec.wake_requested.swap(true, Ordering::AcqRel) {
-            let wake = lock(&self.wake_loop).clone();
-            match wake {
-                Some(wake) => wake(),
-                // The task finished meanwhile: nothing to run for it.
-                None => exec.wake_requested.store(false, Ordering::Release),
-            }
-        }
+        lock(&exec.ready).push_back(Arc::clone(self));
+        exec.request_run();
     }
 }
 
@@ -143,8 +134,8 @@ impl Executor {
                 free: Vec::new(),
             }),
             ready: Mutex::new(VecDeque::new()),
-            has_ready: AtomicBool::new(false),
             wake_requested: AtomicBool::new(false),
+            wake_loop: Mutex::new(None),
             running: AtomicBool::new(false),
         }
     }
@@ -154,17 +145,17 @@ impl Executor {
         self.wake_requested.store(false, Ordering::Release);
     }
 
-    fn push_ready(&self, task: Arc<TaskRef>) {
-        let mut ready = lock(&self.ready);
-        ready.push_back(task);
-        self.has_ready.store(true, Ordering::Release);
-    }
-
-    fn pop_ready(&self) -> Option<Arc<TaskRef>> {
-        let mut ready = lock(&self.ready);
-        let task = ready.pop_front();
-        self.has_ready.store(!ready.is_empty(), Ordering::Release);
-        task
+    /// Asks the loop for a run of the queue, unless one is on its way (or
+    /// no task lives: a stale waker's entry waits for the next run).
+    fn request_run(&self) {
+        if self.wake_requested.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let wake = lock(&self.wake_loop).clone();
+        match wake {
+            Some(wake) => wake(),
+            None => self.wake_requested.store(false, Ordering::Release),
+        }
     }
 
     /// Adds a task and queues its first poll.
@@ -188,11 +179,12 @@ impl Executor {
             generation,
             queued: AtomicBool::new(false),
             cancelled: AtomicBool::new(false),
-            wake_loop: Mutex::new(Some(wake_loop)),
         });
         let waker = Waker::from(Arc::clone(&task));
         slots.slots[index] = (generation, Slot::Idle(future, waker.clone()));
+        let old = lock(&self.wake_loop).replace(wake_loop);
         drop(slots);
+        drop(old);
         waker.wake();
         task
     }
@@ -201,7 +193,7 @@ impl Executor {
     /// once, or dropped if its `Task` was, at most [`POLLS_PER_RUN`] of
     /// them. Does nothing when called from inside a run.
     pub(crate) fn run_ready(&self) {
-        if !self.has_ready.load(Ordering::Acquire) || self.running.swap(true, Ordering::AcqRel) {
+        if self.running.swap(true, Ordering::AcqRel) {
             return;
         }
         let flag = RunFlag(&self.running);
@@ -210,7 +202,7 @@ impl Executor {
             if polls == POLLS_PER_RUN {
                 break;
             }
-            let Some(task) = self.pop_ready() else {
+            let Some(task) = lock(&self.ready).pop_front() else {
                 break;
             };
             polls += 1;
@@ -220,15 +212,8 @@ impl Executor {
         drop(flag);
         // Left for the next run: ask for it (a wake from another thread
         // since this run started asked already).
-        let next = lock(&self.ready).front().cloned();
-        if let Some(task) = next {
-            if !self.wake_requested.swap(true, Ordering::AcqRel) {
-                let wake = lock(&task.wake_loop).clone();
-                match wake {
-                    Some(wake) => wake(),
-                    None => self.wake_requested.store(false, Ordering::Release),
-                }
-            }
+        if !lock(&self.ready).is_empty() {
+            self.request_run();
         }
     }
 
@@ -263,12 +248,14 @@ impl Executor {
                 .is_ready();
         guard.armed = false;
         if done {
-            {
+            let wake_loop = {
                 let mut slots = lock(&self.slots);
                 slots.slots[task.index].1 = Slot::Free;
                 slots.free.push(task.index);
-            }
-            let wake_loop = lock(&task.wake_loop).take();
+                // The last task gone: the executor holds no backend.
+                let none_left = slots.free.len() == slots.slots.len();
+                none_left.then(|| lock(&self.wake_loop).take())
+            };
             // Dropped here, on the loop thread, with no lock held.
             drop(future);
             drop(wake_loop);

@@ -392,18 +392,10 @@ impl MioLoop {
 
     fn turn_with(&self, poll: Option<Duration>) -> Option<Duration> {
         let inner = self.inner();
-        let state = {
-            let mut slot = lock(&inner.poll);
-            let state = slot
-                .take()
-                .expect("MioLoop::turn: the loop is running on another thread");
-            inner.running_on.store(thread_token(), Ordering::Release);
-            state
-        };
-        let mut guard = RunGuard {
+        let mut guard = RunGuard::enter(
             inner,
-            state: Some(state),
-        };
+            "MioLoop::turn: the loop is running on another thread",
+        );
         let st = guard.state.as_mut().expect("poll state present");
         // What an earlier turn fetched and left, then what is ready now.
         if inner.work(st) {
@@ -458,18 +450,7 @@ impl EventLoop for MioLoop {
     /// the loop can be run again.
     fn run<F: FnOnce()>(&self, init: F) {
         let inner = self.inner();
-        let state = {
-            let mut slot = lock(&inner.poll);
-            let state = slot
-                .take()
-                .expect("MioLoop::run: the loop is already running");
-            inner.running_on.store(thread_token(), Ordering::Release);
-            state
-        };
-        let mut guard = RunGuard {
-            inner,
-            state: Some(state),
-        };
+        let mut guard = RunGuard::enter(inner, "MioLoop::run: the loop is already running");
         init();
         let state = guard.state.as_mut().expect("poll state present");
         while !inner.control.take_stop() {
@@ -554,6 +535,24 @@ impl PollWaker for Waker {
 struct RunGuard<'a> {
     inner: &'a Inner,
     state: Option<PollState>,
+}
+
+impl<'a> RunGuard<'a> {
+    /// Makes the calling thread the loop thread: takes the poll state.
+    ///
+    /// # Panics
+    ///
+    /// With `busy` when another thread has it (the loop runs there).
+    fn enter(inner: &'a Inner, busy: &str) -> Self {
+        let mut slot = lock(&inner.poll);
+        let state = slot.take().expect(busy);
+        inner.running_on.store(thread_token(), Ordering::Release);
+        drop(slot);
+        Self {
+            inner,
+            state: Some(state),
+        }
+    }
 }
 
 impl Drop for RunGuard<'_> {
