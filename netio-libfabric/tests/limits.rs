@@ -184,6 +184,11 @@ fn closing_a_listener_ends_its_handshake_guard_before_the_port_is_free() {
             wait_until(|| thread_named(&guard)),
             "round {round}: the listener's guard thread ({guard}) runs"
         );
+        assert!(
+            !own_sockets_on_port(listen.port()).is_empty(),
+            "round {round}: the open listener's socket is found on port {}",
+            listen.port()
+        );
         server.close_listen_endpoint(listen).unwrap();
         // A thread that ended may show for a moment while the system
         // clears it away; a guard still scanning shows for milliseconds.
@@ -196,14 +201,52 @@ fn closing_a_listener_ends_its_handshake_guard_before_the_port_is_free() {
             "round {round}: the guard thread ({guard}) still runs after its listener was \
              closed"
         );
-        // The port is free: a plain socket can take it.
-        let taken = TcpListener::bind(std::net::SocketAddr::from(listen));
+        // The port is free: no socket of this process is bound to it any
+        // more, and a plain socket can take it unless another process
+        // (a test binary running beside this one) took it meanwhile, as
+        // the local port of a connection or a listener of its own.
+        let ours = own_sockets_on_port(listen.port());
         assert!(
-            taken.is_ok(),
-            "round {round}: the closed listener's port {} is free: {taken:?}",
+            ours.is_empty(),
+            "round {round}: the closed listener's port {} is still held by this process: {ours:?}",
             listen.port()
         );
+        let taken = TcpListener::bind(std::net::SocketAddr::from(listen));
+        if let Err(e) = &taken {
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::AddrInUse,
+                "round {round}: binding the closed listener's port {}",
+                listen.port()
+            );
+        }
     }
+}
+
+/// The TCP sockets of this process bound to local `port` (IPv4 and IPv6):
+/// their lines of `/proc/net/tcp{,6}`, found by the inodes of the sockets
+/// among this process's descriptors.
+fn own_sockets_on_port(port: u16) -> Vec<String> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(str::to_owned)
+        })
+        .collect();
+    let hex_port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|t| t.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            cols.len() > 9 && cols[1].ends_with(&hex_port) && inodes.contains(cols[9])
+        })
+        .collect()
 }
 
 /// A listener opened on the port of one just closed serves its
