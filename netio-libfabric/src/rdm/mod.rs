@@ -1641,11 +1641,13 @@ impl RdmInner {
     /// [`injected`](Self::injected). `false`, with nothing changed, when
     /// the send takes the ordinary path (too large for injection, sends
     /// queued before it, no credit, the fabric's queue full).
-    fn try_inject(st: &mut State, id: ConnId, data: &[&[u8]], header: &[u8], total: usize) -> bool {
-        let State { ep, conns, .. } = st;
-        let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
-            return false;
-        };
+    fn try_inject(
+        ep: &mut RdmEp,
+        c: &mut Conn,
+        data: &[&[u8]],
+        header: &[u8],
+        total: usize,
+    ) -> bool {
         let limit = c.session.peer_buf_size();
         if total > ep.inject_max() || limit == 0 || total as u64 > limit || !c.backlog.is_empty() {
             return false;
@@ -1668,11 +1670,7 @@ impl RdmInner {
     /// Records the key of a send [`try_inject`](Self::try_inject) sent as
     /// complete at once (reported by the next dispatch, like any
     /// completion), keeping `held` until then.
-    fn injected(st: &mut State, id: ConnId, key: u64, held: Option<Held>) {
-        let State { conns, events, .. } = st;
-        let Some(c) = conns.get_mut(id) else {
-            return;
-        };
+    fn injected(c: &mut Conn, events: &mut VecDeque<Ev>, id: ConnId, key: u64, held: Option<Held>) {
         let Ok(seq) = c.ledger.accept(key, true, held) else {
             unreachable!("the caller checked the ledger's room under the same lock");
         };
@@ -1689,6 +1687,20 @@ impl RdmInner {
         netio_core::preamble::send(self.thread_ok(), header)?;
         match st.conns.get(conn) {
             Some(c) if c.phase == Phase::Established => Ok(()),
+            _ => Err(SendError::UnknownConnection(conn)),
+        }
+    }
+
+    /// [`check_send`](Self::check_send) that returns the connection.
+    fn established<'c>(
+        thread_ok: bool,
+        conns: &'c mut ConnTable<Conn>,
+        conn: ConnId,
+        header: &[u8],
+    ) -> Result<&'c mut Conn, SendError> {
+        netio_core::preamble::send(thread_ok, header)?;
+        match conns.get_mut(conn) {
+            Some(c) if c.phase == Phase::Established => Ok(c),
             _ => Err(SendError::UnknownConnection(conn)),
         }
     }
@@ -1737,27 +1749,33 @@ impl RdmInner {
     /// if anything was read.
     /// `now` is the loop's time, read before the reads (a read that finds
     /// a message reads no clock).
+    #[inline]
     fn read_cq(&self, st: &mut State, now: Duration) -> bool {
+        let State {
+            ep, completions, ..
+        } = st;
+        let Some(ep) = ep.as_mut() else {
+            return false;
+        };
         // The completions read (memory kept in the state).
-        let mut out = std::mem::take(&mut st.completions);
-        let any = self.read_cq_into(st, &mut out, now);
+        completions.clear();
+        let any = match ep.poll(completions) {
+            Ok(any) => any,
+            Err(_) => return false,
+        };
+        if completions.is_empty() {
+            return any;
+        }
+        let mut out = std::mem::take(completions);
+        self.handle_completions(st, &mut out, now);
         out.clear();
         st.completions = out;
         any
     }
 
-    fn read_cq_into(&self, st: &mut State, out: &mut Vec<RdmCompletion>, now: Duration) -> bool {
-        out.clear();
-        let Some(ep) = st.ep.as_mut() else {
-            return false;
-        };
-        let any = match ep.poll(out) {
-            Ok(any) => any,
-            Err(_) => return false,
-        };
-        if out.is_empty() {
-            return any;
-        }
+    /// Handles the completions of one read, `out` (left empty).
+    #[inline(never)]
+    fn handle_completions(&self, st: &mut State, out: &mut Vec<RdmCompletion>, now: Duration) {
         st.read_at = now;
         // The connections the read concerned (memory kept in the state).
         let mut touched = std::mem::take(&mut st.touched);
@@ -1931,7 +1949,9 @@ impl RdmInner {
             }
             // A completion may leave room for a send refused with EAGAIN,
             // a piggybacked grant room for backlogged sends.
-            self.flush_backlog(st, id);
+            if !c.backlog.is_empty() {
+                self.flush_backlog(st, id);
+            }
             let Some(c) = st.conns.get_mut(id) else {
                 continue;
             };
@@ -1940,11 +1960,12 @@ impl RdmInner {
                 self.close_after_held(st, id, reason);
                 continue;
             }
-            self.repost(st, id);
+            if !c.unposted.is_empty() {
+                self.repost(st, id);
+            }
             self.queue_deliver(st, id);
         }
         st.touched = touched;
-        any
     }
 
     fn spin(&self) {
@@ -2607,10 +2628,16 @@ impl Ops for RdmInner {
                 parts[n] = chunk;
                 n += 1;
             }
-            fits && Self::try_inject(&mut st, conn, &parts[..n], header, total)
+            let State { ep, conns, .. } = &mut *st;
+            fits && match (ep.as_mut(), conns.get_mut(conn)) {
+                (Some(ep), Some(c)) => Self::try_inject(ep, c, &parts[..n], header, total),
+                _ => false,
+            }
         };
         if injected {
-            Self::injected(&mut st, conn, key, Some(Held::Lent(lent)));
+            let State { conns, events, .. } = &mut *st;
+            let c = conns.get_mut(conn).expect("checked");
+            Self::injected(c, events, conn, key, Some(Held::Lent(lent)));
             self.post_dispatch(&mut st);
             return Ok(());
         }
@@ -2631,20 +2658,25 @@ impl Ops for RdmInner {
         key: u64,
     ) -> Result<(), SendError> {
         let mut st = lock(&self.state);
-        self.check_send(&st, conn, header)?;
-        let max = Self::max_msg(&st);
-        let c = st.conns.get_mut(conn).expect("checked");
+        // One lookup of the connection on the way to an injected send.
+        let State {
+            ep, conns, events, ..
+        } = &mut *st;
+        let c = Self::established(self.thread_ok(), conns, conn, header)?;
         if !c.ledger.has_room() {
             return Err(SendError::NoResources);
         }
+        let max = ep.as_ref().map_or(usize::MAX, |e| e.max_msg_size());
         let total = header.len() + data.iter().map(|d| d.len()).sum::<usize>();
         if total > max {
             return Err(SendError::MessageTooLarge { len: total, max });
         }
-        if Self::try_inject(&mut st, conn, data, header, total) {
-            Self::injected(&mut st, conn, key, None);
-            self.post_dispatch(&mut st);
-            return Ok(());
+        if let Some(ep) = ep.as_mut() {
+            if Self::try_inject(ep, c, data, header, total) {
+                Self::injected(c, events, conn, key, None);
+                self.post_dispatch(&mut st);
+                return Ok(());
+            }
         }
         let ep = st.ep.as_ref().expect("open");
         let staged = ep
