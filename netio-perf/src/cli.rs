@@ -27,6 +27,7 @@ Examples:
   netio-perf --provider tcp --baseline                  every test, default times
   netio-perf pingpong --sizes 64 --baseline --busy-poll
   netio-perf bw --sizes 1m --mode zero-copy --baseline
+  netio-perf pingpong rate --mode async --baseline      async API against callbacks
   netio-perf rate --provider sim                        simulated deliveries per real second
   netio-perf pingpong --provider libfabric --fi-baseline --sizes 64,1m
                                                         libfabric provider against fi_pingpong
@@ -81,8 +82,10 @@ pub struct Cli {
     /// buffered (get_buffer + send_buffer) and zero-copy (send_data) send
     /// one message per call; copy-batch (send_copy_batch) and
     /// buffered-batch (get_buffers + send_buffer_batch) send up to 256
-    /// messages per call, one-way tests only. Default: copy for pingpong
-    /// and bw, copy,copy-batch for rate.
+    /// messages per call, one-way tests only; async writes the client with
+    /// the async API (netio::aio, a task on the loop thread), and its
+    /// --baseline is the callback path (--mode copy) of the same provider.
+    /// Default: copy for pingpong and bw, copy,copy-batch for rate.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub mode: Vec<SendMode>,
 
@@ -226,7 +229,8 @@ pub enum SendMode {
     /// `get_buffers` + `send_buffer_batch`: up to 256 pool buffers per
     /// call (one-way tests).
     BufferedBatch,
-    /// Asynchronous sends (not in this version).
+    /// The async API (`netio::aio`): the client as a task on its loop
+    /// thread, one `send` future per message.
     Async,
 }
 
@@ -251,7 +255,7 @@ impl SendMode {
             Self::Copy => "per message: send_data_copy",
             Self::CopyBatch => "batch: send_copy_batch, up to 256 per call",
             Self::BufferedBatch => "batch: get_buffers + send_buffer_batch, up to 256 per call",
-            Self::Async => "asynchronous",
+            Self::Async => "netio::aio task on the loop thread: send().await per message",
         }
     }
 
@@ -278,6 +282,7 @@ impl SendMode {
             0 => Self::Buffered,
             1 => Self::ZeroCopy,
             2 => Self::Copy,
+            3 => Self::Async,
             4 => Self::CopyBatch,
             5 => Self::BufferedBatch,
             _ => return None,

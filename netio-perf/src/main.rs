@@ -24,6 +24,7 @@
 //! reported as mean (the headline), median, p99, p99.9 and max; the plain
 //! baseline tuned by measurement (see the `plain` module).
 
+mod aio;
 mod cli;
 mod conns;
 mod fi;
@@ -72,9 +73,10 @@ fn main() -> ExitCode {
 
 /// Checks the options that clap cannot.
 fn validate(cli: &Cli) -> Result<(), String> {
-    if cli.mode.contains(&SendMode::Async) {
+    if cli.fi_baseline && cli.mode.contains(&SendMode::Async) {
         return Err(
-            "send mode `async` is not available in this version of netio: the contract has no asynchronous send yet (use buffered, zero-copy or copy)"
+            "--fi-baseline compares the provider's copy and zero-copy sends with fi_pingpong; \
+             send mode `async` is compared with the callback path (--baseline)"
                 .into(),
         );
     }
@@ -296,18 +298,20 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     rows.push(row);
                     continue;
                 }
+                // An async row's baseline is the callback path of the same
+                // provider (copy sends), on the simulator too.
+                let row_base = match baseline {
+                    _ if mode == SendMode::Async && cli.baseline => RowBaseline::Callbacks,
+                    Some(Baseline::PlainTcp) => RowBaseline::PlainTcp,
+                    _ => RowBaseline::None,
+                };
                 let mut row = match &fi {
                     Some(fi) => run_fi_row(&cli, &spec, fi, &mut progress),
-                    None => run_row(
-                        &cli,
-                        &spec,
-                        baseline == Some(Baseline::PlainTcp),
-                        &mut progress,
-                    ),
+                    None => run_row(&cli, &spec, row_base, &mut progress),
                 };
                 if fi.is_none() {
                     row.notes
-                        .insert(0, measure_note(&spec, baseline == Some(Baseline::PlainTcp)));
+                        .insert(0, measure_note(&spec, row_base == RowBaseline::PlainTcp));
                 }
                 rows.push(row);
             }
@@ -315,7 +319,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     }
     progress.clear();
     if cli.baseline && sim {
-        if let Some(r) = rows.first_mut() {
+        if let Some(r) = rows.iter_mut().find(|r| r.baseline_label.is_none()) {
             r.notes.push("no baseline for the simulator: it runs on virtual time in one process; its figure is deliveries per real second".into());
         }
     }
@@ -439,10 +443,35 @@ fn measure_note(spec: &Spec, baseline: bool) -> String {
     n
 }
 
+/// What a row's provider runs are alternated with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowBaseline {
+    /// Nothing.
+    None,
+    /// The same test over plain TCP.
+    PlainTcp,
+    /// The same test through the provider's callback API with copy sends
+    /// (the baseline of `--mode async`).
+    Callbacks,
+}
+
 /// Runs one row: `runs` pairs of a provider run and a baseline run, in
 /// the order A B B A A B B A …; without a baseline, `runs` provider runs.
-fn run_row(cli: &Cli, spec: &Spec, baseline: bool, progress: &mut Progress) -> Row {
+fn run_row(cli: &Cli, spec: &Spec, base: RowBaseline, progress: &mut Progress) -> Row {
+    let baseline = base != RowBaseline::None;
     let mut row = Row::new(spec.test, Some(spec.size), Some(spec.mode));
+    let callbacks = Spec {
+        mode: SendMode::Copy,
+        ..spec.clone()
+    };
+    if base == RowBaseline::Callbacks {
+        row.baseline_label = Some("callbacks");
+        row.notes.push(format!(
+            "baseline: the same test through {}'s callback API (handler callbacks, copy sends: \
+             --mode copy), alternated A B B A ... in this process; ratio = async/callbacks",
+            cli.provider
+        ));
+    }
     let label = format!(
         "{} {} {}",
         spec.test.name(),
@@ -476,6 +505,22 @@ fn run_row(cli: &Cli, spec: &Spec, baseline: bool, progress: &mut Progress) -> R
                     };
                     if !add_provider_run(&mut row, r, &cli.provider, i) {
                         return row;
+                    }
+                }
+                Side::Baseline if base == RowBaseline::Callbacks => {
+                    progress.update(&format!("{label}: run {}/{} callbacks", i + 1, cli.runs));
+                    let r = if cli.provider == "sim" {
+                        provider::run_sim(&callbacks)
+                    } else {
+                        provider::run_socket(&cli.provider, &callbacks, connect)
+                    };
+                    match r {
+                        Ok(f) => row.baseline_runs.push(f),
+                        Err(e) => {
+                            row.status = Status::Failed(format!("callback run {}: {e}", i + 1));
+                            row.provider_runs.truncate(row.baseline_runs.len());
+                            return row;
+                        }
                     }
                 }
                 Side::Baseline => {

@@ -138,7 +138,9 @@ pub fn check_mode(provider: &str, f: Features, mode: SendMode) -> Result<(), Run
         SendMode::Copy if !f.send_copy => Some("copy sends (send_data_copy)"),
         SendMode::CopyBatch if !f.send_copy => Some("copy sends (send_copy_batch)"),
         SendMode::ZeroCopy if !f.send_zero_copy => Some("zero-copy sends (send_data)"),
-        SendMode::Async => Some("asynchronous sends"),
+        SendMode::Async if !f.send_copy => {
+            Some("copy sends (send_data_copy), which the async API's sends use")
+        }
         _ => None,
     };
     match missing {
@@ -334,6 +336,9 @@ impl<B: Backend + ?Sized> Handler<B> for Server {
                 }
             }
             (conn @ SrvConn::Await, Some(proto::SETUP)) => match proto::parse_setup(data) {
+                // An async client's pings are echoed with copy sends: the
+                // mode names the client's API.
+                Some((Role::Echo, SendMode::Async, _)) => *conn = SrvConn::Echo(SendMode::Copy),
                 Some((Role::Echo, mode, _)) => *conn = SrvConn::Echo(mode),
                 Some((Role::Sink, _, warmup)) => *conn = SrvConn::Sink(SinkCounter::new(warmup)),
                 None => {
@@ -827,6 +832,53 @@ pub fn new_loop(busy_poll: bool) -> Result<MioLoop, RunError> {
     .map_err(|e| failed("cannot create an event loop", e))
 }
 
+/// The in-process server of a socket provider's run: its loop thread, its
+/// backend and the address it listens at.
+type LocalServer = (LoopThread, Arc<Box<dyn Backend>>);
+
+/// Starts the server of a run of `spec` on its own loop and thread.
+fn start_server(
+    provider: &str,
+    spec: &Spec,
+    region: Option<&MemoryRegion>,
+) -> Result<(LocalServer, EndpointAddress), RunError> {
+    let lp = new_loop(spec.busy_poll)?;
+    let backend = Arc::new(
+        create_socket_backend(
+            provider,
+            &lp,
+            backend_config(spec),
+            spec.socket_buffers,
+            Server::new(region.cloned(), false),
+        )
+        .map_err(|e| failed("cannot create the server backend", e))?,
+    );
+    check_mode(provider, backend.features(), spec.mode)?;
+    let params = match spec.role() {
+        Role::Echo => server_params(
+            spec.size,
+            spec.recv_buffers.unwrap_or(ECHO_RECV_BUFFERS),
+            &[spec.mode],
+            region,
+            backend.features(),
+        ),
+        Role::Sink => server_params(
+            spec.size,
+            spec.recv_buffers.unwrap_or_else(|| recv_buffers(spec.size)),
+            &[],
+            None,
+            backend.features(),
+        ),
+    };
+    // Calls are made on the loop thread, as thread-unsafe mode requires.
+    let t = LoopThread::start(lp, "perf-server")?;
+    let b = backend.clone();
+    let addr = t
+        .call(move || b.open_listen_endpoint(EndpointAddress::localhost(0), params))?
+        .map_err(|e| failed("cannot listen", e))?;
+    Ok(((t, backend), addr))
+}
+
 /// One run over a socket provider: server (unless `connect` names a remote
 /// one) and client on two loops, each on its own thread.
 pub fn run_socket(
@@ -836,49 +888,18 @@ pub fn run_socket(
 ) -> Result<Figures, RunError> {
     let region = (spec.mode == SendMode::ZeroCopy).then(|| data_region(spec.size));
     // Server first, on its own loop and thread.
-    let mut server = None;
-    let addr = match connect {
-        Some(a) => a,
+    let (server, addr) = match connect {
+        Some(a) => (None, a),
         None => {
-            let lp = new_loop(spec.busy_poll)?;
-            let backend = Arc::new(
-                create_socket_backend(
-                    provider,
-                    &lp,
-                    backend_config(spec),
-                    spec.socket_buffers,
-                    Server::new(region.clone(), false),
-                )
-                .map_err(|e| failed("cannot create the server backend", e))?,
-            );
-            check_mode(provider, backend.features(), spec.mode)?;
-            let params = match spec.role() {
-                Role::Echo => server_params(
-                    spec.size,
-                    spec.recv_buffers.unwrap_or(ECHO_RECV_BUFFERS),
-                    &[spec.mode],
-                    region.as_ref(),
-                    backend.features(),
-                ),
-                Role::Sink => server_params(
-                    spec.size,
-                    spec.recv_buffers.unwrap_or_else(|| recv_buffers(spec.size)),
-                    &[],
-                    None,
-                    backend.features(),
-                ),
-            };
-            // Calls are made on the loop thread, as thread-unsafe mode
-            // requires.
-            let t = LoopThread::start(lp, "perf-server")?;
-            let b = backend.clone();
-            let addr = t
-                .call(move || b.open_listen_endpoint(EndpointAddress::localhost(0), params))?
-                .map_err(|e| failed("cannot listen", e))?;
-            server = Some((t, backend));
-            addr
+            let (server, addr) = start_server(provider, spec, region.as_ref())?;
+            (Some(server), addr)
         }
     };
+    if spec.mode == SendMode::Async {
+        let r = run_async_client(provider, spec, addr);
+        drop(server);
+        return r;
+    }
     let lp = new_loop(spec.busy_poll)?;
     let outcome: Outcome = Arc::default();
     let (tx, rx) = mpsc::channel();
@@ -914,10 +935,72 @@ pub fn run_socket(
     match (got, take(&outcome)) {
         (Ok(()), Some(Ok(r))) => figures(spec, r, false),
         (Ok(()), Some(Err(e))) => Err(RunError::Failed(e)),
-        _ => Err(RunError::Failed(format!(
-            "no result within the time limit of {:?} (--timeout)",
-            spec.timeout
-        ))),
+        _ => Err(timed_out(spec)),
+    }
+}
+
+fn timed_out(spec: &Spec) -> RunError {
+    RunError::Failed(format!(
+        "no result within the time limit of {:?} (--timeout)",
+        spec.timeout
+    ))
+}
+
+/// The client of an async run over a socket provider, as a task on its own
+/// loop thread, against the server at `addr`.
+fn run_async_client(
+    provider: &str,
+    spec: &Spec,
+    addr: EndpointAddress,
+) -> Result<Figures, RunError> {
+    let lp = new_loop(spec.busy_poll)?;
+    let params = client_params(spec, None);
+    let (tx, rx) = mpsc::channel();
+    let socket_buffers = spec.socket_buffers;
+    // The backend's concrete type: the async API needs one it can clone.
+    let client: Box<dyn std::any::Any> = match provider {
+        "tcp" => {
+            let make = |config, h| {
+                let tcp = netio::tcp::TcpConfig {
+                    send_buffer_size: socket_buffers,
+                    recv_buffer_size: socket_buffers,
+                    ..netio::tcp::TcpConfig::default()
+                };
+                netio::tcp::TcpBackend::with_tcp_config(&lp, config, tcp, h)
+            };
+            let (ab, task) =
+                crate::aio::spawn_client(make, client_config(spec), spec, addr, params, false, tx)
+                    .map_err(|e| failed("cannot create the client backend", e))?;
+            check_mode(provider, ab.backend().features(), spec.mode)?;
+            Box::new((ab, task))
+        }
+        #[cfg(feature = "libfabric")]
+        "libfabric" => {
+            let make = |config, h| {
+                <netio::libfabric::LibfabricProvider as netio::Provider>::create(&lp, config, h)
+            };
+            let (ab, task) =
+                crate::aio::spawn_client(make, client_config(spec), spec, addr, params, false, tx)
+                    .map_err(|e| failed("cannot create the client backend", e))?;
+            check_mode(provider, ab.backend().features(), spec.mode)?;
+            Box::new((ab, task))
+        }
+        other => {
+            return Err(RunError::Unsupported(format!(
+                "provider `{other}` has no async client in netio-perf"
+            )))
+        }
+    };
+    let client_thread = LoopThread::start(lp, "perf-client")?;
+    let got = rx.recv_timeout(spec.timeout);
+    // The task (if still running) is dropped on the loop thread, then the
+    // loop stops.
+    drop(client);
+    drop(client_thread);
+    match got {
+        Ok(Ok(r)) => figures(spec, r, false),
+        Ok(Err(e)) => Err(RunError::Failed(e)),
+        Err(_) => Err(timed_out(spec)),
     }
 }
 
@@ -955,6 +1038,9 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
         let addr = server
             .open_listen_endpoint(EndpointAddress::new(hs.ip(), 0), params)
             .map_err(|e| failed("cannot listen", e))?;
+        if spec.mode == SendMode::Async {
+            return run_sim_async(&sim, &hc, spec, addr);
+        }
         let outcome: Outcome = Arc::default();
         let done = Arc::new(AtomicBool::new(false));
         let (tx, _rx) = mpsc::channel();
@@ -975,28 +1061,70 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
         client
             .open_active_endpoint(addr, client_params(spec, region.as_ref()))
             .map_err(|e| failed("cannot connect", e))?;
-        let started = Instant::now();
-        let mut steps = 0u64;
-        while !done.load(Ordering::Acquire) {
-            if !sim.step() {
-                return Err(RunError::Failed(
-                    "the simulation stalled (nothing scheduled) before the client was done".into(),
-                ));
-            }
-            steps += 1;
-            if steps % 4096 == 0 && started.elapsed() > spec.timeout {
-                return Err(RunError::Failed(format!(
-                    "no result within the time limit of {:?} (--timeout)",
-                    spec.timeout
-                )));
-            }
-        }
+        drive(&sim, spec, || done.load(Ordering::Acquire))?;
         match take(&outcome) {
             Some(Ok(r)) => figures(spec, r, true),
             Some(Err(e)) => Err(RunError::Failed(e)),
             None => Err(RunError::Failed("the client reported nothing".into())),
         }
     })()
+}
+
+/// Steps the simulation of a run of `spec` until `done`.
+fn drive(sim: &Sim, spec: &Spec, done: impl Fn() -> bool) -> Result<(), RunError> {
+    let started = Instant::now();
+    let mut steps = 0u64;
+    while !done() {
+        if !sim.step() {
+            return Err(RunError::Failed(
+                "the simulation stalled (nothing scheduled) before the client was done".into(),
+            ));
+        }
+        steps += 1;
+        if steps % 4096 == 0 && started.elapsed() > spec.timeout {
+            return Err(timed_out(spec));
+        }
+    }
+    Ok(())
+}
+
+/// The client of an async run on the simulator: a task of host `hc`'s
+/// backend, run inside the simulation.
+fn run_sim_async(
+    sim: &Sim,
+    hc: &netio::sim::SimHost,
+    spec: &Spec,
+    addr: EndpointAddress,
+) -> Result<Figures, RunError> {
+    let (tx, rx) = mpsc::channel();
+    let make = |config, h| {
+        <netio::sim::SimProvider as netio::Provider>::create(hc.event_loop(), config, h)
+    };
+    let (ab, task) = crate::aio::spawn_client(
+        make,
+        client_config(spec),
+        spec,
+        addr,
+        client_params(spec, None),
+        true,
+        tx,
+    )
+    .map_err(|e| failed("cannot create the client backend", e))?;
+    check_mode("sim", ab.backend().features(), spec.mode)?;
+    let got = std::cell::RefCell::new(None);
+    drive(sim, spec, || {
+        if got.borrow().is_none() {
+            *got.borrow_mut() = rx.try_recv().ok();
+        }
+        got.borrow().is_some()
+    })?;
+    drop(task);
+    drop(ab);
+    match got.into_inner() {
+        Some(Ok(r)) => figures(spec, r, true),
+        Some(Err(e)) => Err(RunError::Failed(e)),
+        None => Err(RunError::Failed("the client reported nothing".into())),
+    }
 }
 
 /// How [`serve`] serves.

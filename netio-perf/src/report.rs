@@ -44,6 +44,9 @@ pub struct Row {
     pub notes: Vec<String>,
     /// The sides in the order their runs were made.
     pub order: Vec<Side>,
+    /// This row's baseline, when it is not the invocation's (an async
+    /// row's is the callback path).
+    pub baseline_label: Option<&'static str>,
 }
 
 /// Which side a run measured.
@@ -88,6 +91,7 @@ impl Row {
             baseline_runs: Vec::new(),
             notes: Vec::new(),
             order: Vec::new(),
+            baseline_label: None,
         }
     }
 
@@ -302,7 +306,7 @@ pub fn print_table(out: &mut impl Write, setup: &Setup, rows: &[Row]) -> std::io
                     "  {:<30} {:>22} {:>22}   ratio (min–max)",
                     "",
                     setup.provider,
-                    setup.baseline_short()
+                    row.baseline_label.unwrap_or(setup.baseline_short())
                 )?;
             } else {
                 writeln!(out, "  {:<30} {:>22}", "", setup.provider)?;
@@ -390,6 +394,7 @@ pub fn to_json(setup: &Setup, settings: Value, rows: &[Row]) -> Value {
                 "figures": figures,
                 "headline": row.aggregate().first().map(|a| a.metric.key),
                 "run_order": row.order.iter().map(|s| s.name()).collect::<Vec<_>>(),
+                "row_baseline": row.baseline_label,
                 "notes": row.notes,
             })
         })

@@ -151,7 +151,10 @@ fn bad_input_is_rejected_clearly() {
     rejects(&["--duration", "0"], "above 0");
     rejects(&["--count", "5", "--duration", "1"], "cannot be used with");
     rejects(&["nosuchtest"], "nosuchtest");
-    rejects(&["--mode", "async"], "not available in this version");
+    rejects(
+        &["--fi-baseline", "--mode", "async"],
+        "compared with the callback path",
+    );
     rejects(&["--mode", "fast"], "fast");
     if !cfg!(feature = "libfabric") {
         rejects(&["--provider", "libfabric"], "not built in");
@@ -226,6 +229,79 @@ fn one_receive_buffer_per_connection_serves_ping_pong_and_one_way_tests() {
             );
         }
     }
+}
+
+/// `--mode async` runs the client as a task of the async API, and its
+/// baseline is the same provider's callback path: every test, on the
+/// simulator and over TCP (thread-safe and thread-unsafe backends), each
+/// row with figures of both sides and their ratios. On the simulator the
+/// modelled link is the same for both, so the virtual figures agree within
+/// 1 % (the async client also waits for its send's completion).
+#[test]
+fn async_mode_runs_every_test_with_the_callback_path_as_its_baseline() {
+    for extra in [
+        &["--provider", "sim"][..],
+        &["--provider", "tcp"],
+        &["--provider", "tcp", "--thread-unsafe", "--busy-poll"],
+    ] {
+        let mut args = vec![
+            "pingpong",
+            "bw",
+            "rate",
+            "--mode",
+            "async",
+            "--baseline",
+            "--sizes",
+            "64,4k",
+            "--json",
+            "-",
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(SMALL);
+        let doc = json_of(&perf(&args));
+        let rs = results(&doc);
+        assert_eq!(rs.len(), 6, "{extra:?}: {rs:?}");
+        for r in rs {
+            assert_eq!(r["status"], "ok", "{extra:?}: {r}");
+            assert_eq!(r["mode"], "async", "{r}");
+            assert_eq!(r["row_baseline"], "callbacks", "{r}");
+            assert_eq!(
+                r["run_order"],
+                serde_json::json!(["provider", "baseline", "baseline", "provider"]),
+                "{r}"
+            );
+            let head = &r["figures"][0];
+            assert_eq!(head["key"], r["headline"], "{r}");
+            assert_eq!(head["ratio"]["runs"].as_array().unwrap().len(), 2, "{r}");
+            assert!(head["ratio"]["median"].as_f64().unwrap() > 0.0, "{r}");
+            if extra[1] == "sim" {
+                for f in r["figures"].as_array().unwrap() {
+                    if f["unit"].as_str().unwrap().contains("virtual") {
+                        let ratio = f["ratio"]["median"].as_f64().unwrap();
+                        assert!((ratio - 1.0).abs() < 0.01, "{f}");
+                    }
+                }
+            }
+            let notes = r["notes"].as_array().unwrap();
+            assert!(
+                notes
+                    .iter()
+                    .any(|n| n.as_str().unwrap().contains("ratio = async/callbacks")),
+                "{r}"
+            );
+        }
+    }
+    // The table names the baseline of each async row.
+    let mut args = vec!["pingpong", "--mode", "copy,async", "--baseline"];
+    args.extend_from_slice(SMALL);
+    let out = perf(&args);
+    let table = text(&out.stdout);
+    assert!(out.status.success(), "{table}\n{}", text(&out.stderr));
+    let async_row = table.split("pingpong 64 B, async").nth(1).expect(&table);
+    assert!(async_row.contains("callbacks"), "{table}");
+    let copy_row = table.split("pingpong 64 B, copy").nth(1).expect(&table);
+    let copy_row = copy_row.split("pingpong 64 B, async").next().unwrap();
+    assert!(copy_row.contains("plain TCP"), "{table}");
 }
 
 #[test]

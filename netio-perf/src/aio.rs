@@ -1,0 +1,152 @@
+//! `--mode async`: the client written with `netio::aio`, the futures API,
+//! as a task on its backend's loop thread (`AsyncBackend::spawn`), the way
+//! an application that picks async would write it:
+//!
+//! - ping-pong: `send(&msg).await`, then `recv_into(&mut buf).await`, per
+//!   round trip;
+//! - one way: one `send` future per message, up to the window (as many as
+//!   the callback client keeps in flight) polled together, then the end
+//!   marker and the receiver's report.
+//!
+//! The server is the callback server of every mode, echoing with copy
+//! sends: what differs from `--mode copy` is the client's API alone.
+
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use netio::aio::{AsyncBackend, AsyncHandler};
+use netio::{Backend, BackendConfig, ConnectionParams, EndpointAddress};
+
+use crate::proto::{self, Report, Role};
+use crate::provider::{window, ClientResult, Spec};
+
+/// The client's work: connects to `addr`, sends the set-up message, runs
+/// the test of `spec` and returns what it measured. `virtual_time`: the
+/// backend's clock is the simulator's (ping-pong samples it too).
+pub async fn client<B: Backend + Clone + 'static>(
+    ab: Arc<AsyncBackend<B>>,
+    spec: Spec,
+    addr: EndpointAddress,
+    params: ConnectionParams,
+    virtual_time: bool,
+) -> Result<ClientResult, String> {
+    let conn = ab
+        .connect(addr, params)
+        .await
+        .map_err(|e| format!("connecting to {addr} failed: {e}"))?;
+    let closed = |what: &str| match conn.close_reason() {
+        Some(why) => format!("connection closed before the end ({what}): {why}"),
+        None => format!("connection closed before the end ({what})"),
+    };
+    conn.send(&proto::setup(spec.role(), spec.mode, spec.warmup))
+        .await
+        .map_err(|e| format!("cannot send the set-up message: {e}"))?;
+    let mut msg = Vec::new();
+    proto::data_message(&mut msg, spec.size);
+    let mut buf = Vec::new();
+    let result = match spec.role() {
+        Role::Echo => {
+            let reserve = spec.count.unwrap_or(1 << 16).min(1 << 22) as usize;
+            let mut samples = Vec::with_capacity(reserve);
+            let mut vsamples = Vec::with_capacity(if virtual_time { reserve } else { 0 });
+            let mut measure_start = None;
+            let mut i = 0u64;
+            loop {
+                if i == spec.warmup {
+                    measure_start = Some(Instant::now());
+                }
+                proto::set_seq(&mut msg, i);
+                let vsent_at = virtual_time.then(|| ab.now());
+                let sent_at = Instant::now();
+                conn.send(&msg)
+                    .await
+                    .map_err(|e| format!("send failed: {e}"))?;
+                if !conn.recv_into(&mut buf).await {
+                    return Err(closed("waiting for an echo"));
+                }
+                let now = Instant::now();
+                if !proto::echo_matches(&buf, spec.size, i, true) {
+                    return Err(format!("echo {i} does not match what was sent"));
+                }
+                if i >= spec.warmup {
+                    samples.push((now - sent_at).as_nanos() as u64);
+                    if let Some(v0) = vsent_at {
+                        vsamples.push((ab.now() - v0).as_nanos() as u64);
+                    }
+                }
+                i += 1;
+                let measured = i.saturating_sub(spec.warmup);
+                let start = measure_start.unwrap_or(now);
+                let done = match (spec.count, spec.duration) {
+                    (Some(n), _) => measured >= n,
+                    (None, Some(d)) => measured > 0 && now - start >= d,
+                    (None, None) => true,
+                };
+                if done {
+                    break ClientResult::PingPong(samples, vsamples, now - start);
+                }
+            }
+        }
+        Role::Sink => {
+            let window = window(spec.size);
+            let total = spec.count.map(|n| spec.warmup + n);
+            let mut deadline: Option<Instant> = None;
+            let mut sent = 0u64;
+            let mut in_flight = FuturesUnordered::new();
+            loop {
+                // The clock is read once per refill, not per message.
+                let in_time = deadline.is_none_or(|d| Instant::now() < d);
+                while in_flight.len() < window && in_time && total.is_none_or(|t| sent < t) {
+                    if sent == spec.warmup {
+                        if let Some(d) = spec.duration {
+                            deadline = Some(Instant::now() + d);
+                        }
+                    }
+                    in_flight.push(conn.send(&msg));
+                    sent += 1;
+                }
+                match in_flight.next().await {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => return Err(format!("send failed: {e}")),
+                    None => break,
+                }
+            }
+            drop(in_flight);
+            conn.send(&proto::end())
+                .await
+                .map_err(|e| format!("cannot send the end marker: {e}"))?;
+            if !conn.recv_into(&mut buf).await {
+                return Err(closed("waiting for the receiver's report"));
+            }
+            match Report::decode(&buf) {
+                Some(r) => ClientResult::Sink(r),
+                None => return Err("unexpected message from the server".into()),
+            }
+        }
+    };
+    let _ = conn.close();
+    Ok(result)
+}
+
+/// Creates the client's async backend with `make` and runs [`client`] as
+/// a task on its loop thread; the outcome goes to `done`.
+pub fn spawn_client<B, E>(
+    make: impl FnOnce(BackendConfig, AsyncHandler) -> Result<B, E>,
+    config: BackendConfig,
+    spec: &Spec,
+    addr: EndpointAddress,
+    params: ConnectionParams,
+    virtual_time: bool,
+    done: mpsc::Sender<Result<ClientResult, String>>,
+) -> Result<(Arc<AsyncBackend<B>>, netio::aio::Task<()>), E>
+where
+    B: Backend + Clone + 'static,
+{
+    let ab = Arc::new(AsyncBackend::new(|h| make(config, h))?);
+    let work = client(Arc::clone(&ab), spec.clone(), addr, params, virtual_time);
+    let task = ab.spawn(async move {
+        let _ = done.send(work.await);
+    });
+    Ok((ab, task))
+}
