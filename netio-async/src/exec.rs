@@ -69,6 +69,9 @@ pub(crate) struct Executor {
     /// The queue is being run (loop thread): a callback made from inside a
     /// task's poll leaves the queue to that run.
     running: AtomicBool,
+    /// The backend dropped its handler ([`shut_down`](Self::shut_down)):
+    /// no task is polled again.
+    closed: AtomicBool,
 }
 
 /// What a task's waker and its [`Task`] handle share.
@@ -137,7 +140,35 @@ impl Executor {
             wake_requested: AtomicBool::new(false),
             wake_loop: Mutex::new(None),
             running: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// The backend dropped its handler (the backend ended, or its host
+    /// crashed on the simulator): nothing will run the queue again. Drops
+    /// every task that is not being polled, here with no lock held; one
+    /// being polled is dropped when its poll returns, one spawned later at
+    /// once.
+    pub(crate) fn shut_down(&self) {
+        self.closed.store(true, Ordering::Release);
+        let (futures, wake_loop) = {
+            let mut slots = lock(&self.slots);
+            let Slots { slots, free } = &mut *slots;
+            let mut futures = Vec::new();
+            for (i, (_, slot)) in slots.iter_mut().enumerate() {
+                if matches!(slot, Slot::Idle(..)) {
+                    if let Slot::Idle(future, waker) = std::mem::replace(slot, Slot::Free) {
+                        futures.push((future, waker));
+                        free.push(i);
+                    }
+                }
+            }
+            (futures, lock(&self.wake_loop).take())
+        };
+        let ready = std::mem::take(&mut *lock(&self.ready));
+        drop(ready);
+        drop(futures);
+        drop(wake_loop);
     }
 
     /// `on_wake` with [`EXEC_TOKEN`]: a later wake asks again.
@@ -164,6 +195,17 @@ impl Executor {
         future: BoxFuture,
         wake_loop: Arc<dyn Fn() + Send + Sync>,
     ) -> Arc<TaskRef> {
+        if self.closed.load(Ordering::Acquire) {
+            // Nothing will poll it: dropped at once, never run.
+            drop(future);
+            return Arc::new(TaskRef {
+                exec: Arc::downgrade(self),
+                index: usize::MAX,
+                generation: 0,
+                queued: AtomicBool::new(false),
+                cancelled: AtomicBool::new(true),
+            });
+        }
         let mut slots = lock(&self.slots);
         let index = match slots.free.pop() {
             Some(i) => i,
@@ -247,7 +289,7 @@ impl Executor {
                 .poll(&mut Context::from_waker(&waker))
                 .is_ready();
         guard.armed = false;
-        if done {
+        if done || self.closed.load(Ordering::Acquire) {
             let wake_loop = {
                 let mut slots = lock(&self.slots);
                 slots.slots[task.index].1 = Slot::Free;

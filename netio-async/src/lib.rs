@@ -23,7 +23,11 @@
 //! that wakes a task is followed by its poll in the same loop turn, with
 //! no system call, so a task answers at about the speed of a handler
 //! callback, and on the simulator tasks run inside the simulation with
-//! nothing else to drive (one seed, one trace).
+//! nothing else to drive (one seed, one trace). There an application of
+//! tasks runs under the chaos runner as a callback application does: a
+//! crash drops the tasks of the host's backends (`Sim::crash`), its
+//! restart hook spawns new ones on new backends, and the end of each run
+//! (`Sim::shut_down`) frees the tasks that hold their backends.
 //! Futures can also be polled on any other thread (the backend must then
 //! be thread-safe, `ThreadSafety::Safe`) or, on the simulator, by an
 //! executor on the thread that drives it, as below.
@@ -355,8 +359,18 @@ impl Shared {
 }
 
 /// The handler [`AsyncBackend`] installs on its backend.
+///
+/// When the backend drops it (the backend ended, or on the simulator its
+/// host crashed), the backend's tasks are dropped: nothing can poll them
+/// any more.
 pub struct AsyncHandler {
     shared: Arc<Shared>,
+}
+
+impl Drop for AsyncHandler {
+    fn drop(&mut self) {
+        self.shared.exec.shut_down();
+    }
 }
 
 impl<B: Backend + ?Sized> Handler<B> for AsyncHandler {

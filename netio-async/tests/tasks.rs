@@ -467,3 +467,137 @@ fn over_tcp_a_batch_the_backend_refuses_fails_with_the_refusal_and_sends_nothing
         assert_eq!(block_on(accepted.recv()), Some(marker));
     });
 }
+
+/// Sets its flag when dropped.
+struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// An echo server of tasks on `host`: a task accepting, one per
+/// connection echoing; each task holds the backend (as an application's
+/// tasks do) and a drop flag, and counts its polls.
+fn sim_echo_server(
+    host: &netio_sim::SimHost,
+    port: u16,
+    dropped: &Arc<std::sync::atomic::AtomicBool>,
+    polls: &Arc<AtomicUsize>,
+) -> Arc<AsyncBackend<netio_sim::SimBackend>> {
+    let server = Arc::new(
+        AsyncBackend::new(|h| host.backend(BackendConfig::default(), h)).expect("backend"),
+    );
+    server
+        .listen(
+            EndpointAddress::new(host.ip(), port),
+            ConnectionParams::receive(64, 8),
+        )
+        .unwrap();
+    let (s, flag, polls) = (
+        Arc::clone(&server),
+        DropFlag(Arc::clone(dropped)),
+        Arc::clone(polls),
+    );
+    server
+        .spawn(async move {
+            let _flag = flag;
+            while let Some(conn) = s.accept().await {
+                polls.fetch_add(1, Ordering::SeqCst);
+                let polls = Arc::clone(&polls);
+                let _held = Arc::clone(&s);
+                s.spawn(async move {
+                    let _held = _held;
+                    while let Some(m) = conn.recv().await {
+                        polls.fetch_add(1, Ordering::SeqCst);
+                        if conn.send(&m).await.is_err() {
+                            break;
+                        }
+                    }
+                })
+                .detach();
+            }
+        })
+        .detach();
+    server
+}
+
+/// Crash and restart on the simulator: the tasks of a crashed host are
+/// dropped as the crash happens (they hold their backend, which alone
+/// would keep them in memory for ever) and never polled again; the
+/// restart hook spawns new ones on a new backend, which serve a client;
+/// the whole run is deterministic for a seed.
+fn crash_and_restart(seed: u64) -> String {
+    use std::sync::atomic::AtomicBool;
+    let sim = Sim::with_seed(seed);
+    sim.enable_trace(true);
+    let (hs, hc) = (sim.next_host(), sim.next_host());
+    let first_dropped = Arc::new(AtomicBool::new(false));
+    let first_polls = Arc::new(AtomicUsize::new(0));
+    let first = sim_echo_server(&hs, 7000, &first_dropped, &first_polls);
+    let restarted = Arc::new(Mutex::new(None));
+    let (r, second_dropped) = (Arc::clone(&restarted), Arc::new(AtomicBool::new(false)));
+    let d = Arc::clone(&second_dropped);
+    hs.on_restart(move |h| {
+        let polls = Arc::new(AtomicUsize::new(0));
+        *r.lock().unwrap() = Some(sim_echo_server(h, 7000, &d, &polls));
+    });
+    let client =
+        Arc::new(AsyncBackend::new(|h| hc.backend(BackendConfig::default(), h)).expect("backend"));
+    let addr = EndpointAddress::new(hs.ip(), 7000);
+    let params = ConnectionParams::receive(64, 8);
+    // One echo from the first life, then the crash with the connection open.
+    let c = Arc::clone(&client);
+    let p = params.clone();
+    let before = client.spawn(async move {
+        let conn = c.connect(addr, p).await.expect("connected");
+        conn.send(b"one").await.expect("sent");
+        let echo = conn.recv().await;
+        (conn, echo)
+    });
+    assert!(sim.run_until(Duration::from_secs(5), || before.is_finished()));
+    let (old_conn, echo) = block_on(before);
+    assert_eq!(echo.as_deref(), Some(&b"one"[..]));
+    assert_eq!(first.tasks(), 2, "the acceptor and one echo task");
+    let polls = first_polls.load(Ordering::SeqCst);
+    sim.crash(hs.ip());
+    assert!(
+        first_dropped.load(Ordering::SeqCst),
+        "the crash dropped the acceptor task"
+    );
+    assert_eq!(first.tasks(), 0, "every task of the crashed host is gone");
+    sim.run_for(Duration::from_millis(50));
+    // The client's connection heard the reset.
+    assert!(old_conn.close_reason().is_some());
+    sim.restart(hs.ip());
+    let second = restarted.lock().unwrap().clone().expect("the hook ran");
+    assert_eq!(second.tasks(), 1, "the new life's acceptor");
+    let c = Arc::clone(&client);
+    let after = client.spawn(async move {
+        let conn = c.connect(addr, params).await.expect("connected again");
+        conn.send(b"two").await.expect("sent");
+        conn.recv().await
+    });
+    assert!(sim.run_until(Duration::from_secs(5), || after.is_finished()));
+    assert_eq!(block_on(after).as_deref(), Some(&b"two"[..]));
+    assert_eq!(
+        first_polls.load(Ordering::SeqCst),
+        polls,
+        "nothing of the first life ran after the crash"
+    );
+    assert!(!second_dropped.load(Ordering::SeqCst));
+    let trace = sim.trace();
+    // The end of the world frees the new life's tasks too.
+    sim.shut_down();
+    assert!(second_dropped.load(Ordering::SeqCst));
+    assert_eq!(second.tasks(), 0);
+    trace
+}
+
+#[test]
+fn on_the_simulator_a_crash_drops_the_hosts_tasks_and_a_restart_hook_spawns_new_ones() {
+    let a = crash_and_restart(3);
+    assert!(a.contains("fault crash"), "{a}");
+    assert_eq!(a, crash_and_restart(3), "same seed, same trace");
+}

@@ -299,7 +299,11 @@ impl Chaos {
             let mut state = setup(&sim);
             self.apply_faults(&sim, seed, &mut faults);
             sim.run_for(self.settle);
-            check(&sim, &mut state)
+            let checked = check(&sim, &mut state);
+            // Frees what the application's handlers hold, cycles through
+            // the world included (async tasks holding their backends).
+            sim.shut_down();
+            checked
         }));
         let message = match outcome {
             Ok(Ok(())) => return Ok(faults.len()),

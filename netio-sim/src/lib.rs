@@ -764,10 +764,14 @@ impl Sim {
     /// Crashes `host` for good: its listeners and connections vanish without
     /// a word to its own handlers (they hear nothing more), its peers see
     /// `on_connection_closed` with `Reset` one latency later, and connection
-    /// attempts to it time out (`Unreachable`). Its loop's signals and
-    /// timers keep running; its backends' operations fail.
+    /// attempts to it time out (`Unreachable`). Its backends drop their
+    /// handlers, with the world unlocked, before this returns: what a
+    /// handler owns goes with the host (the tasks of a `netio-async`
+    /// backend included). Its loop's signals and timers keep running; its
+    /// backends' operations fail.
     pub fn crash(&self, host: IpAddr) {
-        self.with(|w| w.crash(host, true));
+        let dead = self.with(|w| w.crash(host, true));
+        drop(dead);
     }
 
     /// Crashes `host` for good without a word to anyone, as a machine that
@@ -779,12 +783,14 @@ impl Sim {
     /// [`CloseReason::TimedOut`](netio_core::CloseReason::TimedOut) that long
     /// after the crash.
     pub fn crash_silently(&self, host: IpAddr) {
-        self.with(|w| w.crash(host, false));
+        let dead = self.with(|w| w.crash(host, false));
+        drop(dead);
     }
 
     /// Restarts `host` after a crash, as a machine that reboots: same
-    /// address, fresh state. Backends made before (and their handlers),
-    /// the loop's timers and signals and closures posted to it stay dead;
+    /// address, fresh state. Backends made before (their handlers were
+    /// dropped at the crash), the loop's timers and signals and closures
+    /// posted to it stay dead;
     /// the host refuses nothing, is not slow and its loop runs. Then the
     /// hook set with [`SimHost::on_restart`] runs (on the calling thread,
     /// with the world unlocked), which is where the application makes its
@@ -798,6 +804,18 @@ impl Sim {
             let h = self.host(host);
             (lock(&hook))(&h);
         }
+    }
+
+    /// Ends the world: every backend drops its handler and every loop its
+    /// timers, signals and posted closures, with the world unlocked, before
+    /// this returns; nothing runs any more (a step finds nothing to do).
+    /// For the end of a run: what handlers and callbacks hold is freed even
+    /// when it holds the world in turn (an async task holding its
+    /// backend), which dropping the last handle alone would leave in
+    /// memory. The chaos runner does it after each run's check.
+    pub fn shut_down(&self) {
+        let dead = self.with(World::shut_down);
+        drop(dead);
     }
 
     /// `true` if `host` has crashed and not restarted.

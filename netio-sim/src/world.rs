@@ -41,6 +41,26 @@ pub(crate) type UserFn = Arc<Mutex<Box<dyn FnMut() + Send>>>;
 /// A closure given to `EventLoop::post`.
 pub(crate) type PostFn = Box<dyn FnOnce() + Send>;
 
+/// What a crash or a restart took from a host: its backends' handlers, the
+/// callbacks its paused loop held back, its loop's timers and signals. The
+/// caller drops them after unlocking the world, since dropping a handler
+/// may call back into it (an async handler drops its tasks, and they their
+/// connections).
+#[must_use]
+#[derive(Default)]
+pub(crate) struct Remains {
+    handlers: Vec<HandlerCell>,
+    calls: Vec<Call>,
+    callbacks: Vec<UserFn>,
+    /// Events still scheduled ([`World::shut_down`]): posted closures.
+    queue: BinaryHeap<Entry>,
+}
+
+/// The handler of a backend whose host crashed: it hears nothing.
+fn dead_handler() -> HandlerCell {
+    Arc::new(Mutex::new(Box::new(netio_core::NoopHandler)))
+}
+
 /// First port handed out for listen port 0 and for the local side of
 /// outgoing connections (the IANA dynamic range).
 const EPHEMERAL_FIRST: u16 = 49152;
@@ -1029,8 +1049,8 @@ impl World {
     /// with resets to its peers, if it is up): its earlier backends, loop
     /// timers, signals and posted closures stay dead. Returns the dead
     /// callbacks, for the caller to drop after unlocking.
-    pub(crate) fn restart(&mut self, host: IpAddr) -> Vec<UserFn> {
-        self.crash(host, true);
+    pub(crate) fn restart(&mut self, host: IpAddr) -> Remains {
+        let mut dead = self.crash(host, true);
         // Peers still holding a connection to the host's earlier life (it
         // crashed silently) hear a reset, as TCP's next segment to a
         // rebooted host is answered by one.
@@ -1057,31 +1077,23 @@ impl World {
         h.refusing = false;
         h.slow = 0;
         h.paused = false;
-        let held = std::mem::take(&mut h.held_calls);
         let inc = h.incarnation;
-        for call in held {
-            if let Call::Net {
-                ev: NetEv::Data(m), ..
-            } = call
-            {
-                self.release_recv(m.buf, m.pool);
-            }
-        }
-        let mut dead = Vec::new();
         let timers: Vec<u64> = self
             .timers
             .iter()
             .filter(|(_, t)| t.host == host)
             .map(|(&id, _)| id)
             .collect();
-        dead.extend(timers.into_iter().filter_map(|id| self.remove_timer(id)));
+        dead.callbacks
+            .extend(timers.into_iter().filter_map(|id| self.remove_timer(id)));
         let signals: Vec<u64> = self
             .signals
             .iter()
             .filter(|(_, (h, _))| *h == host)
             .map(|(&id, _)| id)
             .collect();
-        dead.extend(signals.into_iter().filter_map(|id| self.remove_signal(id)));
+        dead.callbacks
+            .extend(signals.into_iter().filter_map(|id| self.remove_signal(id)));
         self.sched
             .log(host, format_args!("fault restart (life {inc})"));
         dead
@@ -2518,10 +2530,37 @@ impl World {
 
     /// Crashes `host`; its peers hear a reset if `reset`, else nothing
     /// (they time out if they have a `peer_timeout`).
-    pub(crate) fn crash(&mut self, host: IpAddr, reset: bool) {
+    /// Ends the world: every backend gives up its handler, and every
+    /// callback of every loop (timers, signals, posted closures, calls held
+    /// or pending) is taken, so nothing runs any more. Returned for the
+    /// caller to drop after unlocking: what an application's handlers and
+    /// callbacks hold (async tasks holding their backends, which hold the
+    /// world) goes with them.
+    pub(crate) fn shut_down(&mut self) -> Remains {
+        let mut dead = Remains::default();
+        for be in &mut self.backends {
+            dead.handlers
+                .push(std::mem::replace(&mut be.handler, dead_handler()));
+        }
+        for h in self.hosts.values_mut() {
+            dead.calls.append(&mut h.held_calls);
+        }
+        dead.calls.append(&mut self.sched.calls);
+        dead.queue = std::mem::take(&mut self.sched.queue);
+        let timers: Vec<u64> = self.timers.keys().copied().collect();
+        dead.callbacks
+            .extend(timers.into_iter().filter_map(|id| self.remove_timer(id)));
+        let signals: Vec<u64> = self.signals.keys().copied().collect();
+        dead.callbacks
+            .extend(signals.into_iter().filter_map(|id| self.remove_signal(id)));
+        dead
+    }
+
+    pub(crate) fn crash(&mut self, host: IpAddr, reset: bool) -> Remains {
+        let mut dead = Remains::default();
         let h = self.host_mut(host);
         if h.crashed {
-            return;
+            return dead;
         }
         h.crashed = true;
         let lids: Vec<ListenerId> = std::mem::take(&mut h.listeners).into_values().collect();
@@ -2563,6 +2602,31 @@ impl World {
                 }
             }
         }
+        // The host's application is gone with it: its backends' handlers
+        // (and with an async handler its tasks) and what its paused loop
+        // held back, returned for the caller to drop after unlocking.
+        let inc = self.host_mut(host).incarnation;
+        for be in &mut self.backends {
+            if be.host == host && be.incarnation == inc {
+                dead.handlers
+                    .push(std::mem::replace(&mut be.handler, dead_handler()));
+            }
+        }
+        let held = std::mem::take(&mut self.host_mut(host).held_calls);
+        for call in held {
+            match call {
+                Call::Net {
+                    ev: NetEv::Data(m),
+                    handler,
+                    ..
+                } => {
+                    self.release_recv(m.buf, m.pool);
+                    dead.handlers.push(handler);
+                }
+                other => dead.calls.push(other),
+            }
+        }
+        dead
     }
 
     // -- timers and signals ------------------------------------------------------

@@ -481,3 +481,85 @@ fn peer_timeout_closes_connections_to_a_silently_crashed_host() {
         "its send never completes"
     );
 }
+
+/// A handler that holds its own backend (as an application's state may)
+/// and calls into the world when it is dropped: dropped inside the world's
+/// lock it would deadlock.
+struct HoldsItsBackend {
+    me: std::sync::Arc<std::sync::Mutex<Option<netio_sim::SimBackend>>>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl netio_core::Handler<netio_sim::SimBackend> for HoldsItsBackend {}
+
+impl Drop for HoldsItsBackend {
+    fn drop(&mut self) {
+        if let Some(b) = self.me.lock().unwrap().take() {
+            // Calls into the world, then lets the backend go.
+            let _ = b.now();
+            let _ = b.open_listen_endpoint(
+                EndpointAddress::new(b.ip(), 0),
+                ConnectionParams::receive(64, 1),
+            );
+        }
+        self.dropped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn holding_backend(
+    host: &netio_sim::SimHost,
+) -> (
+    netio_sim::SimBackend,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    let me = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let b = host
+        .backend(
+            BackendConfig::default(),
+            HoldsItsBackend {
+                me: me.clone(),
+                dropped: dropped.clone(),
+            },
+        )
+        .unwrap();
+    *me.lock().unwrap() = Some(b.clone());
+    (b, dropped)
+}
+
+#[test]
+fn a_crash_drops_the_hosts_handlers_with_the_world_unlocked() {
+    let sim = Sim::with_seed(5);
+    let (h1, h2) = (sim.next_host(), sim.next_host());
+    let (b1, dropped1) = holding_backend(&h1);
+    let (_b2, dropped2) = holding_backend(&h2);
+    // A paused loop holding a callback for the handler when it crashes.
+    let addr = b1
+        .open_listen_endpoint(
+            EndpointAddress::new(h1.ip(), 0),
+            ConnectionParams::receive(64, 4),
+        )
+        .unwrap();
+    sim.pause_loop(h1.ip());
+    let peer = h2
+        .backend(BackendConfig::default(), netio_core::NoopHandler)
+        .unwrap();
+    peer.open_active_endpoint(addr, ConnectionParams::receive(64, 4))
+        .unwrap();
+    sim.run_for(Duration::from_millis(10));
+    sim.crash(h1.ip());
+    assert!(
+        dropped1.load(std::sync::atomic::Ordering::SeqCst),
+        "the crashed host's handler was dropped"
+    );
+    assert!(!dropped2.load(std::sync::atomic::Ordering::SeqCst));
+    sim.run_for(Duration::from_millis(10));
+    sim.restart(h1.ip());
+    sim.run_for(Duration::from_millis(10));
+    // The end of the world drops the other handler too, though it holds
+    // its backend (and so the world).
+    sim.shut_down();
+    assert!(dropped2.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(!sim.step(), "nothing runs after the end");
+}
