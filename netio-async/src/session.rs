@@ -1,21 +1,36 @@
-//! A reconnecting session between a client and a server, on the async API:
-//! the client redials with backoff after a refused or broken connection,
-//! keeps a stable identity across connections, and holds at most a
-//! high-water mark of messages not yet acknowledged (a message beyond it is
-//! handed back to the caller: dropped, and counted); the server delivers
-//! each message of a session once, in order, across reconnects.
+//! A reconnecting session between a client and a server, on the async API,
+//! carrying messages both ways: the client redials with backoff after a
+//! refused or broken connection and keeps a stable identity across
+//! connections; each side delivers the other's messages once, in order,
+//! across reconnects.
 //!
-//! A message counts as delivered when the server acknowledged it, not when
-//! its send completed: on TCP a completed send can still be lost with the
-//! connection. The client keeps every message until it is acknowledged and
-//! sends the unacknowledged ones again on the next connection; the server
-//! drops the copies it already delivered.
+//! Each direction keeps only what the other side has not acknowledged, at
+//! most a high-water mark of messages ([`SessionConfig::high_water`]). A
+//! message sent beyond the mark is dropped there and handed back to the
+//! caller, and still takes its sequence number: the receiver sees a
+//! [`Received::Gap`] where it would have been, so a dropped message never
+//! leaves a silent hole. A message the server publishes to many sessions
+//! ([`SessionServer::publish`]) is held once and shared by all of them.
+//! What arrives waits for the application ([`SessionClient::recv`],
+//! [`SessionServer::recv`]) in a queue of at most the high-water mark:
+//! while it is full, the session stops reading, and the peer's own mark
+//! bounds what it holds.
 //!
-//! Frames (one message each): the client's `HELLO` (`0`, session id `u64`,
-//! first unacknowledged sequence number `u64`, little-endian), `DATA` (`1`,
-//! sequence number `u64`, payload); the server's `ACK` (`2`, highest
-//! sequence number delivered `u64`), sent after the `HELLO` and after each
-//! `DATA`.
+//! A message counts as delivered when the receiver acknowledged it, not
+//! when its send completed: on TCP a completed send can still be lost with
+//! the connection. The sender keeps every message until it is
+//! acknowledged and sends the unacknowledged ones again on the next
+//! connection; the receiver drops the copies it already has.
+//!
+//! Frames (one message each, numbers `u64` little-endian): the client's
+//! `HELLO` (`0`: session id, the client's instance, the first sequence
+//! number it holds, the last it received), the server's `WELCOME` (`3`:
+//! the server's instance, the first it holds for this session, the last it
+//! received), then both ways `DATA` (`1`: sequence number, payload), `GAP`
+//! (`4`: first and last sequence number dropped at the sender) and `ACK`
+//! (`2`: the last sequence number received). An instance changes when a
+//! side starts afresh (a restarted process): its peer then expects its
+//! numbering from the start.
 //!
 //! Both sides run as futures (`SessionClient::run`, `SessionServer::run`)
 //! on one thread with the application (they are not `Send`); on the
@@ -23,11 +38,12 @@
 //! deterministic.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
 use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use futures::channel::mpsc;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use netio_core::{Backend, ConnectionParams, EndpointAddress};
@@ -37,13 +53,14 @@ use crate::{AsyncBackend, AsyncConn};
 const HELLO: u8 = 0;
 const DATA: u8 = 1;
 const ACK: u8 = 2;
+const WELCOME: u8 = 3;
+const GAP: u8 = 4;
 
-fn frame(kind: u8, a: u64, b: Option<u64>, payload: &[u8]) -> Vec<u8> {
-    let mut f = Vec::with_capacity(17 + payload.len());
+fn frame(kind: u8, nums: &[u64], payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(1 + 8 * nums.len() + payload.len());
     f.push(kind);
-    f.extend_from_slice(&a.to_le_bytes());
-    if let Some(b) = b {
-        f.extend_from_slice(&b.to_le_bytes());
+    for n in nums {
+        f.extend_from_slice(&n.to_le_bytes());
     }
     f.extend_from_slice(payload);
     f
@@ -53,15 +70,17 @@ fn u64_at(f: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(f.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// How a [`SessionClient`] redials and how much it holds.
+/// How a session side redials and how much it holds.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     /// The first wait after a failed or broken connection; doubled after
-    /// each failure in a row, up to `max_backoff`.
+    /// each failure in a row, up to `max_backoff` (client).
     pub initial_backoff: Duration,
-    /// The longest wait between attempts.
+    /// The longest wait between attempts (client).
     pub max_backoff: Duration,
-    /// Messages held (sent or not, not yet acknowledged) at most.
+    /// Messages held per direction and session (sent or not, not yet
+    /// acknowledged), and received messages waiting for the application,
+    /// at most.
     pub high_water: usize,
     /// Receive parameters of the client's connections.
     pub params: ConnectionParams,
@@ -78,16 +97,321 @@ impl Default for SessionConfig {
     }
 }
 
-#[derive(Default)]
-struct ClientState {
-    /// Held messages, oldest first: `(sequence number, payload)`.
-    held: VecDeque<(u64, Vec<u8>)>,
+/// What a session side receives, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// A message, with its sequence number.
+    Message {
+        /// Its number in its direction of the session (from 1).
+        seq: u64,
+        /// The payload.
+        data: Vec<u8>,
+    },
+    /// Messages the sender dropped at its high-water mark (or no longer
+    /// holds after starting afresh): the numbers `first..=last` will never
+    /// arrive.
+    Gap {
+        /// The first missing number.
+        first: u64,
+        /// The last missing number.
+        last: u64,
+    },
+}
+
+enum Held {
+    Msg(u64, Rc<[u8]>),
+    Gap(u64, u64),
+}
+
+impl Held {
+    fn last(&self) -> u64 {
+        match self {
+            Held::Msg(s, _) | Held::Gap(_, s) => *s,
+        }
+    }
+}
+
+/// One direction's sending side: what is held until acknowledged.
+struct Outbox {
+    held: VecDeque<Held>,
+    /// `Msg` entries in `held`.
+    msgs: usize,
     next_seq: u64,
     acked: u64,
     dropped: u64,
-    connects: u64,
-    /// Wakes the sender when a message is queued.
-    kick: Option<mpsc::UnboundedSender<()>>,
+    high_water: usize,
+    /// The connection's sender, waiting for something to send.
+    waker: Option<Waker>,
+}
+
+impl Outbox {
+    fn new(high_water: usize) -> Self {
+        Self {
+            held: VecDeque::new(),
+            msgs: 0,
+            next_seq: 1,
+            acked: 0,
+            dropped: 0,
+            high_water: high_water.max(1),
+            waker: None,
+        }
+    }
+
+    /// Queues `m` with the next number; at the high-water mark the number
+    /// becomes part of a gap and `m` comes back.
+    fn push(&mut self, m: Rc<[u8]>) -> Result<u64, Rc<[u8]>> {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let r = if self.msgs >= self.high_water {
+            self.dropped += 1;
+            match self.held.back_mut() {
+                Some(Held::Gap(_, last)) if *last + 1 == seq => *last = seq,
+                _ => self.held.push_back(Held::Gap(seq, seq)),
+            }
+            Err(m)
+        } else {
+            self.held.push_back(Held::Msg(seq, m));
+            self.msgs += 1;
+            Ok(seq)
+        };
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+        r
+    }
+
+    /// The peer has everything up to `a`.
+    fn ack(&mut self, a: u64) {
+        self.acked = self.acked.max(a.min(self.next_seq - 1));
+        while let Some(front) = self.held.front_mut() {
+            if front.last() <= self.acked {
+                if let Some(Held::Msg(..)) = self.held.pop_front() {
+                    self.msgs -= 1;
+                }
+            } else {
+                if let Held::Gap(first, _) = front {
+                    *first = (*first).max(self.acked + 1);
+                }
+                break;
+            }
+        }
+    }
+
+    /// The first number still held (the next to come when nothing is).
+    fn first_held(&self) -> u64 {
+        self.held.front().map_or(self.next_seq, |h| match h {
+            Held::Msg(s, _) | Held::Gap(s, _) => *s,
+        })
+    }
+
+    /// The frame of the first entry after `sent`, and its last number.
+    fn next_after(&self, sent: u64) -> Option<(Vec<u8>, u64)> {
+        self.held.iter().find(|h| h.last() > sent).map(|h| match h {
+            Held::Msg(s, m) => (frame(DATA, &[*s], m), *s),
+            Held::Gap(first, last) => (frame(GAP, &[(*first).max(sent + 1), *last], &[]), *last),
+        })
+    }
+}
+
+/// Received items waiting for the application, at most `limit`.
+struct Inbox<T> {
+    queue: VecDeque<T>,
+    limit: usize,
+    /// The application waiting for an item.
+    reader: Option<Waker>,
+    /// Connections waiting for room.
+    room: Vec<Waker>,
+}
+
+impl<T> Inbox<T> {
+    fn new(limit: usize) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            limit: limit.max(1),
+            reader: None,
+            room: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, item: T) {
+        self.queue.push_back(item);
+        if let Some(w) = self.reader.take() {
+            w.wake();
+        }
+    }
+
+    fn poll_pop(&mut self, cx: &mut Context<'_>) -> Poll<T> {
+        match self.pop() {
+            Some(item) => Poll::Ready(item),
+            None => {
+                self.reader = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+
+    fn pop(&mut self) -> Option<T> {
+        let item = self.queue.pop_front()?;
+        self.room.drain(..).for_each(Waker::wake);
+        Some(item)
+    }
+
+    fn poll_room(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.queue.len() < self.limit {
+            Poll::Ready(())
+        } else {
+            self.room.push(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+}
+
+/// The receiving side of one direction: the last number taken.
+#[derive(Default)]
+struct InState {
+    last: u64,
+    /// The sender's instance these numbers belong to.
+    instance: Option<u64>,
+}
+
+impl InState {
+    /// The peer `instance` says it holds from `first` on: a new instance
+    /// starts the numbering afresh; numbers the peer no longer holds
+    /// (its state lost) are a gap.
+    fn resume(&mut self, instance: u64, first: u64) -> Option<Received> {
+        if self.instance != Some(instance) {
+            let fresh = self.instance.is_none();
+            self.instance = Some(instance);
+            self.last = first.saturating_sub(1);
+            return (!fresh && first > 1).then_some(Received::Gap {
+                first: 1,
+                last: first - 1,
+            });
+        }
+        if first > self.last + 1 {
+            let gap = Received::Gap {
+                first: self.last + 1,
+                last: first - 1,
+            };
+            self.last = first - 1;
+            return Some(gap);
+        }
+        None
+    }
+
+    /// Takes a `DATA` or `GAP` frame: what to deliver, if it is the next;
+    /// `Err` for a frame out of order or not understood.
+    fn take(&mut self, f: &[u8]) -> Result<Option<Received>, ()> {
+        match f.first() {
+            Some(&DATA) => {
+                let seq = u64_at(f, 1).ok_or(())?;
+                if seq <= self.last {
+                    return Ok(None); // a copy of one delivered
+                }
+                if seq != self.last + 1 {
+                    return Err(());
+                }
+                self.last = seq;
+                Ok(Some(Received::Message {
+                    seq,
+                    data: f[9..].to_vec(),
+                }))
+            }
+            Some(&GAP) => {
+                let (first, last) = (u64_at(f, 1).ok_or(())?, u64_at(f, 9).ok_or(())?);
+                if last <= self.last {
+                    return Ok(None);
+                }
+                if first > self.last + 1 || first > last {
+                    return Err(());
+                }
+                let first = self.last + 1;
+                self.last = last;
+                Ok(Some(Received::Gap { first, last }))
+            }
+            _ => Err(()),
+        }
+    }
+}
+
+fn ack_of(f: &[u8]) -> Option<u64> {
+    (f.first() == Some(&ACK)).then(|| u64_at(f, 1)).flatten()
+}
+
+/// An instance number for a side starting now: its backend's clock (so a
+/// simulated run repeats it), never 0.
+fn instance_of<B: Backend + Clone>(b: &AsyncBackend<B>, salt: u64) -> u64 {
+    (b.now().as_nanos() as u64 ^ salt.rotate_left(29)).max(1)
+}
+
+/// One connection's exchange once the hello is done: sends what `out`
+/// holds after `sent`, takes acknowledgements, and hands what arrives to
+/// `deliver` (waiting while `room` says the application's queue is full).
+/// Returns when the connection fails or the peer breaks the protocol.
+async fn exchange<B: Backend + Clone>(
+    conn: &AsyncConn<B>,
+    out: &RefCell<Outbox>,
+    incoming: &RefCell<InState>,
+    mut sent: u64,
+    room: impl Fn(&mut Context<'_>) -> Poll<()>,
+    deliver: impl Fn(Received),
+) {
+    let sending = async {
+        loop {
+            let next = futures::future::poll_fn(|cx| {
+                let mut o = out.borrow_mut();
+                match o.next_after(sent) {
+                    Some(n) => Poll::Ready(n),
+                    None => {
+                        o.waker = Some(cx.waker().clone());
+                        Poll::Pending
+                    }
+                }
+            })
+            .await;
+            if conn.send(&next.0).await.is_err() {
+                return;
+            }
+            sent = next.1;
+        }
+    };
+    let receiving = async {
+        loop {
+            futures::future::poll_fn(&room).await;
+            let Some(f) = conn.recv().await else {
+                return;
+            };
+            if let Some(a) = ack_of(&f) {
+                out.borrow_mut().ack(a);
+                continue;
+            }
+            let taken = incoming.borrow_mut().take(&f);
+            match taken {
+                Ok(item) => {
+                    if let Some(item) = item {
+                        deliver(item);
+                    }
+                    let last = incoming.borrow().last;
+                    if conn.send(&frame(ACK, &[last], &[])).await.is_err() {
+                        return;
+                    }
+                }
+                Err(()) => {
+                    let _ = conn.close();
+                    return;
+                }
+            }
+        }
+    };
+    futures::pin_mut!(sending, receiving);
+    futures::future::select(sending, receiving).await;
+}
+
+struct ClientState {
+    out: RefCell<Outbox>,
+    incoming: RefCell<InState>,
+    inbox: RefCell<Inbox<Received>>,
+    connects: std::cell::Cell<u64>,
 }
 
 /// The client end of a session.
@@ -95,9 +419,9 @@ pub struct SessionClient<B: Backend + Clone> {
     backend: Rc<AsyncBackend<B>>,
     server: EndpointAddress,
     id: u64,
+    instance: u64,
     config: SessionConfig,
-    state: Rc<RefCell<ClientState>>,
-    kicks: RefCell<Option<mpsc::UnboundedReceiver<()>>>,
+    state: Rc<ClientState>,
 }
 
 impl<B: Backend + Clone> SessionClient<B> {
@@ -109,69 +433,68 @@ impl<B: Backend + Clone> SessionClient<B> {
         id: u64,
         config: SessionConfig,
     ) -> Self {
-        let (tx, rx) = mpsc::unbounded();
         let state = ClientState {
-            next_seq: 1,
-            kick: Some(tx),
-            ..ClientState::default()
+            out: RefCell::new(Outbox::new(config.high_water)),
+            incoming: RefCell::default(),
+            inbox: RefCell::new(Inbox::new(config.high_water)),
+            connects: std::cell::Cell::new(0),
         };
         Self {
+            instance: instance_of(&backend, id),
             backend,
             server,
             id,
             config,
-            state: Rc::new(RefCell::new(state)),
-            kicks: RefCell::new(Some(rx)),
+            state: Rc::new(state),
         }
     }
 
-    /// Queues `msg`; returns its sequence number, or gives the message back
-    /// when the high-water mark is reached (it is dropped and counted).
+    /// Queues `msg` for the server; returns its sequence number, or gives
+    /// the message back at the high-water mark: it is dropped and counted,
+    /// and the server sees a [`Received::Gap`] in its place.
     pub fn send(&self, msg: Vec<u8>) -> Result<u64, Vec<u8>> {
-        let mut st = self.state.borrow_mut();
-        if st.held.len() >= self.config.high_water {
-            st.dropped += 1;
-            return Err(msg);
-        }
-        let seq = st.next_seq;
-        st.next_seq += 1;
-        st.held.push_back((seq, msg));
-        if let Some(k) = &st.kick {
-            let _ = k.unbounded_send(());
-        }
-        Ok(seq)
+        self.state
+            .out
+            .borrow_mut()
+            .push(msg.into())
+            .map_err(|m| m.to_vec())
+    }
+
+    /// The next message (or gap) from the server, in order.
+    pub fn recv(&self) -> impl Future<Output = Received> + '_ {
+        futures::future::poll_fn(move |cx| self.state.inbox.borrow_mut().poll_pop(cx))
+    }
+
+    /// The next message (or gap) from the server, if one waits.
+    pub fn try_recv(&self) -> Option<Received> {
+        self.state.inbox.borrow_mut().pop()
     }
 
     /// Messages the server acknowledged: every sequence number up to this
-    /// one was delivered there once.
+    /// one was delivered there once (or dropped here, as a gap).
     pub fn acknowledged(&self) -> u64 {
-        self.state.borrow().acked
+        self.state.out.borrow().acked
     }
 
-    /// Messages held (sent or not, not yet acknowledged).
+    /// Messages held for the server (sent or not, not yet acknowledged).
     pub fn held(&self) -> usize {
-        self.state.borrow().held.len()
+        self.state.out.borrow().msgs
     }
 
     /// Messages handed back by [`send`](Self::send) at the high-water mark.
     pub fn dropped(&self) -> u64 {
-        self.state.borrow().dropped
+        self.state.out.borrow().dropped
     }
 
     /// Connections established so far.
     pub fn connects(&self) -> u64 {
-        self.state.borrow().connects
+        self.state.connects.get()
     }
 
-    /// Runs the session for ever: connects, sends, takes acknowledgements,
+    /// Runs the session for ever: connects, exchanges messages both ways,
     /// and redials with backoff whenever the connection fails or breaks.
-    /// Poll it alongside the application (call once).
+    /// Poll it alongside the application (one `run` at a time).
     pub async fn run(&self) {
-        let mut kicks = self
-            .kicks
-            .borrow_mut()
-            .take()
-            .expect("SessionClient::run is called once");
         let mut backoff = self.config.initial_backoff;
         loop {
             let connected = self
@@ -179,8 +502,8 @@ impl<B: Backend + Clone> SessionClient<B> {
                 .connect(self.server, self.config.params.clone())
                 .await;
             if let Ok(conn) = connected {
-                self.state.borrow_mut().connects += 1;
-                if self.serve(&conn, &mut kicks, &mut backoff).await {
+                self.state.connects.set(self.state.connects.get() + 1);
+                if self.serve(&conn).await {
                     backoff = self.config.initial_backoff;
                 }
                 let _ = conn.close();
@@ -191,109 +514,131 @@ impl<B: Backend + Clone> SessionClient<B> {
     }
 
     /// One connection's life; `true` if the server answered the hello.
-    async fn serve(
-        &self,
-        conn: &AsyncConn<B>,
-        kicks: &mut mpsc::UnboundedReceiver<()>,
-        backoff: &mut Duration,
-    ) -> bool {
-        let first = {
-            let st = self.state.borrow();
-            st.held.front().map_or(st.next_seq, |m| m.0)
+    async fn serve(&self, conn: &AsyncConn<B>) -> bool {
+        let st = &self.state;
+        let hello = {
+            let first = st.out.borrow().first_held();
+            let last = st.incoming.borrow().last;
+            frame(HELLO, &[self.id, self.instance, first, last], &[])
         };
-        if conn
-            .send(&frame(HELLO, self.id, Some(first), &[]))
-            .await
-            .is_err()
-        {
+        if conn.send(&hello).await.is_err() {
             return false;
         }
-        match conn.recv().await.as_deref().and_then(ack_of) {
-            Some(acked) => self.acked(acked),
-            None => return false,
+        let Some(w) = conn.recv().await else {
+            return false;
+        };
+        let (Some(&WELCOME), Some(instance), Some(first), Some(peer_last)) =
+            (w.first(), u64_at(&w, 1), u64_at(&w, 9), u64_at(&w, 17))
+        else {
+            return false;
+        };
+        st.out.borrow_mut().ack(peer_last);
+        let gap = st.incoming.borrow_mut().resume(instance, first);
+        if let Some(gap) = gap {
+            st.inbox.borrow_mut().push(gap);
         }
-        *backoff = self.config.initial_backoff;
-        // Everything held goes again, in order; acknowledgements come
-        // alongside.
-        let mut sent_up_to = self.state.borrow().acked;
-        let sending = async {
-            loop {
-                let next = {
-                    let st = self.state.borrow();
-                    st.held
-                        .iter()
-                        .find(|(seq, _)| *seq > sent_up_to)
-                        .map(|(seq, m)| (*seq, frame(DATA, *seq, None, m)))
-                };
-                match next {
-                    Some((seq, f)) => {
-                        if conn.send(&f).await.is_err() {
-                            return;
-                        }
-                        sent_up_to = seq;
-                    }
-                    None => {
-                        if kicks.next().await.is_none() {
-                            return;
-                        }
-                    }
-                }
-            }
-        };
-        let acking = async {
-            while let Some(f) = conn.recv().await {
-                if let Some(acked) = ack_of(&f) {
-                    self.acked(acked);
-                }
-            }
-        };
-        futures::pin_mut!(sending, acking);
-        futures::future::select(sending, acking).await;
+        let sent = st.out.borrow().acked;
+        exchange(
+            conn,
+            &st.out,
+            &st.incoming,
+            sent,
+            |cx| st.inbox.borrow_mut().poll_room(cx),
+            |item| st.inbox.borrow_mut().push(item),
+        )
+        .await;
         true
     }
-
-    fn acked(&self, acked: u64) {
-        let mut st = self.state.borrow_mut();
-        if acked > st.acked {
-            st.acked = acked;
-        }
-        let a = st.acked;
-        while st.held.front().is_some_and(|m| m.0 <= a) {
-            st.held.pop_front();
-        }
-    }
 }
 
-fn ack_of(f: &[u8]) -> Option<u64> {
-    (f.first() == Some(&ACK)).then(|| u64_at(f, 1)).flatten()
+/// One session as the server keeps it.
+struct ServerSession {
+    out: RefCell<Outbox>,
+    incoming: RefCell<InState>,
 }
 
-/// What a [`SessionServer`] delivered: `(session id, payload)`, in order
-/// per session, each message once.
-pub type Delivered = Rc<RefCell<Vec<(u64, Vec<u8>)>>>;
+struct ServerState {
+    sessions: RefCell<BTreeMap<u64, Rc<ServerSession>>>,
+    inbox: RefCell<Inbox<(u64, Received)>>,
+}
 
-/// The server end: accepts sessions on a listener and delivers their
-/// messages once each, in order, across reconnects.
+/// The server end: accepts sessions on a listener, delivers their messages
+/// once each, in order, across reconnects, and sends to them
+/// ([`send_to`](Self::send_to), [`publish`](Self::publish)).
 pub struct SessionServer<B: Backend + Clone> {
     backend: Rc<AsyncBackend<B>>,
-    /// Highest sequence number delivered per session.
-    last: Rc<RefCell<HashMap<u64, u64>>>,
-    delivered: Delivered,
+    instance: u64,
+    high_water: usize,
+    state: Rc<ServerState>,
 }
 
 impl<B: Backend + Clone> SessionServer<B> {
-    /// A server on `backend`'s listeners (listen first).
+    /// A server on `backend`'s listeners (listen first), with the default
+    /// high-water mark.
     pub fn new(backend: Rc<AsyncBackend<B>>) -> Self {
+        Self::with_config(backend, &SessionConfig::default())
+    }
+
+    /// A server holding at most `config.high_water` messages per session
+    /// for its client, and as many received ones for the application.
+    pub fn with_config(backend: Rc<AsyncBackend<B>>, config: &SessionConfig) -> Self {
         Self {
+            instance: instance_of(&backend, u64::MAX),
+            high_water: config.high_water,
+            state: Rc::new(ServerState {
+                sessions: RefCell::default(),
+                inbox: RefCell::new(Inbox::new(config.high_water)),
+            }),
             backend,
-            last: Rc::default(),
-            delivered: Rc::default(),
         }
     }
 
-    /// What was delivered so far.
-    pub fn delivered(&self) -> Delivered {
-        self.delivered.clone()
+    /// The next message (or gap) from a client, with its session id; in
+    /// order per session.
+    pub fn recv(&self) -> impl Future<Output = (u64, Received)> + '_ {
+        futures::future::poll_fn(move |cx| self.state.inbox.borrow_mut().poll_pop(cx))
+    }
+
+    /// The next message (or gap) from a client, if one waits.
+    pub fn try_recv(&self) -> Option<(u64, Received)> {
+        self.state.inbox.borrow_mut().pop()
+    }
+
+    /// The sessions that have said hello, by id.
+    pub fn sessions(&self) -> Vec<u64> {
+        self.state.sessions.borrow().keys().copied().collect()
+    }
+
+    /// Queues `msg` for session `id`: its sequence number, or the message
+    /// back at the session's high-water mark (the client sees a gap), or
+    /// `None` for a session that never said hello.
+    pub fn send_to(&self, id: u64, msg: impl Into<Rc<[u8]>>) -> Option<Result<u64, Rc<[u8]>>> {
+        let s = self.state.sessions.borrow().get(&id).cloned()?;
+        let r = s.out.borrow_mut().push(msg.into());
+        Some(r)
+    }
+
+    /// Queues `msg` for every session, one copy shared by all: how many
+    /// took it (the others were at their high-water mark, and their
+    /// clients see a gap).
+    pub fn publish(&self, msg: impl Into<Rc<[u8]>>) -> usize {
+        let msg = msg.into();
+        let sessions: Vec<Rc<ServerSession>> =
+            self.state.sessions.borrow().values().cloned().collect();
+        sessions
+            .iter()
+            .filter(|s| s.out.borrow_mut().push(Rc::clone(&msg)).is_ok())
+            .count()
+    }
+
+    /// Messages held for session `id` (not yet acknowledged by its client).
+    pub fn held(&self, id: u64) -> Option<usize> {
+        Some(self.state.sessions.borrow().get(&id)?.out.borrow().msgs)
+    }
+
+    /// Messages for session `id` dropped at its high-water mark.
+    pub fn dropped(&self, id: u64) -> Option<u64> {
+        Some(self.state.sessions.borrow().get(&id)?.out.borrow().dropped)
     }
 
     /// Accepts and serves sessions for ever.
@@ -315,42 +660,54 @@ impl<B: Backend + Clone> SessionServer<B> {
         let Some(hello) = conn.recv().await else {
             return;
         };
-        let (Some(&HELLO), Some(id), Some(first)) =
-            (hello.first(), u64_at(&hello, 1), u64_at(&hello, 9))
-        else {
+        let (Some(&HELLO), Some(id), Some(instance), Some(first), Some(peer_last)) = (
+            hello.first(),
+            u64_at(&hello, 1),
+            u64_at(&hello, 9),
+            u64_at(&hello, 17),
+            u64_at(&hello, 25),
+        ) else {
             let _ = conn.close();
             return;
         };
-        let mut last = *self
-            .last
-            .borrow_mut()
-            .entry(id)
-            .or_insert(first.saturating_sub(1));
-        if first > last + 1 {
-            // The client no longer holds what came between (this server
-            // restarted and lost its state): go on from what it holds.
-            last = first - 1;
-            self.last.borrow_mut().insert(id, last);
+        let s = Rc::clone(
+            self.state
+                .sessions
+                .borrow_mut()
+                .entry(id)
+                .or_insert_with(|| {
+                    Rc::new(ServerSession {
+                        out: RefCell::new(Outbox::new(self.high_water)),
+                        incoming: RefCell::default(),
+                    })
+                }),
+        );
+        let gap = s.incoming.borrow_mut().resume(instance, first);
+        if let Some(gap) = gap {
+            self.state.inbox.borrow_mut().push((id, gap));
         }
-        if conn.send(&frame(ACK, last, None, &[])).await.is_err() {
+        s.out.borrow_mut().ack(peer_last);
+        let welcome = {
+            let out = s.out.borrow();
+            frame(
+                WELCOME,
+                &[self.instance, out.first_held(), s.incoming.borrow().last],
+                &[],
+            )
+        };
+        if conn.send(&welcome).await.is_err() {
             return;
         }
-        while let Some(f) = conn.recv().await {
-            let (Some(&DATA), Some(seq)) = (f.first(), u64_at(&f, 1)) else {
-                break;
-            };
-            let ack = {
-                let mut l = self.last.borrow_mut();
-                let last = l.entry(id).or_default();
-                if seq == *last + 1 {
-                    *last = seq;
-                    self.delivered.borrow_mut().push((id, f[9..].to_vec()));
-                }
-                *last
-            };
-            if conn.send(&frame(ACK, ack, None, &[])).await.is_err() {
-                break;
-            }
-        }
+        let sent = s.out.borrow().acked;
+        let st = &self.state;
+        exchange(
+            &conn,
+            &s.out,
+            &s.incoming,
+            sent,
+            |cx| st.inbox.borrow_mut().poll_room(cx),
+            |item| st.inbox.borrow_mut().push((id, item)),
+        )
+        .await;
     }
 }

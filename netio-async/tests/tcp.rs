@@ -331,3 +331,123 @@ fn over_tcp_send_parts_sends_a_header_and_its_parts_as_one_message() {
         assert_eq!(block_on(sconn.recv()), Some(b"hdr:one,two,three".to_vec()));
     });
 }
+
+/// A session both ways over TCP: the client's messages reach the server's
+/// application once each, in order; the server's reach the client's,
+/// published and sent to it alike; a message beyond the server's mark for
+/// the session is a gap at the client.
+#[test]
+fn over_tcp_a_session_carries_messages_both_ways_and_shows_a_gap_past_the_mark() {
+    use futures::executor::LocalPool;
+    use futures::task::LocalSpawnExt;
+    use netio_async::session::{Received, SessionClient, SessionConfig, SessionServer};
+    use std::rc::Rc;
+
+    with_loop(|lp| {
+        let session = SessionConfig {
+            high_water: 8,
+            ..SessionConfig::default()
+        };
+        let server_b = Rc::new(backend(lp));
+        let addr = server_b
+            .listen(
+                EndpointAddress::localhost(0),
+                ConnectionParams::receive(256, 16),
+            )
+            .unwrap();
+        let server = Rc::new(SessionServer::with_config(server_b.clone(), &session));
+        let client_b = Rc::new(backend(lp));
+        let client = Rc::new(SessionClient::new(
+            client_b.clone(),
+            addr,
+            5,
+            SessionConfig::default(),
+        ));
+        let mut pool = LocalPool::new();
+        let spawner = pool.spawner();
+        let (s, c) = (server.clone(), client.clone());
+        spawner.spawn_local(async move { s.run().await }).unwrap();
+        spawner.spawn_local(async move { c.run().await }).unwrap();
+        // Polls until `done`, the loop's clock moving on in between.
+        let wait = |pool: &mut LocalPool, done: &dyn Fn() -> bool| {
+            let b = client_b.clone();
+            pool.run_until(async move {
+                for _ in 0..20_000 {
+                    if done() {
+                        return true;
+                    }
+                    b.sleep(Duration::from_millis(1)).await;
+                }
+                false
+            })
+        };
+        assert!(wait(&mut pool, &|| server.sessions() == vec![5]));
+        for i in 0..20 {
+            assert!(client.send(msg(i)).is_ok());
+        }
+        assert_eq!(server.publish(msg(100)), 1);
+        assert_eq!(server.send_to(5, msg(101)).map(|r| r.is_ok()), Some(true));
+        let mut from_client = Vec::new();
+        let mut from_server = Vec::new();
+        let got_all = |fc: &mut Vec<Vec<u8>>, fs: &mut Vec<Received>, pool: &mut LocalPool| {
+            pool.run_until(async {
+                while fc.len() < 20 {
+                    let (id, r) = server.recv().await;
+                    assert_eq!(id, 5);
+                    match r {
+                        Received::Message { data, .. } => fc.push(data),
+                        gap => panic!("no message was dropped: {gap:?}"),
+                    }
+                }
+                while fs.len() < 2 {
+                    fs.push(client.recv().await);
+                }
+            })
+        };
+        got_all(&mut from_client, &mut from_server, &mut pool);
+        assert_eq!(from_client, (0..20).map(msg).collect::<Vec<_>>());
+        assert_eq!(
+            from_server,
+            vec![
+                Received::Message {
+                    seq: 1,
+                    data: msg(100)
+                },
+                Received::Message {
+                    seq: 2,
+                    data: msg(101)
+                },
+            ]
+        );
+        assert!(wait(&mut pool, &|| client.acknowledged() == 20
+            && server.held(5) == Some(0)));
+        // Twelve published at once, before anything can be acknowledged:
+        // the session holds its mark, the rest is a gap at the client.
+        let taken = (200..212).filter(|&i| server.publish(msg(i)) == 1).count();
+        assert_eq!(taken, 8);
+        assert_eq!(server.dropped(5), Some(4));
+        let rest = pool.run_until(async {
+            let mut rest = Vec::new();
+            while rest.len() < 9 {
+                rest.push(client.recv().await);
+            }
+            rest
+        });
+        for (k, r) in rest[..8].iter().enumerate() {
+            assert_eq!(
+                r,
+                &Received::Message {
+                    seq: 3 + k as u64,
+                    data: msg(200 + k)
+                }
+            );
+        }
+        assert_eq!(
+            rest[8],
+            Received::Gap {
+                first: 11,
+                last: 14
+            }
+        );
+    });
+}
