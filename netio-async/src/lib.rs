@@ -729,6 +729,28 @@ impl<B: Backend + Clone> AsyncConn<B> {
         }
     }
 
+    /// Sends `header` followed by the bytes of `slices` as one message
+    /// without copying them: the slices lie in the memory region the
+    /// connection was opened with (`ConnectionParams::with_zero_copy`), and
+    /// the provider reads them from there (`Backend::send_data`), so they
+    /// must stay as they are until the future resolves, when the send
+    /// completed. Waits for room and keeps its place in line as
+    /// [`send`](Self::send) does. A connection without a region, or a slice
+    /// outside it, fails it with [`SendFailed::Refused`].
+    pub fn send_region<'a>(
+        &'a self,
+        header: &'a [u8],
+        slices: &'a [netio_core::RegionSlice],
+    ) -> impl Future<Output = Result<(), SendFailed>> + 'a {
+        SendFuture {
+            conn: self,
+            header,
+            parts: Parts::Region(slices),
+            key: None,
+            ticket: None,
+        }
+    }
+
     /// Sends each of `messages` (copied when sent), in order, with the
     /// provider's batch call ([`Backend::send_copy_batch`]), taking the
     /// connection's locks once for as many as there is room for: the
@@ -936,6 +958,8 @@ impl<B: Backend + Clone> Stream for Messages<'_, B> {
 enum Parts<'a> {
     One(&'a [u8]),
     Many(&'a [&'a [u8]]),
+    /// Slices of the connection's registered region, sent without a copy.
+    Region(&'a [netio_core::RegionSlice]),
 }
 
 struct SendFuture<'a, B: Backend + Clone> {
@@ -972,19 +996,17 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
             return Poll::Pending;
         }
         let one;
-        let parts: &[&[u8]] = match &self.parts {
-            Parts::One(d) => {
-                one = [*d];
-                &one
-            }
-            Parts::Many(p) => p,
-        };
         // Under the state lock: its completion cannot be reported before
         // the key is known.
-        match conn
-            .backend
-            .send_data_copy(conn.id, parts, self.header, key)
-        {
+        let sent = match &self.parts {
+            Parts::One(d) => {
+                one = [*d];
+                conn.backend.send_data_copy(conn.id, &one, self.header, key)
+            }
+            Parts::Many(p) => conn.backend.send_data_copy(conn.id, p, self.header, key),
+            Parts::Region(slices) => conn.backend.send_data(conn.id, slices, self.header, key),
+        };
+        match sent {
             Ok(()) => {
                 c.in_flight.push_back((key, Some(cx.waker().clone())));
                 st.next_key += 1;

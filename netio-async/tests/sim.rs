@@ -683,3 +683,70 @@ fn recv_into_reads_each_message_into_one_buffer_and_ends_with_the_connection() {
         .collect();
     assert_eq!(*got.borrow(), want);
 }
+
+#[test]
+fn send_region_sends_a_header_and_region_slices_as_one_message_without_a_copy() {
+    use netio_core::MemoryRegion;
+    let mut w = World::new(13, STEP);
+    let region = MemoryRegion::new(64);
+    region.write(0, b"zero-copy:alpha,beta").unwrap();
+    let server_params = ConnectionParams::receive(64, 4);
+    let (server, client, addr) = w.pair(rdma(), rdma(), &server_params);
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let (g, s2) = (got.clone(), server.clone());
+    w.spawn(async move {
+        let conn = s2.accept().await.unwrap();
+        while let Some(m) = conn.recv().await {
+            g.borrow_mut().push(m);
+        }
+    });
+    let outcome = Rc::new(RefCell::new(Vec::new()));
+    let (o, c2, r) = (outcome.clone(), client.clone(), region.clone());
+    w.spawn(async move {
+        let with_region = ConnectionParams::receive(64, 4).with_zero_copy(r.clone());
+        let conn = c2.connect(addr, with_region).await.unwrap();
+        let slices = [r.slice(10, 6).unwrap(), r.slice(16, 4).unwrap()];
+        o.borrow_mut()
+            .push(conn.send_region(b"hdr:", &slices).await);
+        // A slice outside the region is refused and nothing is sent.
+        let outside = MemoryRegion::new(8).slice(0, 8).unwrap();
+        o.borrow_mut()
+            .push(conn.send_region(&[], std::slice::from_ref(&outside)).await);
+        // Without a region on the connection, too.
+        let plain = c2
+            .connect(addr, ConnectionParams::receive(64, 4))
+            .await
+            .unwrap();
+        o.borrow_mut()
+            .push(plain.send_region(&[], &slices[..1]).await);
+        conn.send(b"after").await.unwrap();
+    });
+    assert!(w.run_until(|| got.borrow().len() == 2));
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(
+        *got.borrow(),
+        vec![b"hdr:alpha,beta".to_vec(), b"after".to_vec()]
+    );
+    let outcome = outcome.borrow();
+    assert!(
+        outcome[0].is_ok(),
+        "resolved on completion: {:?}",
+        outcome[0]
+    );
+    assert!(
+        matches!(
+            outcome[1],
+            Err(SendFailed::Refused(netio_core::SendError::OutsideRegion))
+        ),
+        "{:?}",
+        outcome[1]
+    );
+    assert!(
+        matches!(
+            outcome[2],
+            Err(SendFailed::Refused(netio_core::SendError::NotSupported(_)))
+        ),
+        "{:?}",
+        outcome[2]
+    );
+}

@@ -451,3 +451,52 @@ fn over_tcp_a_session_carries_messages_both_ways_and_shows_a_gap_past_the_mark()
         );
     });
 }
+
+#[test]
+fn over_tcp_send_region_sends_region_slices_without_a_copy_resolving_on_completion() {
+    use netio_core::MemoryRegion;
+    with_loop(|lp| {
+        let (server, client) = (backend(lp), backend(lp));
+        let params = ConnectionParams::receive(256, 8);
+        let addr = server
+            .listen(EndpointAddress::localhost(0), params.clone())
+            .unwrap();
+        let region = MemoryRegion::new(4096);
+        for i in 0..64 {
+            region.write(i * 64, &[i as u8; 64]).unwrap();
+        }
+        let receive = async {
+            let conn = server.accept().await.expect("accepted");
+            let mut got = Vec::new();
+            while let Some(m) = conn.recv().await {
+                got.push(m);
+            }
+            got
+        };
+        let send = async {
+            let conn = client
+                .connect(addr, params.clone().with_zero_copy(region.clone()))
+                .await
+                .expect("connected");
+            for i in 0..64 {
+                // Two chunks of the region per message, behind a header.
+                let slices = [
+                    region.slice(i * 64, 32).unwrap(),
+                    region.slice(((i + 1) % 64) * 64, 16).unwrap(),
+                ];
+                conn.send_region(&[0xAB], &slices).await.expect("completed");
+            }
+            conn.close().unwrap();
+        };
+        let (got, ()) = block_on(join(receive, send));
+        let expected: Vec<Vec<u8>> = (0..64)
+            .map(|i| {
+                let mut m = vec![0xAB];
+                m.extend_from_slice(&[i as u8; 32]);
+                m.extend_from_slice(&[((i + 1) % 64) as u8; 16]);
+                m
+            })
+            .collect();
+        assert_eq!(got, expected);
+    });
+}
