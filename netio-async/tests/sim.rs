@@ -706,19 +706,19 @@ fn send_region_sends_a_header_and_region_slices_as_one_message_without_a_copy() 
         let with_region = ConnectionParams::receive(64, 4).with_zero_copy(r.clone());
         let conn = c2.connect(addr, with_region).await.unwrap();
         let slices = [r.slice(10, 6).unwrap(), r.slice(16, 4).unwrap()];
-        o.borrow_mut()
-            .push(conn.send_region(b"hdr:", &slices).await);
+        let first = conn.send_region(b"hdr:", &slices).await;
+        o.borrow_mut().push(first);
         // A slice outside the region is refused and nothing is sent.
         let outside = MemoryRegion::new(8).slice(0, 8).unwrap();
-        o.borrow_mut()
-            .push(conn.send_region(&[], std::slice::from_ref(&outside)).await);
+        let second = conn.send_region(&[], std::slice::from_ref(&outside)).await;
+        o.borrow_mut().push(second);
         // Without a region on the connection, too.
         let plain = c2
             .connect(addr, ConnectionParams::receive(64, 4))
             .await
             .unwrap();
-        o.borrow_mut()
-            .push(plain.send_region(&[], &slices[..1]).await);
+        let third = plain.send_region(&[], &slices[..1]).await;
+        o.borrow_mut().push(third);
         conn.send(b"after").await.unwrap();
     });
     assert!(w.run_until(|| got.borrow().len() == 2));
