@@ -598,6 +598,10 @@ pub(crate) struct World {
     /// a thread other than the driver (the run stopped being reproducible).
     pub(crate) foreign_call: Option<u64>,
     seed: u64,
+    /// Hosts whose loop is paused or holds callbacks back: every such
+    /// host is here (some here may no longer be), so a step with this
+    /// empty checks no host.
+    held_loops: BTreeSet<IpAddr>,
 }
 
 fn pair(a: IpAddr, b: IpAddr) -> (IpAddr, IpAddr) {
@@ -667,6 +671,7 @@ impl World {
             waiters: 0,
             foreign_call: None,
             seed,
+            held_loops: BTreeSet::new(),
         }
     }
 
@@ -973,11 +978,15 @@ impl World {
     /// callbacks still held, so each host's callbacks keep their order).
     pub(crate) fn take_calls(&mut self) -> Vec<Call> {
         let calls = std::mem::take(&mut self.sched.calls);
-        if self
-            .hosts
-            .values()
-            .all(|h| !h.paused && h.held_calls.is_empty())
-        {
+        if !self.held_loops.is_empty() {
+            let hosts = &self.hosts;
+            self.held_loops.retain(|ip| {
+                hosts
+                    .get(ip)
+                    .is_some_and(|h| h.paused || !h.held_calls.is_empty())
+            });
+        }
+        if self.held_loops.is_empty() {
             return calls;
         }
         let mut run = Vec::with_capacity(calls.len());
@@ -1000,6 +1009,9 @@ impl World {
         }
         h.paused = paused;
         let held = !h.held_calls.is_empty();
+        if paused {
+            self.held_loops.insert(host);
+        }
         self.sched.log(
             host,
             format_args!("{}", if paused { "pause loop" } else { "resume loop" }),
