@@ -206,6 +206,9 @@ struct ConnState {
     /// the waker of the future waiting for each (`None` once it was
     /// dropped).
     in_flight: VecDeque<(u64, Option<Waker>)>,
+    /// The key of the last send made on this connection (what
+    /// [`AsyncConn::flush`] waits for).
+    last_sent: Option<u64>,
     /// Sends waiting for room.
     waiting: Vec<Waker>,
     /// The tickets of the sends waiting for room, oldest first: only the
@@ -229,6 +232,7 @@ impl ConnState {
             high_water: HIGH_WATER,
             completed_through: None,
             in_flight: VecDeque::new(),
+            last_sent: None,
             waiting: Vec::new(),
             queue: VecDeque::new(),
             next_ticket: 0,
@@ -708,9 +712,46 @@ impl<B: Backend + Clone> AsyncConn<B> {
             conn: self,
             header: &[],
             parts: Parts::One(data),
+            feed: false,
+            finished: false,
             key: None,
             ticket: None,
         }
+    }
+
+    /// Sends one message (copied when the send is made) without waiting
+    /// for its completion: resolves once the provider took it, waiting
+    /// while the connection has no room, in line with the other sends as
+    /// [`send`](Self::send) does. The cheap way to send many small
+    /// messages one at a time: `feed(&m).await` per message, then
+    /// [`flush`](Self::flush) to know they all completed. A close after
+    /// the send was made is reported by `flush` (and by `recv`), not here.
+    pub fn feed<'a>(&'a self, data: &'a [u8]) -> impl Future<Output = Result<(), SendFailed>> + 'a {
+        SendFuture {
+            conn: self,
+            header: &[],
+            parts: Parts::One(data),
+            feed: true,
+            finished: false,
+            key: None,
+            ticket: None,
+        }
+    }
+
+    /// Resolves when every send made so far on this connection completed
+    /// (at once if there was none), or fails with
+    /// [`SendFailed::Cancelled`] when a close cancelled any of them.
+    pub fn flush(&self) -> impl Future<Output = Result<(), SendFailed>> + '_ {
+        futures::future::poll_fn(move |cx| {
+            let mut st = self.shared.lock();
+            let Some(c) = st.conns.get_mut(&self.id) else {
+                return Poll::Ready(Err(SendFailed::Closed(CloseReason::Local)));
+            };
+            match c.last_sent {
+                None => Poll::Ready(Ok(())),
+                Some(key) => c.poll_sent(key, cx),
+            }
+        })
     }
 
     /// Sends `header` followed by each of `parts` as one message (copied
@@ -724,6 +765,8 @@ impl<B: Backend + Clone> AsyncConn<B> {
             conn: self,
             header,
             parts: Parts::Many(parts),
+            feed: false,
+            finished: false,
             key: None,
             ticket: None,
         }
@@ -746,6 +789,8 @@ impl<B: Backend + Clone> AsyncConn<B> {
             conn: self,
             header,
             parts: Parts::Region(slices),
+            feed: false,
+            finished: false,
             key: None,
             ticket: None,
         }
@@ -966,6 +1011,11 @@ struct SendFuture<'a, B: Backend + Clone> {
     conn: &'a AsyncConn<B>,
     header: &'a [u8],
     parts: Parts<'a>,
+    /// Resolves once the send is made, not when it completed
+    /// ([`AsyncConn::feed`]).
+    feed: bool,
+    /// It returned its outcome: nothing to give up when dropped.
+    finished: bool,
     key: Option<u64>,
     /// Its place among the sends waiting for room, once it had to wait.
     ticket: Option<u64>,
@@ -975,6 +1025,16 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
     type Output = Result<(), SendFailed>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let r = self.as_mut().poll_send(cx);
+        if r.is_ready() {
+            self.finished = true;
+        }
+        r
+    }
+}
+
+impl<B: Backend + Clone> SendFuture<'_, B> {
+    fn poll_send(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), SendFailed>> {
         let conn = self.conn;
         let mut st = conn.shared.lock();
         let key = match self.key {
@@ -1008,9 +1068,14 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
         };
         match sent {
             Ok(()) => {
-                c.in_flight.push_back((key, Some(cx.waker().clone())));
-                st.next_key += 1;
+                c.last_sent = Some(key);
+                let fed = self.feed;
+                if !fed {
+                    c.in_flight.push_back((key, Some(cx.waker().clone())));
+                }
+                // Polled again, a fed send waits for its completion.
                 self.key = Some(key);
+                st.next_key += 1;
                 if let Some(t) = self.ticket.take() {
                     let c = st.conns.get_mut(&conn.id).expect("present");
                     c.queue.pop_front();
@@ -1018,7 +1083,11 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
                     // The next in line may find room too.
                     c.waiting.drain(..).for_each(Waker::wake);
                 }
-                Poll::Pending
+                if fed {
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                }
             }
             // No room: a completion wakes the send. Unknown: the provider
             // has let go of the connection (a close from any thread, or the
@@ -1038,6 +1107,9 @@ impl<B: Backend + Clone> Future for SendFuture<'_, B> {
 
 impl<B: Backend + Clone> Drop for SendFuture<'_, B> {
     fn drop(&mut self) {
+        if self.finished || (self.ticket.is_none() && self.key.is_none()) {
+            return;
+        }
         let mut st = self.conn.shared.lock();
         let Some(c) = st.conns.get_mut(&self.conn.id) else {
             return;
@@ -1098,6 +1170,9 @@ impl<B: Backend + Clone> Future for BatchFuture<'_, B> {
         st.next_key += made as u64;
         this.sent += made;
         let c = st.conns.get_mut(&conn.id).expect("present");
+        if made > 0 {
+            c.last_sent = Some(first_key + made as u64 - 1);
+        }
         if this.sent == this.messages.len() {
             let key = first_key + made as u64 - 1;
             c.in_flight.push_back((key, Some(cx.waker().clone())));

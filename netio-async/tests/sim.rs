@@ -750,3 +750,67 @@ fn send_region_sends_a_header_and_region_slices_as_one_message_without_a_copy() 
         outcome[2]
     );
 }
+
+#[test]
+fn feed_resolves_once_the_send_is_made_and_flush_once_every_send_completed() {
+    let mut w = World::new(14, STEP);
+    let params = ConnectionParams::receive(64, 16);
+    let (server, client, addr) = w.pair(
+        BackendConfig::default(),
+        BackendConfig {
+            send_queue_depth: 4,
+            ..BackendConfig::default()
+        },
+        &params,
+    );
+    let got = Rc::new(RefCell::new(Vec::new()));
+    let (g, s2) = (got.clone(), server.clone());
+    w.spawn(async move {
+        let conn = s2.accept().await.unwrap();
+        while let Some(m) = conn.recv().await {
+            g.borrow_mut().push(m);
+        }
+    });
+    let conn = Rc::new(RefCell::new(None));
+    let (cn, c2) = (conn.clone(), client.clone());
+    w.spawn(async move {
+        *cn.borrow_mut() = Some(c2.connect(addr, params).await.unwrap());
+    });
+    assert!(w.run_until(|| conn.borrow().is_some()));
+    let conn = Rc::new(conn.borrow_mut().take().unwrap());
+    let progress = Rc::new(RefCell::new(Vec::new()));
+    let (p, c) = (progress.clone(), conn.clone());
+    w.spawn(async move {
+        // Three fit the queue: made at once, no completion awaited.
+        for i in 0..3 {
+            c.feed(&msg(i)).await.unwrap();
+        }
+        p.borrow_mut().push("fed 3");
+        c.flush().await.unwrap();
+        p.borrow_mut().push("flushed 3");
+        // More than the queue holds: each waits for room in turn.
+        for i in 3..100 {
+            c.feed(&msg(i)).await.unwrap();
+        }
+        c.send(&msg(100)).await.unwrap();
+        c.flush().await.unwrap();
+        p.borrow_mut().push("flushed all");
+    });
+    w.pool.run_until_stalled();
+    assert_eq!(
+        *progress.borrow(),
+        vec!["fed 3"],
+        "fed without virtual time passing; their completions not yet in"
+    );
+    assert!(w.run_until(|| progress.borrow().len() == 3));
+    assert_eq!(*got.borrow(), (0..=100).map(msg).collect::<Vec<_>>());
+    // Nothing in flight: flush resolves at once.
+    let c = conn.clone();
+    let again = Rc::new(RefCell::new(None));
+    let a = again.clone();
+    w.spawn(async move {
+        *a.borrow_mut() = Some(c.flush().await);
+    });
+    w.pool.run_until_stalled();
+    assert!(matches!(*again.borrow(), Some(Ok(()))));
+}

@@ -4,9 +4,10 @@
 //!
 //! - ping-pong: `send(&msg).await`, then `recv_into(&mut buf).await`, per
 //!   round trip;
-//! - one way: one `send` future per message, up to the window (as many as
-//!   the callback client keeps in flight) polled together, then the end
-//!   marker and the receiver's report.
+//! - one way: `feed(&msg).await` per message (resolved once the provider
+//!   took it; the connection's send queue, as deep as the callback
+//!   client's window, bounds what is in flight), `flush().await`, then the
+//!   end marker and the receiver's report.
 //!
 //! The server is the callback server of every mode, echoing with copy
 //! sends: what differs from `--mode copy` is the client's API alone.
@@ -14,12 +15,11 @@
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
-use futures::stream::{FuturesUnordered, StreamExt};
 use netio::aio::{AsyncBackend, AsyncHandler};
 use netio::{Backend, BackendConfig, ConnectionParams, EndpointAddress};
 
 use crate::proto::{self, Report, Role};
-use crate::provider::{window, ClientResult, Spec};
+use crate::provider::{ClientResult, Spec};
 
 /// The client's work: connects to `addr`, sends the set-up message, runs
 /// the test of `spec` and returns what it measured. `virtual_time`: the
@@ -89,30 +89,30 @@ pub async fn client<B: Backend + Clone + 'static>(
             }
         }
         Role::Sink => {
-            let window = window(spec.size);
             let total = spec.count.map(|n| spec.warmup + n);
             let mut deadline: Option<Instant> = None;
             let mut sent = 0u64;
-            let mut in_flight = FuturesUnordered::new();
             loop {
-                // The clock is read once per refill, not per message.
-                let in_time = deadline.is_none_or(|d| Instant::now() < d);
-                while in_flight.len() < window && in_time && total.is_none_or(|t| sent < t) {
-                    if sent == spec.warmup {
-                        if let Some(d) = spec.duration {
-                            deadline = Some(Instant::now() + d);
-                        }
+                if total.is_some_and(|t| sent >= t) {
+                    break;
+                }
+                if sent == spec.warmup {
+                    if let Some(d) = spec.duration {
+                        deadline = Some(Instant::now() + d);
                     }
-                    in_flight.push(conn.send(&msg));
-                    sent += 1;
                 }
-                match in_flight.next().await {
-                    Some(Ok(())) => {}
-                    Some(Err(e)) => return Err(format!("send failed: {e}")),
-                    None => break,
+                // The clock is read once per 256 messages.
+                if sent % 256 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
                 }
+                conn.feed(&msg)
+                    .await
+                    .map_err(|e| format!("send failed: {e}"))?;
+                sent += 1;
             }
-            drop(in_flight);
+            conn.flush()
+                .await
+                .map_err(|e| format!("send failed: {e}"))?;
             conn.send(&proto::end())
                 .await
                 .map_err(|e| format!("cannot send the end marker: {e}"))?;

@@ -230,7 +230,8 @@ pub enum SendMode {
     /// call (one-way tests).
     BufferedBatch,
     /// The async API (`netio::aio`): the client as a task on its loop
-    /// thread, one `send` future per message.
+    /// thread; ping-pong `send().await`, one way `feed().await` per
+    /// message.
     Async,
 }
 
@@ -255,7 +256,7 @@ impl SendMode {
             Self::Copy => "per message: send_data_copy",
             Self::CopyBatch => "batch: send_copy_batch, up to 256 per call",
             Self::BufferedBatch => "batch: get_buffers + send_buffer_batch, up to 256 per call",
-            Self::Async => "netio::aio task on the loop thread: send().await per message",
+            Self::Async => "netio::aio task on the loop thread: send().await per ping, feed().await per one-way message",
         }
     }
 
