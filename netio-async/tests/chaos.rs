@@ -7,29 +7,24 @@
 //! the callback version; the fixed application passes the same seeds, and
 //! a seed replays exactly.
 
+// The callback application's invariant, records and disks: the same
+// application, written the other way.
+#[path = "../../netio-sim/examples/chaos/app.rs"]
+#[allow(dead_code)]
+mod app;
+
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use app::{check, Ack, Disks, EVERY, PORT, RECORDS};
 use netio_async::AsyncBackend;
 use netio_core::{BackendConfig, ConnectionParams, EndpointAddress};
 use netio_sim::chaos::{check_determinism, Chaos, Faults};
 use netio_sim::{Sim, SimBackend, SimHost};
 
-const PORT: u16 = 7000;
-const RECORDS: u64 = 300;
-const EVERY: Duration = Duration::from_millis(5);
 const RETRY_AFTER: Duration = Duration::from_millis(10);
-
-/// When the producer forgets a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ack {
-    /// When its send completes: the planted bug.
-    OnCompletion,
-    /// When the collector says it stored it.
-    FromCollector,
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -45,14 +40,6 @@ fn config() -> BackendConfig {
 
 fn params() -> ConnectionParams {
     ConnectionParams::receive(64, 16)
-}
-
-/// What survives a crash (files on disk).
-#[derive(Clone, Default)]
-struct Disks {
-    made: Arc<Mutex<u64>>,
-    outbox: Arc<Mutex<BTreeSet<u64>>>,
-    stored: Arc<Mutex<BTreeSet<u64>>>,
 }
 
 type Async = Arc<AsyncBackend<SimBackend>>;
@@ -159,25 +146,6 @@ fn setup(sim: &Sim, ack: Ack) -> Disks {
     let d = disks.clone();
     producer.on_restart(move |h| start_producer(h, ack, cip, &d));
     disks
-}
-
-/// The invariant: every record is stored at the collector.
-fn check(_: &Sim, disks: &mut Disks) -> Result<(), String> {
-    let made = *lock(&disks.made);
-    if made != RECORDS {
-        return Err(format!("the producer made {made} of {RECORDS} records"));
-    }
-    let stored = lock(&disks.stored);
-    let missing: Vec<u64> = (0..RECORDS).filter(|id| !stored.contains(id)).collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} of {RECORDS} records never reached the collector (first: {:?})",
-            missing.len(),
-            &missing[..missing.len().min(5)]
-        ))
-    }
 }
 
 fn chaos() -> Chaos {

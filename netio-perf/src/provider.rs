@@ -184,6 +184,31 @@ pub fn server_params(
     p
 }
 
+/// The server's connection parameters for a run of `spec`: echoing in the
+/// run's mode, or sinking.
+fn run_server_params(
+    spec: &Spec,
+    region: Option<&MemoryRegion>,
+    features: Features,
+) -> ConnectionParams {
+    match spec.role() {
+        Role::Echo => server_params(
+            spec.size,
+            spec.recv_buffers.unwrap_or(ECHO_RECV_BUFFERS),
+            &[spec.mode],
+            region,
+            features,
+        ),
+        Role::Sink => server_params(
+            spec.size,
+            spec.recv_buffers.unwrap_or_else(|| recv_buffers(spec.size)),
+            &[],
+            None,
+            features,
+        ),
+    }
+}
+
 /// Per-connection state of a handler, indexed by the slot of the
 /// connection's handle: finding a connection's entry is an index and a
 /// compare, no hashing.
@@ -854,22 +879,7 @@ fn start_server(
         .map_err(|e| failed("cannot create the server backend", e))?,
     );
     check_mode(provider, backend.features(), spec.mode)?;
-    let params = match spec.role() {
-        Role::Echo => server_params(
-            spec.size,
-            spec.recv_buffers.unwrap_or(ECHO_RECV_BUFFERS),
-            &[spec.mode],
-            region,
-            backend.features(),
-        ),
-        Role::Sink => server_params(
-            spec.size,
-            spec.recv_buffers.unwrap_or_else(|| recv_buffers(spec.size)),
-            &[],
-            None,
-            backend.features(),
-        ),
-    };
+    let params = run_server_params(spec, region, backend.features());
     // Calls are made on the loop thread, as thread-unsafe mode requires.
     let t = LoopThread::start(lp, "perf-server")?;
     let b = backend.clone();
@@ -939,6 +949,34 @@ pub fn run_socket(
     }
 }
 
+/// The async client of a run, spawned on the backend `make` creates,
+/// which must support the run's mode.
+fn async_client<B, E: std::fmt::Display>(
+    provider: &str,
+    make: impl FnOnce(BackendConfig, netio::aio::AsyncHandler) -> Result<B, E>,
+    spec: &Spec,
+    addr: EndpointAddress,
+    params: ConnectionParams,
+    virtual_time: bool,
+    done: mpsc::Sender<Result<ClientResult, String>>,
+) -> Result<(Arc<netio::aio::AsyncBackend<B>>, netio::aio::Task<()>), RunError>
+where
+    B: Backend + Clone + 'static,
+{
+    let (ab, task) = crate::aio::spawn_client(
+        make,
+        client_config(spec),
+        spec,
+        addr,
+        params,
+        virtual_time,
+        done,
+    )
+    .map_err(|e| failed("cannot create the client backend", e))?;
+    check_mode(provider, ab.backend().features(), spec.mode)?;
+    Ok((ab, task))
+}
+
 fn timed_out(spec: &Spec) -> RunError {
     RunError::Failed(format!(
         "no result within the time limit of {:?} (--timeout)",
@@ -968,22 +1006,14 @@ fn run_async_client(
                 };
                 netio::tcp::TcpBackend::with_tcp_config(&lp, config, tcp, h)
             };
-            let (ab, task) =
-                crate::aio::spawn_client(make, client_config(spec), spec, addr, params, false, tx)
-                    .map_err(|e| failed("cannot create the client backend", e))?;
-            check_mode(provider, ab.backend().features(), spec.mode)?;
-            Box::new((ab, task))
+            Box::new(async_client(provider, make, spec, addr, params, false, tx)?)
         }
         #[cfg(feature = "libfabric")]
         "libfabric" => {
             let make = |config, h| {
                 <netio::libfabric::LibfabricProvider as netio::Provider>::create(&lp, config, h)
             };
-            let (ab, task) =
-                crate::aio::spawn_client(make, client_config(spec), spec, addr, params, false, tx)
-                    .map_err(|e| failed("cannot create the client backend", e))?;
-            check_mode(provider, ab.backend().features(), spec.mode)?;
-            Box::new((ab, task))
+            Box::new(async_client(provider, make, spec, addr, params, false, tx)?)
         }
         other => {
             return Err(RunError::Unsupported(format!(
@@ -1019,22 +1049,7 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
         )
         .map_err(|e| failed("cannot create the server backend", e))?;
         check_mode("sim", server.features(), spec.mode)?;
-        let params = match spec.role() {
-            Role::Echo => server_params(
-                spec.size,
-                spec.recv_buffers.unwrap_or(ECHO_RECV_BUFFERS),
-                &[spec.mode],
-                region.as_ref(),
-                server.features(),
-            ),
-            Role::Sink => server_params(
-                spec.size,
-                spec.recv_buffers.unwrap_or_else(|| recv_buffers(spec.size)),
-                &[],
-                None,
-                server.features(),
-            ),
-        };
+        let params = run_server_params(spec, region.as_ref(), server.features());
         let addr = server
             .open_listen_endpoint(EndpointAddress::new(hs.ip(), 0), params)
             .map_err(|e| failed("cannot listen", e))?;
@@ -1100,17 +1115,7 @@ fn run_sim_async(
     let make = |config, h| {
         <netio::sim::SimProvider as netio::Provider>::create(hc.event_loop(), config, h)
     };
-    let (ab, task) = crate::aio::spawn_client(
-        make,
-        client_config(spec),
-        spec,
-        addr,
-        client_params(spec, None),
-        true,
-        tx,
-    )
-    .map_err(|e| failed("cannot create the client backend", e))?;
-    check_mode("sim", ab.backend().features(), spec.mode)?;
+    let (ab, task) = async_client("sim", make, spec, addr, client_params(spec, None), true, tx)?;
     let got = std::cell::RefCell::new(None);
     drive(sim, spec, || {
         if got.borrow().is_none() {

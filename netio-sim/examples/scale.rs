@@ -108,6 +108,18 @@ fn config() -> BackendConfig {
     }
 }
 
+/// A counting backend on `host`.
+fn node(host: &netio_sim::SimHost, counts: &Arc<Counts>) -> SimBackend {
+    host.backend(
+        config(),
+        Node {
+            counts: Arc::clone(counts),
+            conns: Vec::new(),
+        },
+    )
+    .expect("backend")
+}
+
 /// Runs the world until `done`, at most `limit` of virtual time; the real
 /// time it took.
 fn run(sim: &Sim, limit: Duration, done: impl Fn() -> bool) -> Duration {
@@ -135,15 +147,7 @@ fn main() {
     let mut ips: Vec<IpAddr> = Vec::with_capacity(hosts as usize);
     for _ in 0..hosts {
         let host = sim.next_host();
-        let b = host
-            .backend(
-                config(),
-                Node {
-                    counts: Arc::clone(&counts),
-                    conns: Vec::new(),
-                },
-            )
-            .expect("backend");
+        let b = node(&host, &counts);
         b.open_listen_endpoint(EndpointAddress::new(host.ip(), PORT), params())
             .expect("listen");
         ips.push(host.ip());
@@ -204,16 +208,7 @@ fn main() {
     let est = counts.established.load(Ordering::Relaxed);
     let senders: Vec<SimBackend> = (1..=incast as usize)
         .map(|i| {
-            let host = sim.host(ips[i]);
-            let b = host
-                .backend(
-                    config(),
-                    Node {
-                        counts: Arc::clone(&counts),
-                        conns: Vec::new(),
-                    },
-                )
-                .expect("backend");
+            let b = node(&sim.host(ips[i]), &counts);
             b.open_active_endpoint(EndpointAddress::new(ips[0], PORT), params())
                 .expect("connect");
             b
