@@ -299,9 +299,20 @@ fn async_rate(lp: &MioLoop) -> f64 {
     })
 }
 
+/// How the sending task of [`loop_rate`] sends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// One `send` future per message, 256 in flight.
+    Futures,
+    /// `send_batch` of 256.
+    Batch,
+    /// `feed` per message, `flush` at the end.
+    Feed,
+}
+
 /// Async rate with both sides tasks on the loop thread: messages per
-/// second, 256 sends in flight, or batches of 256 (`send_batch`).
-fn loop_rate(lp: &MioLoop, batch: bool) -> f64 {
+/// second, sent as `how` says.
+fn loop_rate(lp: &MioLoop, how: How) -> f64 {
     let server = Arc::new(AsyncBackend::new(|h| TcpProvider::create(lp, config(), h)).unwrap());
     let client = Arc::new(AsyncBackend::new(|h| TcpProvider::create(lp, config(), h)).unwrap());
     let addr = server
@@ -320,7 +331,12 @@ fn loop_rate(lp: &MioLoop, batch: bool) -> f64 {
     let c = Arc::clone(&client);
     let sender = client.spawn(async move {
         let conn = c.connect(addr, params()).await.unwrap();
-        if batch {
+        if how == How::Feed {
+            for _ in 0..MESSAGES {
+                conn.feed(&MSG).await.unwrap();
+            }
+            conn.flush().await.unwrap();
+        } else if how == How::Batch {
             let batch = [&MSG[..]; 256];
             let mut left = MESSAGES;
             while left > 0 {
@@ -364,6 +380,7 @@ fn main() {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut pp_lo, mut r_lo) = (Vec::new(), Vec::new());
     let (mut rate_b, mut r_cbb, mut r_lob) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut rate_f, mut r_cbf, mut r_lof) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
         // The order alternates: A B C, C B A, ...
         let (c, l, a) = if run % 2 == 0 {
@@ -382,11 +399,11 @@ fn main() {
         pp_lo.push(l.as_secs_f64() * 1e6);
         let (c, l, a) = if run % 2 == 0 {
             let c = callback_rate(&lp, false);
-            let l = loop_rate(&lp, false);
+            let l = loop_rate(&lp, How::Futures);
             (c, l, async_rate(&lp))
         } else {
             let a = async_rate(&lp);
-            let l = loop_rate(&lp, false);
+            let l = loop_rate(&lp, How::Futures);
             (callback_rate(&lp, false), l, a)
         };
         rate.push(a / c);
@@ -396,14 +413,24 @@ fn main() {
         r_lo.push(l / 1e6);
         let (cb, lb) = if run % 2 == 0 {
             let c = callback_rate(&lp, true);
-            (c, loop_rate(&lp, true))
+            (c, loop_rate(&lp, How::Batch))
         } else {
-            let l = loop_rate(&lp, true);
+            let l = loop_rate(&lp, How::Batch);
             (callback_rate(&lp, true), l)
         };
         rate_b.push(lb / cb);
         r_cbb.push(cb / 1e6);
         r_lob.push(lb / 1e6);
+        let (c, f) = if run % 2 == 0 {
+            let c = callback_rate(&lp, false);
+            (c, loop_rate(&lp, How::Feed))
+        } else {
+            let f = loop_rate(&lp, How::Feed);
+            (callback_rate(&lp, false), f)
+        };
+        rate_f.push(f / c);
+        r_cbf.push(c / 1e6);
+        r_lof.push(f / 1e6);
     }
     lp.stop();
     let _ = t.join();
@@ -433,6 +460,13 @@ fn main() {
         median(r_as),
         median(rate.clone()),
         range(&rate)
+    );
+    println!(
+        "message rate, one at a time without awaiting each completion: callbacks {:.2} M/s; async, tasks on the loop (feed, then flush) {:.2} M/s: {:.2}x (range {})",
+        median(r_cbf),
+        median(r_lof),
+        median(rate_f.clone()),
+        range(&rate_f)
     );
     println!(
         "message rate, batches of 256: callbacks (send_copy_batch) {:.2} M/s; async, tasks on the loop (send_batch) {:.2} M/s: {:.2}x (range {})",
