@@ -338,8 +338,9 @@ fn ack_of(f: &[u8]) -> Option<u64> {
     (f.first() == Some(&ACK)).then(|| u64_at(f, 1)).flatten()
 }
 
-/// An instance number for a side starting now: its backend's clock (so a
-/// simulated run repeats it), never 0.
+/// An instance number for a side starting now: its backend's clock in
+/// nanoseconds (so a simulated run repeats it, and two lives of a process
+/// or host, started at different instants, differ), never 0.
 fn instance_of<B: Backend + Clone>(b: &AsyncBackend<B>, salt: u64) -> u64 {
     (b.now().as_nanos() as u64 ^ salt.rotate_left(29)).max(1)
 }
@@ -564,7 +565,9 @@ struct ServerState {
 
 /// The server end: accepts sessions on a listener, delivers their messages
 /// once each, in order, across reconnects, and sends to them
-/// ([`send_to`](Self::send_to), [`publish`](Self::publish)).
+/// ([`send_to`](Self::send_to), [`publish`](Self::publish)). A session
+/// stays known for the server's life once its client said hello, holding
+/// at most the high-water mark of messages for its client.
 pub struct SessionServer<B: Backend + Clone> {
     backend: Rc<AsyncBackend<B>>,
     instance: u64,
