@@ -32,15 +32,15 @@
 //! side starts afresh (a restarted process): its peer then expects its
 //! numbering from the start.
 //!
-//! Both sides run as futures (`SessionClient::run`, `SessionServer::run`)
-//! on one thread with the application (they are not `Send`); on the
-//! simulator the whole exchange, reconnects and backoff included, is
-//! deterministic.
+//! Both sides run as futures (`SessionClient::run`, `SessionServer::run`),
+//! which are `Send`: as tasks on the backend's loop
+//! ([`AsyncBackend::spawn`]) or on any executor; on the simulator the whole
+//! exchange, reconnects and backoff included, is deterministic.
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
-use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -68,6 +68,17 @@ fn frame(kind: u8, nums: &[u64], payload: &[u8]) -> Vec<u8> {
 
 fn u64_at(f: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(f.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// A mutex's guard, whether or not a panic poisoned it.
+trait Guard<T> {
+    fn guard(&self) -> MutexGuard<'_, T>;
+}
+
+impl<T> Guard<T> for Mutex<T> {
+    fn guard(&self) -> MutexGuard<'_, T> {
+        self.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// How a session side redials and how much it holds.
@@ -119,7 +130,7 @@ pub enum Received {
 }
 
 enum Held {
-    Msg(u64, Rc<[u8]>),
+    Msg(u64, Arc<[u8]>),
     Gap(u64, u64),
 }
 
@@ -159,7 +170,7 @@ impl Outbox {
 
     /// Queues `m` with the next number; at the high-water mark the number
     /// becomes part of a gap and `m` comes back.
-    fn push(&mut self, m: Rc<[u8]>) -> Result<u64, Rc<[u8]>> {
+    fn push(&mut self, m: Arc<[u8]>) -> Result<u64, Arc<[u8]>> {
         let seq = self.next_seq;
         self.next_seq += 1;
         let r = if self.msgs >= self.high_water {
@@ -351,8 +362,8 @@ fn instance_of<B: Backend + Clone>(b: &AsyncBackend<B>, salt: u64) -> u64 {
 /// Returns when the connection fails or the peer breaks the protocol.
 async fn exchange<B: Backend + Clone>(
     conn: &AsyncConn<B>,
-    out: &RefCell<Outbox>,
-    incoming: &RefCell<InState>,
+    out: &Mutex<Outbox>,
+    incoming: &Mutex<InState>,
     mut sent: u64,
     room: impl Fn(&mut Context<'_>) -> Poll<()>,
     deliver: impl Fn(Received),
@@ -360,7 +371,7 @@ async fn exchange<B: Backend + Clone>(
     let sending = async {
         loop {
             let next = futures::future::poll_fn(|cx| {
-                let mut o = out.borrow_mut();
+                let mut o = out.guard();
                 match o.next_after(sent) {
                     Some(n) => Poll::Ready(n),
                     None => {
@@ -383,16 +394,16 @@ async fn exchange<B: Backend + Clone>(
                 return;
             };
             if let Some(a) = ack_of(&f) {
-                out.borrow_mut().ack(a);
+                out.guard().ack(a);
                 continue;
             }
-            let taken = incoming.borrow_mut().take(&f);
+            let taken = incoming.guard().take(&f);
             match taken {
                 Ok(item) => {
                     if let Some(item) = item {
                         deliver(item);
                     }
-                    let last = incoming.borrow().last;
+                    let last = incoming.guard().last;
                     if conn.send(&frame(ACK, &[last], &[])).await.is_err() {
                         return;
                     }
@@ -409,36 +420,36 @@ async fn exchange<B: Backend + Clone>(
 }
 
 struct ClientState {
-    out: RefCell<Outbox>,
-    incoming: RefCell<InState>,
-    inbox: RefCell<Inbox<Received>>,
-    connects: std::cell::Cell<u64>,
+    out: Mutex<Outbox>,
+    incoming: Mutex<InState>,
+    inbox: Mutex<Inbox<Received>>,
+    connects: AtomicU64,
 }
 
 /// The client end of a session.
 pub struct SessionClient<B: Backend + Clone> {
-    backend: Rc<AsyncBackend<B>>,
+    backend: Arc<AsyncBackend<B>>,
     server: EndpointAddress,
     id: u64,
     instance: u64,
     config: SessionConfig,
-    state: Rc<ClientState>,
+    state: Arc<ClientState>,
 }
 
 impl<B: Backend + Clone> SessionClient<B> {
     /// A session with identity `id` towards the server at `server`. Nothing
     /// happens until [`run`](Self::run) is polled.
     pub fn new(
-        backend: Rc<AsyncBackend<B>>,
+        backend: Arc<AsyncBackend<B>>,
         server: EndpointAddress,
         id: u64,
         config: SessionConfig,
     ) -> Self {
         let state = ClientState {
-            out: RefCell::new(Outbox::new(config.high_water)),
-            incoming: RefCell::default(),
-            inbox: RefCell::new(Inbox::new(config.high_water)),
-            connects: std::cell::Cell::new(0),
+            out: Mutex::new(Outbox::new(config.high_water)),
+            incoming: Mutex::default(),
+            inbox: Mutex::new(Inbox::new(config.high_water)),
+            connects: AtomicU64::new(0),
         };
         Self {
             instance: instance_of(&backend, id),
@@ -446,7 +457,7 @@ impl<B: Backend + Clone> SessionClient<B> {
             server,
             id,
             config,
-            state: Rc::new(state),
+            state: Arc::new(state),
         }
     }
 
@@ -456,40 +467,40 @@ impl<B: Backend + Clone> SessionClient<B> {
     pub fn send(&self, msg: Vec<u8>) -> Result<u64, Vec<u8>> {
         self.state
             .out
-            .borrow_mut()
+            .guard()
             .push(msg.into())
             .map_err(|m| m.to_vec())
     }
 
     /// The next message (or gap) from the server, in order.
     pub fn recv(&self) -> impl Future<Output = Received> + '_ {
-        futures::future::poll_fn(move |cx| self.state.inbox.borrow_mut().poll_pop(cx))
+        futures::future::poll_fn(move |cx| self.state.inbox.guard().poll_pop(cx))
     }
 
     /// The next message (or gap) from the server, if one waits.
     pub fn try_recv(&self) -> Option<Received> {
-        self.state.inbox.borrow_mut().pop()
+        self.state.inbox.guard().pop()
     }
 
     /// Messages the server acknowledged: every sequence number up to this
     /// one was delivered there once (or dropped here, as a gap).
     pub fn acknowledged(&self) -> u64 {
-        self.state.out.borrow().acked
+        self.state.out.guard().acked
     }
 
     /// Messages held for the server (sent or not, not yet acknowledged).
     pub fn held(&self) -> usize {
-        self.state.out.borrow().msgs
+        self.state.out.guard().msgs
     }
 
     /// Messages handed back by [`send`](Self::send) at the high-water mark.
     pub fn dropped(&self) -> u64 {
-        self.state.out.borrow().dropped
+        self.state.out.guard().dropped
     }
 
     /// Connections established so far.
     pub fn connects(&self) -> u64 {
-        self.state.connects.get()
+        self.state.connects.load(Ordering::Relaxed)
     }
 
     /// Runs the session for ever: connects, exchanges messages both ways,
@@ -503,7 +514,7 @@ impl<B: Backend + Clone> SessionClient<B> {
                 .connect(self.server, self.config.params.clone())
                 .await;
             if let Ok(conn) = connected {
-                self.state.connects.set(self.state.connects.get() + 1);
+                self.state.connects.fetch_add(1, Ordering::Relaxed);
                 if self.serve(&conn).await {
                     backoff = self.config.initial_backoff;
                 }
@@ -518,8 +529,8 @@ impl<B: Backend + Clone> SessionClient<B> {
     async fn serve(&self, conn: &AsyncConn<B>) -> bool {
         let st = &self.state;
         let hello = {
-            let first = st.out.borrow().first_held();
-            let last = st.incoming.borrow().last;
+            let first = st.out.guard().first_held();
+            let last = st.incoming.guard().last;
             frame(HELLO, &[self.id, self.instance, first, last], &[])
         };
         if conn.send(&hello).await.is_err() {
@@ -533,19 +544,19 @@ impl<B: Backend + Clone> SessionClient<B> {
         else {
             return false;
         };
-        st.out.borrow_mut().ack(peer_last);
-        let gap = st.incoming.borrow_mut().resume(instance, first);
+        st.out.guard().ack(peer_last);
+        let gap = st.incoming.guard().resume(instance, first);
         if let Some(gap) = gap {
-            st.inbox.borrow_mut().push(gap);
+            st.inbox.guard().push(gap);
         }
-        let sent = st.out.borrow().acked;
+        let sent = st.out.guard().acked;
         exchange(
             conn,
             &st.out,
             &st.incoming,
             sent,
-            |cx| st.inbox.borrow_mut().poll_room(cx),
-            |item| st.inbox.borrow_mut().push(item),
+            |cx| st.inbox.guard().poll_room(cx),
+            |item| st.inbox.guard().push(item),
         )
         .await;
         true
@@ -554,13 +565,13 @@ impl<B: Backend + Clone> SessionClient<B> {
 
 /// One session as the server keeps it.
 struct ServerSession {
-    out: RefCell<Outbox>,
-    incoming: RefCell<InState>,
+    out: Mutex<Outbox>,
+    incoming: Mutex<InState>,
 }
 
 struct ServerState {
-    sessions: RefCell<BTreeMap<u64, Rc<ServerSession>>>,
-    inbox: RefCell<Inbox<(u64, Received)>>,
+    sessions: Mutex<BTreeMap<u64, Arc<ServerSession>>>,
+    inbox: Mutex<Inbox<(u64, Received)>>,
 }
 
 /// The server end: accepts sessions on a listener, delivers their messages
@@ -569,28 +580,28 @@ struct ServerState {
 /// stays known for the server's life once its client said hello, holding
 /// at most the high-water mark of messages for its client.
 pub struct SessionServer<B: Backend + Clone> {
-    backend: Rc<AsyncBackend<B>>,
+    backend: Arc<AsyncBackend<B>>,
     instance: u64,
     high_water: usize,
-    state: Rc<ServerState>,
+    state: Arc<ServerState>,
 }
 
 impl<B: Backend + Clone> SessionServer<B> {
     /// A server on `backend`'s listeners (listen first), with the default
     /// high-water mark.
-    pub fn new(backend: Rc<AsyncBackend<B>>) -> Self {
+    pub fn new(backend: Arc<AsyncBackend<B>>) -> Self {
         Self::with_config(backend, &SessionConfig::default())
     }
 
     /// A server holding at most `config.high_water` messages per session
     /// for its client, and as many received ones for the application.
-    pub fn with_config(backend: Rc<AsyncBackend<B>>, config: &SessionConfig) -> Self {
+    pub fn with_config(backend: Arc<AsyncBackend<B>>, config: &SessionConfig) -> Self {
         Self {
             instance: instance_of(&backend, u64::MAX),
             high_water: config.high_water,
-            state: Rc::new(ServerState {
-                sessions: RefCell::default(),
-                inbox: RefCell::new(Inbox::new(config.high_water)),
+            state: Arc::new(ServerState {
+                sessions: Mutex::default(),
+                inbox: Mutex::new(Inbox::new(config.high_water)),
             }),
             backend,
         }
@@ -599,49 +610,49 @@ impl<B: Backend + Clone> SessionServer<B> {
     /// The next message (or gap) from a client, with its session id; in
     /// order per session.
     pub fn recv(&self) -> impl Future<Output = (u64, Received)> + '_ {
-        futures::future::poll_fn(move |cx| self.state.inbox.borrow_mut().poll_pop(cx))
+        futures::future::poll_fn(move |cx| self.state.inbox.guard().poll_pop(cx))
     }
 
     /// The next message (or gap) from a client, if one waits.
     pub fn try_recv(&self) -> Option<(u64, Received)> {
-        self.state.inbox.borrow_mut().pop()
+        self.state.inbox.guard().pop()
     }
 
     /// The sessions that have said hello, by id.
     pub fn sessions(&self) -> Vec<u64> {
-        self.state.sessions.borrow().keys().copied().collect()
+        self.state.sessions.guard().keys().copied().collect()
     }
 
     /// Queues `msg` for session `id`: its sequence number, or the message
     /// back at the session's high-water mark (the client sees a gap), or
     /// `None` for a session that never said hello.
-    pub fn send_to(&self, id: u64, msg: impl Into<Rc<[u8]>>) -> Option<Result<u64, Rc<[u8]>>> {
-        let s = self.state.sessions.borrow().get(&id).cloned()?;
-        let r = s.out.borrow_mut().push(msg.into());
+    pub fn send_to(&self, id: u64, msg: impl Into<Arc<[u8]>>) -> Option<Result<u64, Arc<[u8]>>> {
+        let s = self.state.sessions.guard().get(&id).cloned()?;
+        let r = s.out.guard().push(msg.into());
         Some(r)
     }
 
     /// Queues `msg` for every session, one copy shared by all: how many
     /// took it (the others were at their high-water mark, and their
     /// clients see a gap).
-    pub fn publish(&self, msg: impl Into<Rc<[u8]>>) -> usize {
+    pub fn publish(&self, msg: impl Into<Arc<[u8]>>) -> usize {
         let msg = msg.into();
-        let sessions: Vec<Rc<ServerSession>> =
-            self.state.sessions.borrow().values().cloned().collect();
+        let sessions: Vec<Arc<ServerSession>> =
+            self.state.sessions.guard().values().cloned().collect();
         sessions
             .iter()
-            .filter(|s| s.out.borrow_mut().push(Rc::clone(&msg)).is_ok())
+            .filter(|s| s.out.guard().push(Arc::clone(&msg)).is_ok())
             .count()
     }
 
     /// Messages held for session `id` (not yet acknowledged by its client).
     pub fn held(&self, id: u64) -> Option<usize> {
-        Some(self.state.sessions.borrow().get(&id)?.out.borrow().msgs)
+        Some(self.state.sessions.guard().get(&id)?.out.guard().msgs)
     }
 
     /// Messages for session `id` dropped at its high-water mark.
     pub fn dropped(&self, id: u64) -> Option<u64> {
-        Some(self.state.sessions.borrow().get(&id)?.out.borrow().dropped)
+        Some(self.state.sessions.guard().get(&id)?.out.guard().dropped)
     }
 
     /// Accepts and serves sessions for ever.
@@ -673,43 +684,37 @@ impl<B: Backend + Clone> SessionServer<B> {
             let _ = conn.close();
             return;
         };
-        let s = Rc::clone(
-            self.state
-                .sessions
-                .borrow_mut()
-                .entry(id)
-                .or_insert_with(|| {
-                    Rc::new(ServerSession {
-                        out: RefCell::new(Outbox::new(self.high_water)),
-                        incoming: RefCell::default(),
-                    })
-                }),
-        );
-        let gap = s.incoming.borrow_mut().resume(instance, first);
+        let s = Arc::clone(self.state.sessions.guard().entry(id).or_insert_with(|| {
+            Arc::new(ServerSession {
+                out: Mutex::new(Outbox::new(self.high_water)),
+                incoming: Mutex::default(),
+            })
+        }));
+        let gap = s.incoming.guard().resume(instance, first);
         if let Some(gap) = gap {
-            self.state.inbox.borrow_mut().push((id, gap));
+            self.state.inbox.guard().push((id, gap));
         }
-        s.out.borrow_mut().ack(peer_last);
+        s.out.guard().ack(peer_last);
         let welcome = {
-            let out = s.out.borrow();
+            let out = s.out.guard();
             frame(
                 WELCOME,
-                &[self.instance, out.first_held(), s.incoming.borrow().last],
+                &[self.instance, out.first_held(), s.incoming.guard().last],
                 &[],
             )
         };
         if conn.send(&welcome).await.is_err() {
             return;
         }
-        let sent = s.out.borrow().acked;
+        let sent = s.out.guard().acked;
         let st = &self.state;
         exchange(
             &conn,
             &s.out,
             &s.incoming,
             sent,
-            |cx| st.inbox.borrow_mut().poll_room(cx),
-            |item| st.inbox.borrow_mut().push((id, item)),
+            |cx| st.inbox.guard().poll_room(cx),
+            |item| st.inbox.guard().push((id, item)),
         )
         .await;
     }

@@ -8,16 +8,18 @@
 use std::cell::RefCell;
 use std::net::IpAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use netio_async::session::{Received, SessionClient, SessionConfig, SessionServer};
+use netio_async::AsyncBackend;
 use netio_core::{BackendConfig, ConnectionParams, EndpointAddress};
 use netio_sim::SimBackend;
 
 mod common;
 use common::World;
 
-type Client = Rc<SessionClient<SimBackend>>;
+type Client = Arc<SessionClient<SimBackend>>;
 
 /// What a server's application read, in order: `(session id, item)`.
 type Delivered = Rc<RefCell<Vec<(u64, Received)>>>;
@@ -38,17 +40,19 @@ fn server_with(
     w: &World,
     ip: IpAddr,
     session: &SessionConfig,
-) -> (Rc<SessionServer<SimBackend>>, Delivered) {
-    let b = w.node_at(ip, config());
+) -> (Arc<SessionServer<SimBackend>>, Delivered) {
+    let b = backend_at(w, ip);
     b.listen(
         EndpointAddress::new(ip, 7000),
         ConnectionParams::receive(256, 16),
     )
     .unwrap();
-    let server = Rc::new(SessionServer::with_config(b, session));
+    let server = Arc::new(SessionServer::with_config(b.clone(), session));
     let delivered = Delivered::default();
+    // The session runs as a task on its backend's loop; the application
+    // reading it on the test's executor.
     let s = server.clone();
-    w.spawn(async move { s.run().await });
+    b.spawn(async move { s.run().await }).detach();
     let (s, d) = (server.clone(), delivered.clone());
     w.spawn(async move {
         loop {
@@ -63,17 +67,30 @@ fn server(w: &World, ip: IpAddr) -> Delivered {
     server_with(w, ip, &SessionConfig::default()).1
 }
 
-fn client(w: &World, server: IpAddr, session: SessionConfig) -> Client {
-    let (b, _) = w.node(config());
-    let client = Rc::new(SessionClient::new(
-        b,
+/// An async backend on the host at `ip` (created or restarted), shared
+/// with the session's task.
+fn backend_at(w: &World, ip: IpAddr) -> Arc<AsyncBackend<SimBackend>> {
+    let host = w.sim.host(ip);
+    Arc::new(AsyncBackend::new(|h| host.backend(config(), h)).expect("backend"))
+}
+
+/// A session client with identity `id`, run as a task on its backend's
+/// loop.
+fn session_client(w: &World, server: IpAddr, id: u64, session: SessionConfig) -> Client {
+    let b = backend_at(w, w.sim.next_host().ip());
+    let client = Arc::new(SessionClient::new(
+        b.clone(),
         EndpointAddress::new(server, 7000),
-        42,
+        id,
         session,
     ));
     let c = client.clone();
-    w.spawn(async move { c.run().await });
+    b.spawn(async move { c.run().await }).detach();
     client
+}
+
+fn client(w: &World, server: IpAddr, session: SessionConfig) -> Client {
+    session_client(w, server, 42, session)
 }
 
 fn msg(i: u64) -> Vec<u8> {
@@ -270,15 +287,7 @@ fn messages_delivered_whose_acknowledgements_were_lost_are_not_delivered_again()
 /// A client session with identity `id`, and an application reading what
 /// the server sends it.
 fn subscriber(w: &World, server: IpAddr, id: u64) -> (Client, Rc<RefCell<Vec<Received>>>) {
-    let (b, _) = w.node(config());
-    let client = Rc::new(SessionClient::new(
-        b,
-        EndpointAddress::new(server, 7000),
-        id,
-        SessionConfig::default(),
-    ));
-    let c = client.clone();
-    w.spawn(async move { c.run().await });
+    let client = session_client(w, server, id, SessionConfig::default());
     let got = Rc::new(RefCell::new(Vec::new()));
     let (c, g) = (client.clone(), got.clone());
     w.spawn(async move {
@@ -336,12 +345,12 @@ fn a_published_message_is_held_once_for_every_subscriber_until_each_acknowledged
     let (server, _) = server_with(&w, sip, &SessionConfig::default());
     let subs: Vec<_> = (1..=3).map(|id| subscriber(&w, sip, id)).collect();
     assert!(w.run_until(|| server.sessions().len() == 3));
-    let m: Rc<[u8]> = Rc::from(msg(1));
-    assert_eq!(server.publish(Rc::clone(&m)), 3);
-    assert_eq!(Rc::strong_count(&m), 4, "one copy, held for each session");
+    let m: Arc<[u8]> = Arc::from(msg(1));
+    assert_eq!(server.publish(Arc::clone(&m)), 3);
+    assert_eq!(Arc::strong_count(&m), 4, "one copy, held for each session");
     assert!(w.run_until(|| subs.iter().all(|(_, g)| g.borrow().len() == 1)));
     assert!(w.run_until(|| (1..=3).all(|id| server.held(id) == Some(0))));
-    assert_eq!(Rc::strong_count(&m), 1, "acknowledged: no longer held");
+    assert_eq!(Arc::strong_count(&m), 1, "acknowledged: no longer held");
     for (_, got) in &subs {
         assert_eq!(payloads(&got.borrow()), vec![1]);
     }

@@ -339,35 +339,35 @@ fn over_tcp_send_parts_sends_a_header_and_its_parts_as_one_message() {
 #[test]
 fn over_tcp_a_session_carries_messages_both_ways_and_shows_a_gap_past_the_mark() {
     use futures::executor::LocalPool;
-    use futures::task::LocalSpawnExt;
     use netio_async::session::{Received, SessionClient, SessionConfig, SessionServer};
-    use std::rc::Rc;
+    use std::sync::Arc;
 
     with_loop(|lp| {
         let session = SessionConfig {
             high_water: 8,
             ..SessionConfig::default()
         };
-        let server_b = Rc::new(backend(lp));
+        let server_b = Arc::new(backend(lp));
         let addr = server_b
             .listen(
                 EndpointAddress::localhost(0),
                 ConnectionParams::receive(256, 16),
             )
             .unwrap();
-        let server = Rc::new(SessionServer::with_config(server_b.clone(), &session));
-        let client_b = Rc::new(backend(lp));
-        let client = Rc::new(SessionClient::new(
+        let server = Arc::new(SessionServer::with_config(server_b.clone(), &session));
+        let client_b = Arc::new(backend(lp));
+        let client = Arc::new(SessionClient::new(
             client_b.clone(),
             addr,
             5,
             SessionConfig::default(),
         ));
+        // The sessions run as tasks on the loop thread; the test reads
+        // them from its own.
         let mut pool = LocalPool::new();
-        let spawner = pool.spawner();
         let (s, c) = (server.clone(), client.clone());
-        spawner.spawn_local(async move { s.run().await }).unwrap();
-        spawner.spawn_local(async move { c.run().await }).unwrap();
+        server_b.spawn(async move { s.run().await }).detach();
+        client_b.spawn(async move { c.run().await }).detach();
         // Polls until `done`, the loop's clock moving on in between.
         let wait = |pool: &mut LocalPool, done: &dyn Fn() -> bool| {
             let b = client_b.clone();
