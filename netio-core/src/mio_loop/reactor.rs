@@ -327,7 +327,7 @@ impl MioLoop {
             let at = spins.iter().position(|slot| slot.id == id.0);
             at.map(|at| {
                 let slot = spins.remove(at);
-                slot.removed.store(true, Ordering::Release);
+                slot.removed.store(true, Ordering::SeqCst);
                 inner.spin_epoch.fetch_add(1, Ordering::AcqRel);
                 inner.spin_count.fetch_sub(1, Ordering::AcqRel);
                 slot
@@ -709,7 +709,7 @@ impl Inner {
                 continue;
             };
             callback();
-            if slot.removed.load(Ordering::Acquire) {
+            if slot.removed.load(Ordering::SeqCst) {
                 // Removed from inside its own callback (or from another
                 // thread while it ran): dropped now, with no lock held.
                 drop(held);
@@ -717,6 +717,13 @@ impl Inner {
             } else {
                 *held = Some(callback);
                 drop(held);
+                // A removal between the check above and the unlock found
+                // the callback locked and left it here: taken now. (A
+                // removal after this finds it unlocked and drops it.)
+                if slot.removed.load(Ordering::SeqCst) {
+                    let late = lock(&slot.callback).take();
+                    drop(late);
+                }
             }
             if self.stopping() {
                 return false;
