@@ -18,9 +18,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use app::{check, Ack, Disks, EVERY, PORT, RECORDS};
+use app::{check, config, params, Ack, Disks, EVERY, PORT, RECORDS};
 use netio_async::AsyncBackend;
-use netio_core::{BackendConfig, ConnectionParams, EndpointAddress};
+use netio_core::EndpointAddress;
 use netio_sim::chaos::{check_determinism, Chaos, Faults};
 use netio_sim::{Sim, SimBackend, SimHost};
 
@@ -28,18 +28,6 @@ const RETRY_AFTER: Duration = Duration::from_millis(10);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn config() -> BackendConfig {
-    BackendConfig {
-        // Notice a silent peer within a second.
-        peer_timeout: Some(Duration::from_secs(1)),
-        ..BackendConfig::default()
-    }
-}
-
-fn params() -> ConnectionParams {
-    ConnectionParams::receive(64, 16)
 }
 
 type Async = Arc<AsyncBackend<SimBackend>>;

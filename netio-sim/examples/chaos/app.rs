@@ -40,7 +40,8 @@ pub enum Ack {
     FromCollector,
 }
 
-fn config() -> BackendConfig {
+/// Both hosts' backend configuration.
+pub fn config() -> BackendConfig {
     BackendConfig {
         // Notice a silent peer within a second.
         peer_timeout: Some(Duration::from_secs(1)),
@@ -48,7 +49,8 @@ fn config() -> BackendConfig {
     }
 }
 
-fn params() -> ConnectionParams {
+/// Both hosts' connection parameters.
+pub fn params() -> ConnectionParams {
     ConnectionParams::receive(64, 16)
 }
 
