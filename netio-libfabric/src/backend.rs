@@ -371,7 +371,7 @@ impl LibfabricBackend {
             let user_timer = events::timer_to(&lp, weak, Inner::on_user_timer);
             let linger_timer = events::timer_to(&lp, weak, Inner::on_linger_timer);
             let setup_timer = events::timer_to(&lp, weak, Inner::on_setup_timer);
-            let spin = events::spin_to(&lp, weak, Inner::spin);
+            let spin = events::spin_to(&lp, weak, |inner| inner.spin());
             Inner {
                 lp,
                 config,

@@ -5,7 +5,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use netio_core::mio_loop::{MioLoop, MioTimer, SpinId};
@@ -329,17 +329,17 @@ pub(crate) fn timer_to<T: Send + Sync + 'static>(
 }
 
 /// On a busy-polling loop, a spin callback that calls `f` on the backend
-/// behind `weak` while it lives.
+/// behind `weak` while it lives, handing it the reference the call took.
 pub(crate) fn spin_to<T: Send + Sync + 'static>(
     lp: &MioLoop,
     weak: &Weak<T>,
-    f: fn(&T),
+    f: fn(Arc<T>),
 ) -> Option<SpinId> {
     lp.is_busy_polling().then(|| {
         let w = weak.clone();
         lp.add_spin(move || {
             if let Some(i) = w.upgrade() {
-                f(&i);
+                f(i);
             }
         })
     })

@@ -1097,6 +1097,15 @@ pub struct RecvMem {
     pub(crate) posted: Box<[AtomicBool]>,
 }
 
+impl fmt::Debug for RecvMem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvMem")
+            .field("buffers", &self.posted.len())
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A zeroed, page-aligned heap allocation written by the provider through
 /// raw pointers.
 pub(crate) struct RawMem {

@@ -150,7 +150,7 @@ struct Peer {
 }
 
 /// One completion of the endpoint's queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum RdmCompletion {
     /// Buffer `index` of `owner`'s receive memory holds a message of `len`
     /// bytes sent with `tag`.
@@ -163,6 +163,9 @@ pub enum RdmCompletion {
         len: usize,
         /// The sender's tag.
         tag: u64,
+        /// The memory the buffer is in: the reference the receive held,
+        /// handed on (to keep it while the message is read).
+        mem: Arc<RecvMem>,
     },
     /// A message did not fit buffer `index` of `owner`: `size` bytes in
     /// all (0: not reported).
@@ -174,7 +177,10 @@ pub enum RdmCompletion {
         /// The message's full size, as far as the provider reports it.
         size: u64,
     },
-    /// A receive ended without a message (cancelled, or an error).
+    /// A receive ended without a message (cancelled, or an error). Its
+    /// fields are for the record (`Debug`): the connection manager takes
+    /// no action on it.
+    #[allow(dead_code)]
     RecvEnded {
         /// The connection that posted the buffer.
         owner: u64,
@@ -955,6 +961,7 @@ impl RdmEp {
                             index,
                             len: e.len,
                             tag: e.tag,
+                            mem,
                         });
                     }
                     Some(Op::Send {

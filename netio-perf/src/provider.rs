@@ -497,9 +497,12 @@ impl Client {
         self.key
     }
 
-    fn ping<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId) {
+    /// Sends ping `self.i`; `now`, the time it is sent at (the time its
+    /// echo's predecessor arrived: one clock read per round trip, so the
+    /// samples add up to the measured time).
+    fn ping<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId, now: Instant) {
         if self.i == self.spec.warmup {
-            self.measure_start = Some(Instant::now());
+            self.measure_start = Some(now);
         }
         let zero_copy = self.spec.mode == SendMode::ZeroCopy;
         if !zero_copy {
@@ -509,7 +512,7 @@ impl Client {
         if self.virtual_time {
             self.vsent_at = Some(b.now());
         }
-        self.sent_at = Instant::now();
+        self.sent_at = now;
         if let Err(e) = send_msg(
             b,
             conn,
@@ -651,7 +654,7 @@ impl<B: Backend + ?Sized> Handler<B> for Client {
         }
         self.inflight += 1;
         match self.spec.role() {
-            Role::Echo => self.ping(b, conn),
+            Role::Echo => self.ping(b, conn, Instant::now()),
             Role::Sink => self.pump(b, conn),
         }
     }
@@ -712,7 +715,7 @@ impl<B: Backend + ?Sized> Handler<B> for Client {
                     let v = std::mem::take(&mut self.vsamples);
                     self.finish(b, Ok(ClientResult::PingPong(s, v, now - start)));
                 } else {
-                    self.ping(b, conn);
+                    self.ping(b, conn, now);
                 }
             }
             Role::Sink => match Report::decode(data) {

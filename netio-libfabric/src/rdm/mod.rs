@@ -85,6 +85,17 @@ const RDM_RX_QUEUE: usize = 16384;
 /// are pending, before the rest is left to a posted callback.
 const TRYWAIT_ROUNDS: usize = 16;
 
+/// What one read of the completion queue found
+/// ([`RdmInner::read_cq_one`]).
+enum CqRead {
+    Nothing,
+    /// Completions, handled.
+    Some,
+    /// One message of connection `.0` in buffer `.1`, `.2` bytes, of
+    /// receive memory `.3`, to be delivered by the caller.
+    One(ConnId, usize, usize, Arc<RecvMem>),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Opening,
@@ -375,7 +386,7 @@ impl RdmInner {
             let user_timer = events::timer_to(&lp, weak, RdmInner::on_user_timer);
             let tick_timer = events::timer_to(&lp, weak, RdmInner::on_tick);
             let poll_timer = events::timer_to(&lp, weak, RdmInner::on_poll);
-            let spin = events::spin_to(&lp, weak, RdmInner::spin);
+            let spin = events::spin_to(&lp, weak, RdmInner::spin_owned);
             RdmInner {
                 lp,
                 config,
@@ -1751,26 +1762,118 @@ impl RdmInner {
     /// a message reads no clock).
     #[inline]
     fn read_cq(&self, st: &mut State, now: Duration) -> bool {
+        !matches!(self.read_cq_one(st, now, false), CqRead::Nothing)
+    }
+
+    /// [`read_cq`](Self::read_cq); with `one` set, a read that returned a
+    /// single message for a connection with nothing else going on (see
+    /// [`take_one`](Self::take_one)) is not queued but returned, for the
+    /// caller (the spin, with `State::dispatching` set) to hand over at
+    /// once with [`deliver_locked`](Self::deliver_locked).
+    #[inline]
+    fn read_cq_one(&self, st: &mut State, now: Duration, one: bool) -> CqRead {
         let State {
             ep, completions, ..
         } = st;
         let Some(ep) = ep.as_mut() else {
-            return false;
+            return CqRead::Nothing;
         };
         // The completions read (memory kept in the state).
         completions.clear();
         let any = match ep.poll(completions) {
             Ok(any) => any,
-            Err(_) => return false,
+            Err(_) => return CqRead::Nothing,
         };
         if completions.is_empty() {
-            return any;
+            return if any { CqRead::Some } else { CqRead::Nothing };
         }
-        let mut out = std::mem::take(completions);
+        if one && matches!(completions[..], [RdmCompletion::Received { .. }]) {
+            if let Some(RdmCompletion::Received {
+                owner,
+                index,
+                len,
+                tag,
+                mem,
+            }) = completions.pop()
+            {
+                match self.take_one(st, owner, index, len, tag, now) {
+                    Some(Some(id)) => return CqRead::One(id, index, len, mem),
+                    Some(None) => return CqRead::Some,
+                    None => st.completions.push(RdmCompletion::Received {
+                        owner,
+                        index,
+                        len,
+                        tag,
+                        mem,
+                    }),
+                }
+            }
+        }
+        let mut out = std::mem::take(&mut st.completions);
         self.handle_completions(st, &mut out, now);
         out.clear();
         st.completions = out;
-        any
+        CqRead::Some
+    }
+
+    /// The single message a read returned, taken on the way to its
+    /// handler without the queues of
+    /// [`handle_completions`](Self::handle_completions) when its
+    /// connection has nothing else going on: established, receiving, not
+    /// paused, no message held or being delivered, no completed send or
+    /// backlog waiting, no buffer to post again, no close from the peer,
+    /// and no event queued. `None`, with nothing changed, when the message
+    /// takes the ordinary path; `Some(Some(id))` when the caller is to
+    /// deliver it (marked queued for delivery, as
+    /// [`queue_deliver`](Self::queue_deliver) would); `Some(None)` when it
+    /// was handled here (a protocol violation closed the connection, or
+    /// the peer's CLOSE said not to deliver it).
+    #[inline]
+    fn take_one(
+        &self,
+        st: &mut State,
+        owner: u64,
+        index: usize,
+        len: usize,
+        tag: u64,
+        now: Duration,
+    ) -> Option<Option<ConnId>> {
+        if owner & (PROBE_OWNER | POOL_OWNER) != 0 || tag & PROBE_BIT != 0 || !st.events.is_empty()
+        {
+            return None;
+        }
+        let id = *st.by_tag.get(&(owner as u32))?;
+        let c = st.conns.get_mut(id)?;
+        let quiet = c.phase == Phase::Established
+            && c.receive
+            && !c.paused
+            && len <= c.recv_limit
+            && c.held.is_empty()
+            && !c.deliver_queued
+            && !c.delivering
+            && !c.done_pending
+            && c.backlog.is_empty()
+            && c.unposted.is_empty()
+            && c.peer_closing.is_none();
+        if !quiet {
+            return None;
+        }
+        st.read_at = now;
+        match c.session.on_received(tag, now) {
+            Ok(seq) if c.session.should_deliver(seq) => {
+                c.deliver_queued = true;
+                Some(Some(id))
+            }
+            Ok(_) => {
+                c.unposted.push(index);
+                self.repost(st, id);
+                Some(None)
+            }
+            Err(text) => {
+                self.close_conn(st, id, CloseReason::Protocol(text), true);
+                Some(None)
+            }
+        }
     }
 
     /// Handles the completions of one read, `out` (left empty).
@@ -1834,6 +1937,7 @@ impl RdmInner {
                     index,
                     len,
                     tag,
+                    ..
                 } => {
                     if owner & PROBE_OWNER != 0 {
                         continue;
@@ -1968,7 +2072,22 @@ impl RdmInner {
         st.touched = touched;
     }
 
-    fn spin(&self) {
+    /// The spin callback: [`spin`](Self::spin) with a backend handle made
+    /// of the reference the callback took (no other one taken per
+    /// delivery).
+    fn spin_owned(this: Arc<RdmInner>) {
+        let backend = LibfabricBackend {
+            kind: Kind::Rdm(this),
+        };
+        if let Kind::Rdm(inner) = &backend.kind {
+            inner.spin(&backend);
+        }
+    }
+
+    /// One spin of a busy-polling loop: reads of the completion queue
+    /// until one finds something, then what they found handed over;
+    /// `backend`, this backend's handle.
+    fn spin(&self, backend: &LibfabricBackend) {
         {
             let mut st = lock(&self.state);
             if st.dispatching {
@@ -1979,30 +2098,38 @@ impl RdmInner {
             // The time the loop read for this turn's timers: no clock read
             // on the way from the read that finds a message to the reply.
             let now = self.lp.turn_now();
+            let mut one = None;
             for _ in 0..SPIN_READS {
-                if self.read_cq(&mut st, now) {
-                    break;
+                match self.read_cq_one(&mut st, now, true) {
+                    CqRead::Nothing => {}
+                    CqRead::Some => break,
+                    CqRead::One(id, index, len, mem) => {
+                        one = Some((id, Some((index, len, mem))));
+                        break;
+                    }
                 }
             }
             if !st.blocked.is_empty() {
                 self.retry_blocked(&mut st);
             }
+            // The messages of one connection and nothing else: handed over
+            // right here, under the lock of the read that found them, with
+            // no event queued and taken again (a single message with no
+            // queue at all).
+            let deliver = one.or_else(|| match (st.events.len(), st.events.front()) {
+                (1, Some(&Ev::Deliver(id))) => {
+                    st.events.pop_front();
+                    Some((id, None))
+                }
+                _ => None,
+            });
+            if let Some((id, first)) = deliver {
+                let _unwinding = events::ClearOnUnwind(|| lock(&self.state).dispatching = false);
+                st = self.deliver_locked(backend, id, st, first);
+            }
             if st.events.is_empty() {
                 st.dispatching = false;
                 return;
-            }
-            // The messages of one connection and nothing else: handed over
-            // right here, under the lock of the read that found them, with
-            // no event queued and taken again.
-            if let (1, Some(&Ev::Deliver(id))) = (st.events.len(), st.events.front()) {
-                st.events.pop_front();
-                let _unwinding = events::ClearOnUnwind(|| lock(&self.state).dispatching = false);
-                let backend = self.backend();
-                st = self.deliver_locked(&backend, id, st);
-                if st.events.is_empty() {
-                    st.dispatching = false;
-                    return;
-                }
             }
         }
         self.run_dispatch();
@@ -2219,16 +2346,20 @@ impl RdmInner {
     /// run; at most 1,024 messages or [`events::DISPATCH_BUDGET`], the
     /// rest in another batch.
     fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
-        drop(self.deliver_locked(backend, id, lock(&self.state)));
+        drop(self.deliver_locked(backend, id, lock(&self.state), None));
     }
 
     /// [`deliver`](Self::deliver), starting under the state lock `st` (the
-    /// spin's, which found the messages) and returning with it held.
+    /// spin's, which found the messages) and returning with it held;
+    /// `first`, the buffer index, length and receive memory of a message
+    /// to hand over before the held ones (found by the same lock's read,
+    /// its connection checked by [`take_one`](Self::take_one)).
     fn deliver_locked<'a>(
         &'a self,
         backend: &LibfabricBackend,
         id: ConnId,
         mut st: MutexGuard<'a, State>,
+        mut first: Option<(usize, usize, Arc<RecvMem>)>,
     ) -> MutexGuard<'a, State> {
         let mut handler = None;
         let mut budget = Budget::new(DELIVER_CLOCK_EVERY);
@@ -2236,13 +2367,17 @@ impl RdmInner {
             let Some(c) = st.conns.get_mut(id) else {
                 return st;
             };
-            if c.paused {
-                c.deliver_queued = false;
-                Self::end_delivering(&mut st, id);
-                self.post_dispatch(&mut st);
-                return st;
-            }
-            let Some((index, len)) = c.held.pop_front() else {
+            let next = match first.take() {
+                Some((index, len, mem)) => Some((index, len, Some(mem))),
+                None if c.paused => {
+                    c.deliver_queued = false;
+                    Self::end_delivering(&mut st, id);
+                    self.post_dispatch(&mut st);
+                    return st;
+                }
+                None => c.held.pop_front().map(|(index, len)| (index, len, None)),
+            };
+            let Some((index, len, mem)) = next else {
                 c.deliver_queued = false;
                 let pending_close = c.pending_close.take();
                 Self::end_delivering(&mut st, id);
@@ -2255,7 +2390,7 @@ impl RdmInner {
             c.delivering = true;
             c.early_grant = c.peer_closing.is_none().then_some(false);
             let pool = c.pool;
-            let mem = c.recv.clone().expect("receiving");
+            let mem = mem.unwrap_or_else(|| c.recv.clone().expect("receiving"));
             drop(st);
             // The buffer is not posted again before on_data returns: its
             // bytes stay put.
