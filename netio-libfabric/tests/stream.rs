@@ -367,6 +367,30 @@ rdm_streams! {
         on_rdm_udp_rxd_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
 }
 
+/// The reliable-datagram streams on busy-polling loops, where the spin
+/// hands a single message found by a completion read straight to the
+/// handler, and any more through the event queue.
+macro_rules! rdm_busy_streams {
+    ($($fabric:literal: $plain:ident, $paused:ident;)*) => {$(
+        #[test]
+        fn $plain() {
+            stream_on(harness::rdm_config($fabric), localhost(), false, true, runs(3));
+        }
+
+        #[test]
+        fn $paused() {
+            stream_on(harness::rdm_config($fabric), localhost(), true, true, runs(3));
+        }
+    )*};
+}
+
+rdm_busy_streams! {
+    "tcp;ofi_rxm": on_busy_polling_loops_on_rdm_tcp_rxm_a_stream_to_a_counting_receiver_delivers_every_message,
+        on_busy_polling_loops_on_rdm_tcp_rxm_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
+    "shm": on_busy_polling_loops_on_rdm_shm_a_stream_to_a_counting_receiver_delivers_every_message,
+        on_busy_polling_loops_on_rdm_shm_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
+}
+
 #[cfg(feature = "verbs-conformance")]
 #[test]
 fn on_rdm_verbs_rxm_a_stream_to_a_counting_receiver_delivers_every_message() {
