@@ -306,8 +306,9 @@ pub(crate) struct Shared {
     /// blocked in [`SimLoop::run`] or [`Sim::wait_for_work`].
     wake: Condvar,
     /// Held while one event is processed and its callbacks dispatched: one
-    /// callback at a time, whoever drives.
-    step_lock: Mutex<()>,
+    /// callback at a time, whoever drives. Holds the list the callbacks of
+    /// a step are taken into (empty between steps; its memory kept).
+    step_lock: Mutex<Vec<Call>>,
     seed: u64,
     /// What each host's application does when the host restarts.
     restart_hooks: Mutex<std::collections::BTreeMap<IpAddr, RestartHook>>,
@@ -429,7 +430,7 @@ impl Sim {
             shared: Arc::new(Shared {
                 world: Mutex::new(World::new(seed, netio_core::thread_token())),
                 wake: Condvar::new(),
-                step_lock: Mutex::new(()),
+                step_lock: Mutex::new(Vec::new()),
                 seed,
                 restart_hooks: Mutex::new(std::collections::BTreeMap::new()),
             }),
@@ -551,8 +552,8 @@ impl Sim {
     /// are run back to back under one lock, up to the first that does.
     pub(crate) fn step_until(&self, deadline: u64, batch: bool) -> bool {
         assert_not_in_callback("Sim::step");
-        let _one_at_a_time = lock(&self.shared.step_lock);
-        let calls = {
+        let mut calls = lock(&self.shared.step_lock);
+        {
             let mut w = self.world();
             w.driver = netio_core::thread_token();
             let mut ran = false;
@@ -570,9 +571,9 @@ impl Sim {
             if !ran {
                 return false;
             }
-            w.take_calls()
-        };
-        self.dispatch(calls);
+            w.take_calls(&mut calls);
+        }
+        self.dispatch(&mut calls);
         true
     }
 
@@ -855,9 +856,10 @@ impl Sim {
     }
 
     /// Runs callbacks with the world unlocked.
-    fn dispatch(&self, calls: Vec<Call>) {
+    /// Runs `calls` (left empty).
+    fn dispatch(&self, calls: &mut Vec<Call>) {
         let _guard = CallbackGuard::enter(self);
-        for call in calls {
+        for call in calls.drain(..) {
             match call {
                 Call::Net {
                     backend,

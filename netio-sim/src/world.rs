@@ -22,6 +22,8 @@ use netio_core::{
     SendError, ThreadSafety, TimerQueue, MAX_HEADER_LEN,
 };
 
+use netio_core::fast_map::FastMap;
+
 use crate::backend::SimBackend;
 use crate::rng::Rng;
 use crate::{LinkConfig, NicConfig};
@@ -414,8 +416,50 @@ struct Side {
     app_closed: bool,
 }
 
+/// How many copied bytes a message keeps in place, without an allocation.
+const INLINE: usize = 64;
+
+/// Bytes copied from the application: a small message in place, a larger
+/// one on the heap.
+enum Copied {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Vec<u8>),
+}
+
+impl Copied {
+    /// `parts` one after the other, `len` bytes in all.
+    fn gather<'a>(len: usize, parts: impl IntoIterator<Item = &'a [u8]>) -> Copied {
+        if len <= INLINE {
+            let mut bytes = [0; INLINE];
+            let mut at = 0;
+            for p in parts {
+                bytes[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            debug_assert_eq!(at, len);
+            Copied::Inline {
+                len: at as u8,
+                bytes,
+            }
+        } else {
+            let mut v = Vec::with_capacity(len);
+            for p in parts {
+                v.extend_from_slice(p);
+            }
+            Copied::Heap(v)
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Copied::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Copied::Heap(v) => v,
+        }
+    }
+}
+
 enum Body {
-    Copy(Vec<u8>),
+    Copy(Copied),
     Buffer(NetworkBuffer),
     ZeroCopy {
         header: [u8; MAX_HEADER_LEN],
@@ -427,7 +471,7 @@ enum Body {
 impl Body {
     fn len(&self) -> usize {
         match self {
-            Body::Copy(v) => v.len(),
+            Body::Copy(c) => c.as_slice().len(),
             Body::Buffer(b) => b.len(),
             Body::ZeroCopy {
                 header_len, lent, ..
@@ -435,26 +479,25 @@ impl Body {
         }
     }
 
-    fn copy_to(&self, v: &mut Vec<u8>) {
+    /// The bytes, copied.
+    fn copied(&self) -> Copied {
         match self {
-            Body::Copy(b) => v.extend_from_slice(b),
-            Body::Buffer(b) => v.extend_from_slice(b.as_slice()),
+            Body::Copy(c) => Copied::gather(c.as_slice().len(), [c.as_slice()]),
+            Body::Buffer(b) => Copied::gather(b.len(), [b.as_slice()]),
             Body::ZeroCopy {
                 header,
                 header_len,
                 lent,
-            } => {
-                v.extend_from_slice(&header[..*header_len]);
-                for c in lent.chunks() {
-                    v.extend_from_slice(c);
-                }
-            }
+            } => Copied::gather(
+                header_len + lent.len(),
+                std::iter::once(&header[..*header_len]).chain(lent.chunks()),
+            ),
         }
     }
 
     fn write_into(&self, buf: &mut NetworkBuffer) {
         let ok = match self {
-            Body::Copy(v) => buf.write(v).is_ok(),
+            Body::Copy(c) => buf.write(c.as_slice()).is_ok(),
             Body::Buffer(b) => buf.write(b.as_slice()).is_ok(),
             Body::ZeroCopy {
                 header,
@@ -575,8 +618,10 @@ pub(crate) struct World {
     listeners: BTreeMap<ListenerId, Listener>,
     next_listener: ListenerId,
     next_pool: PoolId,
-    links: BTreeMap<(IpAddr, IpAddr), Link>,
-    nics: BTreeMap<IpAddr, Nic>,
+    /// Links and network cards, looked up on every send (never iterated:
+    /// their order does not matter).
+    links: FastMap<(IpAddr, IpAddr), Link>,
+    nics: FastMap<IpAddr, Nic>,
     /// TCP profile: bytes one direction of a connection accepts before the
     /// receiver takes them (the sockets' buffers).
     pub(crate) tcp_window: usize,
@@ -602,6 +647,11 @@ pub(crate) struct World {
     /// host is here (some here may no longer be), so a step with this
     /// empty checks no host.
     held_loops: BTreeSet<IpAddr>,
+    /// Scratch lists (empty, their memory kept between uses): the messages
+    /// one delivery takes into receive buffers, the accepted sends one
+    /// completion reports.
+    scratch_done: Vec<(NetworkBuffer, u64)>,
+    scratch_completing: Vec<Accepted>,
 }
 
 fn pair(a: IpAddr, b: IpAddr) -> (IpAddr, IpAddr) {
@@ -656,8 +706,8 @@ impl World {
             listeners: BTreeMap::new(),
             next_listener: 1,
             next_pool: 1,
-            links: BTreeMap::new(),
-            nics: BTreeMap::new(),
+            links: FastMap::default(),
+            nics: FastMap::default(),
             tcp_window: crate::DEFAULT_TCP_WINDOW,
             partitions: BTreeMap::new(),
             holds: BTreeSet::new(),
@@ -672,6 +722,8 @@ impl World {
             foreign_call: None,
             seed,
             held_loops: BTreeSet::new(),
+            scratch_done: Vec::new(),
+            scratch_completing: Vec::new(),
         }
     }
 
@@ -976,8 +1028,11 @@ impl World {
     /// Takes the callbacks of the last event out of the queue, keeping back
     /// those of paused hosts (and, until their `Resume`, of hosts with
     /// callbacks still held, so each host's callbacks keep their order).
-    pub(crate) fn take_calls(&mut self) -> Vec<Call> {
-        let calls = std::mem::take(&mut self.sched.calls);
+    /// Moves the callbacks to run now into `run` (empty: the two lists
+    /// trade their memory), those of paused hosts to the hosts.
+    pub(crate) fn take_calls(&mut self, run: &mut Vec<Call>) {
+        debug_assert!(run.is_empty());
+        std::mem::swap(&mut self.sched.calls, run);
         if !self.held_loops.is_empty() {
             let hosts = &self.hosts;
             self.held_loops.retain(|ip| {
@@ -987,16 +1042,14 @@ impl World {
             });
         }
         if self.held_loops.is_empty() {
-            return calls;
+            return;
         }
-        let mut run = Vec::with_capacity(calls.len());
-        for call in calls {
+        for call in std::mem::take(run) {
             match self.hosts.get_mut(&call.host()) {
                 Some(h) if h.paused || !h.held_calls.is_empty() => h.held_calls.push(call),
                 _ => run.push(call),
             }
         }
-        run
     }
 
     /// Pauses or resumes `host`'s loop (see `Sim::pause_loop`).
@@ -1694,7 +1747,7 @@ impl World {
             return;
         };
         let tcp = c.tcp;
-        let mut done = Vec::new();
+        let mut done = std::mem::take(&mut self.scratch_done);
         let mut freed = false;
         while let Some(head) = c.pipes[dir].queue.front() {
             if tcp && c.pipes[dir].accepted == 0 {
@@ -1715,7 +1768,8 @@ impl World {
                     c.hosts[1 - dir],
                     format_args!("b{rx_b} too large from {rx_remote} len={len}"),
                 );
-                self.emit_delivered(&ends, conn, dir, pool.id, done, tcp);
+                self.emit_delivered(&ends, conn, dir, pool.id, &mut done, tcp);
+                self.scratch_done = done;
                 self.begin_end(
                     conn,
                     1 - dir,
@@ -1744,7 +1798,8 @@ impl World {
             done.push((buf, msg.key));
         }
         let drained = tcp && c.pipes[dir].accepted == 0;
-        self.emit_delivered(&ends, conn, dir, pool.id, done, tcp);
+        self.emit_delivered(&ends, conn, dir, pool.id, &mut done, tcp);
+        self.scratch_done = done;
         if freed {
             self.admit(conn, dir);
         }
@@ -1772,7 +1827,13 @@ impl World {
     fn admit(&mut self, conn: WireId, dir: usize) {
         let now = self.sched.now;
         let cap = self.tcp_window;
-        let Some(c) = self.conns.get(&conn) else {
+        let World {
+            conns,
+            links,
+            sched,
+            ..
+        } = self;
+        let Some(c) = conns.get_mut(&conn) else {
             return;
         };
         if !c.tcp
@@ -1782,9 +1843,16 @@ impl World {
         {
             return;
         }
+        if c.pipes[dir].queue.len() == c.pipes[dir].accepted {
+            return; // nothing waits to be accepted
+        }
         let (src, dst) = (c.hosts[dir], c.hosts[1 - dir]);
-        let base = nanos(self.link_config(src, dst).latency);
-        let c = self.conns.get_mut(&conn).expect("exists");
+        let base = nanos(
+            links
+                .get(&(src, dst))
+                .map_or_else(LinkConfig::default, |l| l.cfg)
+                .latency,
+        );
         let p = &mut c.pipes[dir];
         let mut n = 0;
         let mut prev = p
@@ -1802,9 +1870,8 @@ impl World {
             let held = if matches!(m.body, Body::Copy(_)) {
                 None
             } else {
-                let mut v = Vec::with_capacity(len);
-                m.body.copy_to(&mut v);
-                Some(std::mem::replace(&mut m.body, Body::Copy(v)))
+                let copied = m.body.copied();
+                Some(std::mem::replace(&mut m.body, Body::Copy(copied)))
             };
             // Bytes cannot leave before they were handed over.
             m.arrival = m.arrival.max(now + base).max(prev);
@@ -1822,11 +1889,11 @@ impl World {
         let first = p.completing.len() == n;
         let at = p.queue.get(p.accepted - n).map(|m| m.arrival);
         if first {
-            self.sched.schedule(now, Ev::Complete { conn, dir });
+            sched.schedule(now, Ev::Complete { conn, dir });
         }
         if let Some(at) = at {
             if !c.pipes[dir].blocked {
-                Self::kick(&mut self.sched, conn, c, dir, at);
+                Self::kick(sched, conn, c, dir, at);
             }
         }
     }
@@ -1837,38 +1904,50 @@ impl World {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        let done = std::mem::take(&mut c.pipes[dir].completing);
-        if done.is_empty() {
+        if c.pipes[dir].completing.is_empty() {
             return;
         }
+        // The pipe's list trades its memory with the scratch list.
+        let mut done = std::mem::take(&mut self.scratch_completing);
+        std::mem::swap(&mut done, &mut c.pipes[dir].completing);
         let Some(tx) = c.sides[dir].as_mut() else {
+            done.clear();
+            self.scratch_completing = done;
             return;
         };
         tx.unbuffered -= done.iter().filter(|a| a.slot).count();
         let (b, id) = (tx.backend, tx.handle);
         // Buffers return to their pools, regions are no longer lent.
-        let keys = done.into_iter().map(|a| a.key).collect();
+        let keys = done.drain(..).map(|a| a.key).collect();
+        self.scratch_completing = done;
         self.sched
             .emit(&self.backends, b, NetEv::Completed(id, keys));
     }
 
     /// Reports messages of pipe `dir` taken into receive buffers at this
-    /// instant: `on_data` for each, then their completions in one batch.
+    /// instant (`done`, left empty): `on_data` for each, then, under the
+    /// RDMA profile, their completions in one batch.
     fn emit_delivered(
         &mut self,
         ends: &Delivered,
         conn: WireId,
         dir: usize,
         pool: PoolId,
-        done: Vec<(NetworkBuffer, u64)>,
+        done: &mut Vec<(NetworkBuffer, u64)>,
         tcp: bool,
     ) {
         if done.is_empty() {
             return;
         }
-        let mut keys = Vec::with_capacity(done.len());
-        for (buf, key) in done {
-            keys.push(key);
+        let mut keys = if tcp {
+            Vec::new() // completed when accepted
+        } else {
+            Vec::with_capacity(done.len())
+        };
+        for (buf, key) in done.drain(..) {
+            if !tcp {
+                keys.push(key);
+            }
             let m = DataMsg {
                 conn: ends.rx_id,
                 remote: ends.rx_remote,
@@ -2273,12 +2352,8 @@ impl World {
             return Err(SendError::NoResources);
         }
         let len = header.len() + data.iter().map(|d| d.len()).sum::<usize>();
-        let mut v = Vec::with_capacity(len);
-        v.extend_from_slice(header);
-        for d in data {
-            v.extend_from_slice(d);
-        }
-        self.enqueue(conn, side, key, Body::Copy(v));
+        let copied = Copied::gather(len, std::iter::once(header).chain(data.iter().copied()));
+        self.enqueue(conn, side, key, Body::Copy(copied));
         Ok(())
     }
 
@@ -2292,7 +2367,6 @@ impl World {
         let c = &self.conns[&conn];
         let (src, dst) = (c.hosts[side], c.hosts[1 - side]);
         let len = body.len();
-        let lat = self.latency(src, dst);
         let now = self.sched.now;
         let serialise = |bw: u64| {
             if bw == 0 {
@@ -2306,6 +2380,8 @@ impl World {
             cfg: LinkConfig::default(),
             free_at: 0,
         });
+        // The packet's latency, jitter included (as `latency` draws it).
+        let lat = nanos(link.cfg.latency) + self.sched.rng.below(nanos(link.cfg.jitter) + 1);
         let link_tx = serialise(link.cfg.bandwidth_bytes_per_sec);
         let link_free = link.free_at;
         let out = self.nics.entry(src).or_default();
@@ -2313,7 +2389,7 @@ impl World {
         let start = now.max(link_free).max(out.tx_free_at);
         let sent = start.saturating_add(link_tx.max(nic_tx));
         out.tx_free_at = start.saturating_add(nic_tx);
-        self.links.get_mut(&(src, dst)).expect("inserted").free_at = start.saturating_add(link_tx);
+        link.free_at = start.saturating_add(link_tx);
         let inc = self.nics.entry(dst).or_default();
         let nic_rx = serialise(inc.cfg.receive_bytes_per_sec);
         let first_bit = start.saturating_add(lat);
