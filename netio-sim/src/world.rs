@@ -570,6 +570,68 @@ impl Conn {
     }
 }
 
+/// Connections by wire id. Ids are handed out in increasing order and
+/// never reused, so a vector indexed by id finds one with an index and
+/// keeps them in id order (as an ordered map would); a closed connection
+/// leaves an empty slot of one pointer.
+#[derive(Default)]
+struct Wires {
+    slots: Vec<Option<Box<Conn>>>,
+    len: usize,
+}
+
+impl Wires {
+    fn get(&self, id: &WireId) -> Option<&Conn> {
+        self.slots.get(usize::try_from(*id).ok()?)?.as_deref()
+    }
+
+    fn get_mut(&mut self, id: &WireId) -> Option<&mut Conn> {
+        self.slots
+            .get_mut(usize::try_from(*id).ok()?)?
+            .as_deref_mut()
+    }
+
+    /// Adds connection `id`, an id above every earlier one.
+    fn insert(&mut self, id: WireId, c: Conn) {
+        let i = usize::try_from(id).expect("wire ids fit in memory");
+        debug_assert!(i >= self.slots.len(), "wire ids are never reused");
+        self.slots.resize_with(i, || None);
+        self.slots.push(Some(Box::new(c)));
+        self.len += 1;
+    }
+
+    fn remove(&mut self, id: &WireId) -> Option<Conn> {
+        let c = self.slots.get_mut(usize::try_from(*id).ok()?)?.take()?;
+        self.len -= 1;
+        Some(*c)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The connections in id order.
+    fn values(&self) -> impl Iterator<Item = &Conn> {
+        self.slots.iter().filter_map(|c| c.as_deref())
+    }
+
+    /// The connections with their ids, in id order.
+    fn iter(&self) -> impl Iterator<Item = (WireId, &Conn)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i as WireId, c.as_deref()?)))
+    }
+}
+
+impl std::ops::Index<&WireId> for Wires {
+    type Output = Conn;
+
+    fn index(&self, id: &WireId) -> &Conn {
+        self.get(id).expect("a live connection")
+    }
+}
+
 /// The two ends of a pipe, for reporting a delivery.
 struct Delivered {
     tx_b: BackendId,
@@ -613,7 +675,7 @@ pub(crate) struct World {
     pub(crate) hosts: BTreeMap<IpAddr, Host>,
     pub(crate) next_auto_host: u32,
     pub(crate) backends: Vec<BackendState>,
-    conns: BTreeMap<WireId, Conn>,
+    conns: Wires,
     next_conn: WireId,
     listeners: BTreeMap<ListenerId, Listener>,
     next_listener: ListenerId,
@@ -701,7 +763,7 @@ impl World {
             hosts: BTreeMap::new(),
             next_auto_host: 1,
             backends: Vec::new(),
-            conns: BTreeMap::new(),
+            conns: Wires::default(),
             next_conn: 1,
             listeners: BTreeMap::new(),
             next_listener: 1,
@@ -1122,7 +1184,7 @@ impl World {
         let stale: Vec<(WireId, usize)> = self
             .conns
             .iter()
-            .filter_map(|(&id, c)| {
+            .filter_map(|(id, c)| {
                 (0..2).find_map(|side| {
                     let (me, other) = (c.sides[side].as_ref()?, c.sides[1 - side].as_ref()?);
                     (me.host == host
@@ -2181,7 +2243,7 @@ impl World {
             .conns
             .iter()
             .filter(|(_, c)| c.listener == Some(lid))
-            .map(|(&id, _)| id)
+            .map(|(id, _)| id)
             .collect();
         for conn in accepted {
             if matches!(
@@ -2516,7 +2578,7 @@ impl World {
         self.conns
             .iter()
             .filter(|(_, c)| c.between(a, b))
-            .map(|(&id, _)| id)
+            .map(|(id, _)| id)
             .collect()
     }
 
@@ -2661,7 +2723,7 @@ impl World {
                 self.backends[l.backend].listens.remove(&l.addr);
             }
         }
-        let ids: Vec<WireId> = self.conns.keys().copied().collect();
+        let ids: Vec<WireId> = self.conns.iter().map(|(id, _)| id).collect();
         for conn in ids {
             for side in 0..2 {
                 if self.side(conn, side).is_some_and(|s| s.host == host) {
