@@ -341,17 +341,22 @@ fn on_busy_polling_loops_a_stream_to_a_paused_and_resumed_receiver_delivers_ever
     );
 }
 
-/// The reliable-datagram streams: one test per fabric provider and mode.
+/// The reliable-datagram streams: one test per fabric provider and mode,
+/// on loops that sleep or, after `busy`, on busy-polling loops (where the
+/// spin hands a single message found by a completion read straight to the
+/// handler, and any more through the event queue).
 macro_rules! rdm_streams {
-    ($($fabric:literal: $plain:ident, $paused:ident;)*) => {$(
+    ($($(busy $busy:tt)? $fabric:literal: $plain:ident, $paused:ident;)*) => {$(
         #[test]
         fn $plain() {
-            stream_on(harness::rdm_config($fabric), localhost(), false, false, runs(3));
+            let busy = false $(|| $busy)?;
+            stream_on(harness::rdm_config($fabric), localhost(), false, busy, runs(3));
         }
 
         #[test]
         fn $paused() {
-            stream_on(harness::rdm_config($fabric), localhost(), true, false, runs(3));
+            let busy = false $(|| $busy)?;
+            stream_on(harness::rdm_config($fabric), localhost(), true, busy, runs(3));
         }
     )*};
 }
@@ -365,29 +370,11 @@ rdm_streams! {
         on_rdm_sockets_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
     "udp;ofi_rxd": on_rdm_udp_rxd_a_stream_to_a_counting_receiver_delivers_every_message,
         on_rdm_udp_rxd_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
-}
-
-/// The reliable-datagram streams on busy-polling loops, where the spin
-/// hands a single message found by a completion read straight to the
-/// handler, and any more through the event queue.
-macro_rules! rdm_busy_streams {
-    ($($fabric:literal: $plain:ident, $paused:ident;)*) => {$(
-        #[test]
-        fn $plain() {
-            stream_on(harness::rdm_config($fabric), localhost(), false, true, runs(3));
-        }
-
-        #[test]
-        fn $paused() {
-            stream_on(harness::rdm_config($fabric), localhost(), true, true, runs(3));
-        }
-    )*};
-}
-
-rdm_busy_streams! {
-    "tcp;ofi_rxm": on_busy_polling_loops_on_rdm_tcp_rxm_a_stream_to_a_counting_receiver_delivers_every_message,
+    busy true "tcp;ofi_rxm":
+        on_busy_polling_loops_on_rdm_tcp_rxm_a_stream_to_a_counting_receiver_delivers_every_message,
         on_busy_polling_loops_on_rdm_tcp_rxm_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
-    "shm": on_busy_polling_loops_on_rdm_shm_a_stream_to_a_counting_receiver_delivers_every_message,
+    busy true "shm":
+        on_busy_polling_loops_on_rdm_shm_a_stream_to_a_counting_receiver_delivers_every_message,
         on_busy_polling_loops_on_rdm_shm_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message;
 }
 

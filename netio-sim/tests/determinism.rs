@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{connect, full_params, listen, node, Event, React};
+use common::{connect, full_params, listen, node, send_buffered, Event, React};
 use netio_core::{Backend, BackendConfig, EventLoop, Timer};
 use netio_sim::{Sim, SimBackend};
 
@@ -38,10 +38,7 @@ fn scenario(seed: u64) -> String {
         for (i, (c, &conn)) in clients.iter().zip(&conns).enumerate() {
             let msg = vec![i as u8; 10 + (round as usize * 7 + i * 13) % 200];
             if round % 2 == 0 {
-                if let Ok(Some(mut buf)) = c.b.get_buffer(conn) {
-                    buf.write(&msg).unwrap();
-                    let _ = c.b.send_buffer(conn, buf, 1000 + u64::from(round));
-                }
+                send_buffered(&c.b, conn, &msg, 1000 + u64::from(round));
             } else {
                 let _ =
                     c.b.send_data_copy(conn, &[&msg], &round.to_le_bytes(), u64::from(round));

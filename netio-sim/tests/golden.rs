@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{connect, full_params, listen, node, rdma, Event, React};
+use common::{connect, full_params, listen, node, rdma, send_buffered, Event, React};
 use netio_core::{Backend, BackendConfig};
 use netio_sim::{LinkConfig, NicConfig, Sim, SimBackend};
 
@@ -59,10 +59,7 @@ fn scenario(seed: u64, config: BackendConfig) -> String {
         for (i, (c, &(conn, _))) in clients.iter().zip(&conns).enumerate() {
             let msg = vec![i as u8; 10 + (round as usize * 7 + i * 13) % 200];
             if round % 2 == 0 {
-                if let Ok(Some(mut buf)) = c.b.get_buffer(conn) {
-                    buf.write(&msg).unwrap();
-                    let _ = c.b.send_buffer(conn, buf, 1000 + u64::from(round));
-                }
+                send_buffered(&c.b, conn, &msg, 1000 + u64::from(round));
             } else {
                 for k in 0..3u32 {
                     let _ = c.b.send_data_copy(

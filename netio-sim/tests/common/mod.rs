@@ -330,3 +330,13 @@ pub fn unlimited_nics(sim: &Sim, hosts: &[std::net::IpAddr]) {
         sim.set_nic(h, netio_sim::NicConfig::symmetric(0));
     }
 }
+
+/// Sends `msg` through one of the connection's send buffers, if one is
+/// free (nothing is sent otherwise).
+#[allow(dead_code)]
+pub fn send_buffered(b: &SimBackend, conn: ConnId, msg: &[u8], key: u64) {
+    if let Ok(Some(mut buf)) = b.get_buffer(conn) {
+        buf.write(msg).unwrap();
+        let _ = b.send_buffer(conn, buf, key);
+    }
+}
