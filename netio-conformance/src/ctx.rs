@@ -10,8 +10,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use netio_core::{
-    Backend, BackendConfig, ConnId, ConnectionParams, EndpointAddress, MemoryRegion, SendError,
-    ThreadSafety,
+    Backend, BackendConfig, BufferError, ConnId, ConnectionParams, EndpointAddress, MemoryRegion,
+    SendError, ThreadSafety,
 };
 
 use crate::harness::{Harness, NodeId};
@@ -651,6 +651,33 @@ impl<H: Harness> Ctx<H> {
     /// after the harness deadline when nothing happens at all.
     #[track_caller]
     pub fn send_buffered_key(&mut self, from: &Node<H>, to: ConnId, data: Vec<u8>, key: u64) {
+        self.send_buffered_on(from, to, data, key, false);
+    }
+
+    /// [`Ctx::send_buffered_key`] on a connection that may have ended by
+    /// the time the send is made (a peer timeout that may already have
+    /// passed): `false`, with nothing sent, if the provider no longer
+    /// knows the connection.
+    #[track_caller]
+    pub fn send_buffered_key_if_open(
+        &mut self,
+        from: &Node<H>,
+        to: ConnId,
+        data: Vec<u8>,
+        key: u64,
+    ) -> bool {
+        self.send_buffered_on(from, to, data, key, true)
+    }
+
+    #[track_caller]
+    fn send_buffered_on(
+        &mut self,
+        from: &Node<H>,
+        to: ConnId,
+        data: Vec<u8>,
+        key: u64,
+        may_be_gone: bool,
+    ) -> bool {
         // The log's length when every send had been reported and no buffer
         // was free.
         let mut suspect: Option<usize> = None;
@@ -658,7 +685,13 @@ impl<H: Harness> Ctx<H> {
             let d = data.clone();
             let seen = from.log.len();
             let r = self.call(from, move |b| {
-                let mut buf = b.get_buffer(to).expect("get_buffer")?;
+                let mut buf = match b.get_buffer(to) {
+                    Ok(buf) => buf?,
+                    Err(BufferError::UnknownConnection(_)) if may_be_gone => {
+                        return Some(Err(SendError::UnknownConnection(to)));
+                    }
+                    Err(e) => panic!("get_buffer: {e:?}"),
+                };
                 buf.write(&d).expect("message fits the send buffer");
                 Some(b.send_buffer(to, buf, key).map(|()| key))
             });
@@ -668,8 +701,9 @@ impl<H: Harness> Ctx<H> {
                         .entry((from.id, to))
                         .or_default()
                         .push(key);
-                    return;
+                    return true;
                 }
+                Some(Err(SendError::UnknownConnection(_))) if may_be_gone => return false,
                 Some(Err(e)) if !e.is_retryable() => panic!("send_buffer to {to} failed: {e}"),
                 _ => {}
             }
