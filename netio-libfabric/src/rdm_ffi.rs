@@ -8,10 +8,12 @@
 //! The ownership rule that keeps this sound: the endpoint owns every
 //! operation the provider holds, with everything the provider may read or
 //! write for it (receive memory, send memory, registrations, the operation
-//! context), in a table keyed by the context's address. An entry leaves the
-//! table only when its completion is read, or when the endpoint is closed
-//! (`Drop` closes the endpoint before the table is freed).
+//! context), in a table whose slots are found from the context's address
+//! by arithmetic ([`OpTable`]). An entry leaves the table only when its
+//! completion is read, or when the endpoint is closed (`Drop` closes the
+//! endpoint before the table is freed).
 
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::RawFd;
@@ -23,9 +25,7 @@ use netio_core::ledger::SendSeq;
 use netio_core::{Lent, MemoryRegion, NetworkBuffer};
 use netio_libfabric_sys as sys;
 
-use crate::ffi::{
-    check, trywait, wait_fd, Domain, FastMap, FiError, Info, Mr, Pooled, PostError, RecvMem,
-};
+use crate::ffi::{check, trywait, wait_fd, Domain, FiError, Info, Mr, Pooled, PostError, RecvMem};
 
 /// A registration of a zero-copy region, kept by every send from it.
 pub struct RegionMr {
@@ -125,18 +125,153 @@ pub enum TxKeep {
 
 enum Op {
     Recv {
-        ctx: Box<sys::fi_context2>,
         mem: Arc<RecvMem>,
         index: usize,
         owner: u64,
     },
     Send {
-        ctx: Box<sys::fi_context2>,
         _keep: Arc<TxKeep>,
         owner: u64,
         seq: Option<SendSeq>,
         dest: sys::fi_addr_t,
     },
+}
+
+/// The operations posted to an endpoint, each in a slot with the context
+/// the provider was given for it.
+///
+/// Contexts live in chunks that never move (chunk `k` holds
+/// `FIRST_CHUNK << k` of them), so the context address a completion
+/// reports maps back to its slot by address arithmetic: no hashing on the
+/// completion path, and no read through a pointer the provider returned.
+/// A context is handed out again only after its operation's completion was
+/// read (or never, once the endpoint leaks the table on close).
+struct OpTable<T> {
+    /// The contexts; the provider writes into a context while its
+    /// operation is posted.
+    chunks: Vec<Box<[UnsafeCell<sys::fi_context2>]>>,
+    /// The operation of each slot (`None`: free, or reserved for a post in
+    /// progress).
+    ops: Vec<Option<T>>,
+    /// Free slots below `ops.len()`.
+    free: Vec<usize>,
+    /// Slots holding an operation.
+    live: usize,
+}
+
+/// The number of contexts of an [`OpTable`]'s first chunk.
+const FIRST_CHUNK: usize = 64;
+
+impl<T> OpTable<T> {
+    fn new() -> Self {
+        Self {
+            chunks: Vec::new(),
+            ops: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// The context of `slot` (below `ops.len()`).
+    fn ctx(&self, mut slot: usize) -> *mut sys::fi_context2 {
+        for c in &self.chunks {
+            if slot < c.len() {
+                return c[slot].get();
+            }
+            slot -= c.len();
+        }
+        unreachable!("a slot below ops.len() lies in a chunk")
+    }
+
+    /// The slot whose context is at `addr`, if any.
+    #[inline]
+    fn slot_of(&self, addr: usize) -> Option<usize> {
+        let size = std::mem::size_of::<UnsafeCell<sys::fi_context2>>();
+        let mut base = 0;
+        for c in &self.chunks {
+            let start = c.as_ptr() as usize;
+            let off = addr.wrapping_sub(start);
+            if off < c.len() * size {
+                return (off % size == 0).then_some(base + off / size);
+            }
+            base += c.len();
+        }
+        None
+    }
+
+    /// A free slot and its context, zeroed, for an operation about to be
+    /// posted: [`fill`](Self::fill) it once posted, or
+    /// [`release`](Self::release) it if the post failed.
+    fn reserve(&mut self) -> (usize, *mut c_void) {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let capacity: usize = self.chunks.iter().map(|c| c.len()).sum();
+                if self.ops.len() == capacity {
+                    let n = FIRST_CHUNK << self.chunks.len();
+                    // SAFETY: fi_context2 is plain data; zeroed is a valid
+                    // value.
+                    let zero =
+                        || UnsafeCell::new(unsafe { std::mem::zeroed::<sys::fi_context2>() });
+                    self.chunks.push((0..n).map(|_| zero()).collect());
+                }
+                self.ops.push(None);
+                self.ops.len() - 1
+            }
+        };
+        let ctx = self.ctx(slot);
+        // SAFETY: the slot is free, so the provider holds no pointer to its
+        // context and nothing else refers to it; fi_context2 is plain data.
+        unsafe { ctx.write(std::mem::zeroed::<sys::fi_context2>()) };
+        (slot, ctx.cast::<c_void>())
+    }
+
+    /// Records the operation posted with `slot`'s context.
+    fn fill(&mut self, slot: usize, op: T) {
+        debug_assert!(self.ops[slot].is_none());
+        self.ops[slot] = Some(op);
+        self.live += 1;
+    }
+
+    /// Frees a slot [`reserve`](Self::reserve)d for a post that failed.
+    fn release(&mut self, slot: usize) {
+        self.free.push(slot);
+    }
+
+    /// Takes the operation whose completion reported context `ctx`, freeing
+    /// its slot; `None` for a context that is not one of this table's
+    /// operations.
+    #[inline]
+    fn take(&mut self, ctx: *mut c_void) -> Option<T> {
+        self.take_if(ctx, |_| true)
+    }
+
+    /// [`take`](Self::take), if the operation is one that `wanted` accepts
+    /// (otherwise left in place).
+    #[inline]
+    fn take_if(&mut self, ctx: *mut c_void, wanted: impl FnOnce(&T) -> bool) -> Option<T> {
+        let slot = self.slot_of(ctx as usize)?;
+        let entry = self.ops.get_mut(slot)?;
+        if !wanted(entry.as_ref()?) {
+            return None;
+        }
+        let op = entry.take()?;
+        self.live -= 1;
+        self.free.push(slot);
+        Some(op)
+    }
+
+    /// Each operation with its context.
+    fn iter(&self) -> impl Iterator<Item = (*mut c_void, &T)> + '_ {
+        self.ops
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, op)| op.as_ref().map(|op| (self.ctx(slot).cast::<c_void>(), op)))
+    }
 }
 
 /// A peer address in the address vector: who uses it.
@@ -163,9 +298,6 @@ pub enum RdmCompletion {
         len: usize,
         /// The sender's tag.
         tag: u64,
-        /// The memory the buffer is in: the reference the receive held,
-        /// handed on (to keep it while the message is read).
-        mem: Arc<RecvMem>,
     },
     /// A message did not fit buffer `index` of `owner`: `size` bytes in
     /// all (0: not reported).
@@ -207,6 +339,29 @@ pub enum RdmCompletion {
     },
 }
 
+/// What [`RdmEp::poll_single`] read.
+pub enum Polled {
+    /// Nothing.
+    Empty,
+    /// Exactly one completion, a message (the fields of
+    /// [`RdmCompletion::Received`]), not put in the list.
+    Message {
+        /// The connection that posted the buffer.
+        owner: u64,
+        /// Buffer index.
+        index: usize,
+        /// Message length.
+        len: usize,
+        /// The sender's tag.
+        tag: u64,
+        /// The memory the buffer is in.
+        mem: Arc<RecvMem>,
+    },
+    /// Anything else, put in the list as [`RdmEp::poll`] does (`true`:
+    /// something was read).
+    Listed(bool),
+}
+
 /// A reliable-datagram endpoint with its completion queue and address
 /// vector, and every operation it holds.
 pub struct RdmEp {
@@ -215,7 +370,7 @@ pub struct RdmEp {
     av: *mut sys::fid_av,
     cq_fd: Option<RawFd>,
     // Freed after the endpoint is closed (Drop).
-    ops: FastMap<usize, Op>,
+    ops: OpTable<Op>,
     /// Peer addresses in the address vector, by address and by handle.
     /// An address leaves the vector once nothing uses it: fabrics hold a
     /// bounded number of peers (`shm`: 256), so a long-lived endpoint
@@ -231,10 +386,6 @@ pub struct RdmEp {
     inject_max: usize,
     /// Where the parts of an injected message are gathered.
     gather: Vec<u8>,
-    /// Operation contexts of operations that ended, taken by the next
-    /// ones (boxed: a context's address is its operation's while posted).
-    #[allow(clippy::vec_box)]
-    ctx_pool: Vec<Box<sys::fi_context2>>,
     scratch: Vec<sys::fi_cq_tagged_entry>,
     // Kept until the endpoint is closed (providers keep pointers into it).
     info: Option<Info>,
@@ -256,16 +407,16 @@ impl Drop for RdmEp {
         if !self.ep.is_null() && !self.cq.is_null() && !self.ops.is_empty() {
             // Receives still posted end now (FI_ECANCELED), so that only
             // sends are waited for.
-            let recvs: Vec<usize> = self
+            let recvs: Vec<*mut c_void> = self
                 .ops
                 .iter()
                 .filter(|(_, op)| matches!(op, Op::Recv { .. }))
-                .map(|(k, _)| *k)
+                .map(|(ctx, _)| ctx)
                 .collect();
-            for key in recvs {
-                // SAFETY: the endpoint is open and `key` is the context of
+            for ctx in recvs {
+                // SAFETY: the endpoint is open and `ctx` is the context of
                 // a receive it holds.
-                unsafe { sys::fi_cancel(&mut (*self.ep).fid, key as *mut c_void) };
+                unsafe { sys::fi_cancel(&mut (*self.ep).fid, ctx) };
             }
             let end = std::time::Instant::now() + CLOSE_SETTLE;
             let mut out = Vec::new();
@@ -300,7 +451,7 @@ impl Drop for RdmEp {
         // allocator. This happens only when a send to an unresponsive peer
         // outlives the wait.
         if !self.ops.is_empty() {
-            std::mem::forget(std::mem::take(&mut self.ops));
+            std::mem::forget(std::mem::replace(&mut self.ops, OpTable::new()));
         }
     }
 }
@@ -342,11 +493,6 @@ fn av_remove(prov: &str) -> bool {
 /// How long dropping an endpoint waits for its operations to end.
 const CLOSE_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
-fn zeroed_ctx() -> Box<sys::fi_context2> {
-    // SAFETY: fi_context2 is plain data; zeroed is a valid value.
-    Box::new(unsafe { std::mem::zeroed::<sys::fi_context2>() })
-}
-
 impl RdmEp {
     /// Opens an endpoint for `info` (from [`Info::get_rdm`]) on `domain`
     /// with a completion queue of `cq_size` entries (with a wait fd if
@@ -362,7 +508,7 @@ impl RdmEp {
             cq: ptr::null_mut(),
             av: ptr::null_mut(),
             cq_fd: None,
-            ops: FastMap::default(),
+            ops: OpTable::new(),
             peers: HashMap::new(),
             peer_uses: HashMap::new(),
             av_remove: av_remove(&info.prov_name()),
@@ -371,7 +517,6 @@ impl RdmEp {
             max_msg: info.max_msg_size(),
             inject_max: inject_max(&info),
             gather: Vec::new(),
-            ctx_pool: Vec::new(),
             scratch: Vec::with_capacity(64),
             info: None,
             domain: Arc::clone(domain),
@@ -601,11 +746,10 @@ impl RdmEp {
                 errno: sys::FI_EINVAL,
             });
         }
-        let mut ctx = self.take_ctx();
-        let key = (&mut *ctx as *mut sys::fi_context2) as usize;
+        let (slot, ctx) = self.ops.reserve();
         mem.posted[index].store(true, Ordering::Release);
         // SAFETY: buffer `index` lies inside `mem` (checked), is not posted
-        // elsewhere, and `mem` and `ctx` are kept in `ops` until the
+        // elsewhere, and `mem` is kept in `ops` with `ctx`'s slot until the
         // completion is read or the endpoint is closed.
         let rc = unsafe {
             sys::fi_trecv(
@@ -616,17 +760,17 @@ impl RdmEp {
                 sys::FI_ADDR_UNSPEC,
                 tag,
                 ignore,
-                key as *mut c_void,
+                ctx,
             )
         };
         if rc < 0 {
             mem.posted[index].store(false, Ordering::Release);
+            self.ops.release(slot);
             return Err(FiError::new("fi_trecv", rc));
         }
-        self.ops.insert(
-            key,
+        self.ops.fill(
+            slot,
             Op::Recv {
-                ctx,
                 mem: Arc::clone(mem),
                 index,
                 owner,
@@ -638,12 +782,12 @@ impl RdmEp {
     /// Asks the provider to end every receive `owner` posted; each one
     /// completes with `FI_ECANCELED` (or its message) later.
     pub fn cancel_recvs(&mut self, owner: u64) {
-        for (&key, op) in &self.ops {
+        for (ctx, op) in self.ops.iter() {
             if let Op::Recv { owner: o, .. } = op {
                 if *o == owner {
-                    // SAFETY: the endpoint is open and `key` is the
+                    // SAFETY: the endpoint is open and `ctx` is the
                     // context of a receive it holds.
-                    unsafe { sys::fi_cancel(&mut (*self.ep).fid, key as *mut c_void) };
+                    unsafe { sys::fi_cancel(&mut (*self.ep).fid, ctx) };
                 }
             }
         }
@@ -704,19 +848,6 @@ impl RdmEp {
             iov,
             keep: Arc::new(TxKeep::ZeroCopy(head, lent, Arc::clone(region))),
         })
-    }
-
-    /// A cleared operation context: one of an operation that ended, or a
-    /// new one.
-    fn take_ctx(&mut self) -> Box<sys::fi_context2> {
-        match self.ctx_pool.pop() {
-            Some(mut ctx) => {
-                // SAFETY: fi_context2 is plain data; zeroed is a valid value.
-                *ctx = unsafe { std::mem::zeroed::<sys::fi_context2>() };
-                ctx
-            }
-            None => zeroed_ctx(),
-        }
     }
 
     /// The largest message [`inject`](Self::inject) sends; 0 when the
@@ -792,13 +923,12 @@ impl RdmEp {
         seq: Option<SendSeq>,
         staged: Staged,
     ) -> Result<(), (PostError, Staged)> {
-        let mut ctx = self.take_ctx();
-        let key = (&mut *ctx as *mut sys::fi_context2) as usize;
+        let (slot, ctx) = self.ops.reserve();
         let iov = &staged.iov;
         let rc = if iov.len() == 1 {
             // SAFETY: the endpoint is open; the memory is owned by
-            // `staged.keep` (registered, descriptor given), kept with `ctx`
-            // in `ops` until the completion is read or the endpoint is
+            // `staged.keep` (registered, descriptor given), kept in `ops`
+            // with `ctx`'s slot until the completion is read or the endpoint is
             // closed.
             unsafe {
                 sys::fi_tsend(
@@ -808,7 +938,7 @@ impl RdmEp {
                     iov[0].2 as *mut c_void,
                     dest,
                     tag,
-                    key as *mut c_void,
+                    ctx,
                 )
             }
         } else {
@@ -830,20 +960,22 @@ impl RdmEp {
                     vecs.len(),
                     dest,
                     tag,
-                    key as *mut c_void,
+                    ctx,
                 )
             }
         };
+        if rc < 0 {
+            self.ops.release(slot);
+        }
         if rc == -(sys::FI_EAGAIN as isize) {
             return Err((PostError::Again, staged));
         }
         if rc < 0 {
             return Err((PostError::Failed(FiError::new("fi_tsend", rc)), staged));
         }
-        self.ops.insert(
-            key,
+        self.ops.fill(
+            slot,
             Op::Send {
-                ctx,
                 _keep: staged.keep,
                 owner,
                 seq,
@@ -870,6 +1002,36 @@ impl RdmEp {
     }
 
     /// One `fi_cq_read` into `scratch` (emptied first), up to its capacity.
+    /// [`poll`](Self::poll), except that a read that returns exactly one
+    /// completion, of a receive, returns its message instead of listing it
+    /// (the common case of a busy ping-pong, without the list).
+    #[inline]
+    pub fn poll_single(&mut self, out: &mut Vec<RdmCompletion>) -> Result<Polled, FiError> {
+        let rc = self.read_raw();
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok(Polled::Empty);
+        }
+        if rc == 1 {
+            // SAFETY: fi_cq_read wrote one entry.
+            unsafe { self.scratch.set_len(1) };
+            let e = self.scratch[0];
+            if let Some(Op::Recv { mem, index, owner }) = self
+                .ops
+                .take_if(e.op_context, |op| matches!(op, Op::Recv { .. }))
+            {
+                mem.posted[index].store(false, Ordering::Release);
+                return Ok(Polled::Message {
+                    owner,
+                    index,
+                    len: e.len,
+                    tag: e.tag,
+                    mem,
+                });
+            }
+        }
+        self.poll_from(rc, out).map(Polled::Listed)
+    }
+
     #[inline]
     fn read_raw(&mut self) -> isize {
         self.scratch.clear();
@@ -903,10 +1065,8 @@ impl RdmEp {
                     }
                     return Err(FiError::new("fi_cq_readerr", rc));
                 }
-                match self.ops.remove(&(e.op_context as usize)) {
-                    Some(Op::Recv {
-                        mem, index, owner, ..
-                    }) => {
+                match self.ops.take(e.op_context) {
+                    Some(Op::Recv { mem, index, owner }) => {
                         mem.posted[index].store(false, Ordering::Release);
                         // `shm` reports the error number negated.
                         if e.err.abs() == sys::FI_ETRUNC as i32 {
@@ -946,32 +1106,19 @@ impl RdmEp {
             any = true;
             for i in 0..n {
                 let e = self.scratch[i];
-                match self.ops.remove(&(e.op_context as usize)) {
-                    Some(Op::Recv {
-                        mem,
-                        index,
-                        owner,
-                        ctx,
-                    }) => {
-                        // The operation ended: its context is free again.
-                        self.ctx_pool.push(ctx);
+                match self.ops.take(e.op_context) {
+                    Some(Op::Recv { mem, index, owner }) => {
                         mem.posted[index].store(false, Ordering::Release);
                         out.push(RdmCompletion::Received {
                             owner,
                             index,
                             len: e.len,
                             tag: e.tag,
-                            mem,
                         });
                     }
                     Some(Op::Send {
-                        owner,
-                        seq,
-                        ctx,
-                        dest,
-                        ..
+                        owner, seq, dest, ..
                     }) => {
-                        self.ctx_pool.push(ctx);
                         self.send_ended(dest);
                         out.push(RdmCompletion::Sent { owner, seq })
                     }
@@ -982,5 +1129,101 @@ impl RdmEp {
                 return Ok(any);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn posted(t: &mut OpTable<u32>, op: u32) -> *mut c_void {
+        let (slot, ctx) = t.reserve();
+        t.fill(slot, op);
+        ctx
+    }
+
+    #[test]
+    fn an_operation_table_finds_each_operation_by_its_context_across_chunks() {
+        let mut t = OpTable::new();
+        let n = FIRST_CHUNK * 7 + 5; // four chunks
+        let ctxs: Vec<*mut c_void> = (0..n as u32).map(|i| posted(&mut t, i)).collect();
+        assert_eq!(t.chunks.len(), 4);
+        let mut seen: Vec<*mut c_void> = ctxs.clone();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            n,
+            "every posted operation has a context of its own"
+        );
+        assert_eq!(t.iter().count(), n);
+        // Taken in an order unlike the posting order.
+        for (i, &ctx) in ctxs.iter().enumerate().rev() {
+            assert_eq!(t.take(ctx), Some(i as u32));
+            assert_eq!(t.take(ctx), None, "a completion is taken once");
+        }
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn an_operation_table_ignores_contexts_that_are_not_its_own() {
+        let mut t = OpTable::new();
+        let ctx = posted(&mut t, 1);
+        let mut other = 0u64;
+        let size = std::mem::size_of::<sys::fi_context2>();
+        assert_eq!(t.take(ptr::null_mut()), None);
+        assert_eq!(t.take((&mut other as *mut u64).cast()), None);
+        assert_eq!(
+            t.take(ctx.cast::<u8>().wrapping_add(1).cast()),
+            None,
+            "inside a context"
+        );
+        assert_eq!(
+            t.take(ctx.cast::<u8>().wrapping_add(size).cast()),
+            None,
+            "a free context of the chunk"
+        );
+        assert_eq!(
+            t.take(ctx.cast::<u8>().wrapping_sub(size).cast()),
+            None,
+            "before the chunk"
+        );
+        assert_eq!(t.take(ctx), Some(1));
+    }
+
+    #[test]
+    fn an_operation_table_reuses_a_context_only_after_its_completion_and_zeroes_it() {
+        let mut t = OpTable::new();
+        let a = posted(&mut t, 1);
+        // The provider's use of the context while the operation is posted.
+        // SAFETY: the context is the table's and is not referenced
+        // elsewhere in this test.
+        unsafe {
+            a.cast::<u8>()
+                .write_bytes(0xab, std::mem::size_of::<sys::fi_context2>())
+        };
+        let b = posted(&mut t, 2);
+        assert_ne!(a, b, "a posted operation's context is not handed out");
+        let (slot, failed) = t.reserve();
+        t.release(slot);
+        assert_eq!(
+            t.take(failed),
+            None,
+            "a post that failed leaves no operation"
+        );
+        assert_eq!(t.take(a), Some(1));
+        let again = posted(&mut t, 3);
+        assert_eq!(again, a, "the freed context is taken next");
+        // SAFETY: as above.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(again.cast::<u8>(), std::mem::size_of::<sys::fi_context2>())
+        };
+        assert!(
+            bytes.iter().all(|&b| b == 0),
+            "a context is zeroed before reuse"
+        );
+        assert_eq!(t.take(b), Some(2));
+        assert_eq!(t.take(again), Some(3));
+        assert!(t.is_empty());
     }
 }

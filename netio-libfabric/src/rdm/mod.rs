@@ -37,7 +37,7 @@ use crate::config::LibfabricConfig;
 use crate::events::{self, lock, Budget, Ev, UserTimers, DELIVER_CLOCK_EVERY, SPIN_READS};
 use crate::ffi::{Domain, FiError, Info, PostError};
 use crate::ffi::{FastMap, RecvMem};
-use crate::rdm_ffi::{BufferMr, Held, RdmCompletion, RdmEp, RegionMr, Staged};
+use crate::rdm_ffi::{BufferMr, Held, Polled, RdmCompletion, RdmEp, RegionMr, Staged};
 use proto::{Decoder, Frame, Session};
 
 /// How often heartbeats, liveness and set-up deadlines are looked at.
@@ -1780,33 +1780,33 @@ impl RdmInner {
         };
         // The completions read (memory kept in the state).
         completions.clear();
-        let any = match ep.poll(completions) {
-            Ok(any) => any,
-            Err(_) => return CqRead::Nothing,
-        };
-        if completions.is_empty() {
-            return if any { CqRead::Some } else { CqRead::Nothing };
-        }
-        if one && matches!(completions[..], [RdmCompletion::Received { .. }]) {
-            if let Some(RdmCompletion::Received {
+        match ep.poll_single(completions) {
+            Ok(Polled::Empty) | Err(_) => return CqRead::Nothing,
+            Ok(Polled::Listed(any)) => {
+                if completions.is_empty() {
+                    return if any { CqRead::Some } else { CqRead::Nothing };
+                }
+            }
+            Ok(Polled::Message {
                 owner,
                 index,
                 len,
                 tag,
                 mem,
-            }) = completions.pop()
-            {
-                match self.take_one(st, owner, index, len, tag, now) {
-                    Some(Some(id)) => return CqRead::One(id, index, len, mem),
-                    Some(None) => return CqRead::Some,
-                    None => st.completions.push(RdmCompletion::Received {
-                        owner,
-                        index,
-                        len,
-                        tag,
-                        mem,
-                    }),
+            }) => {
+                if one {
+                    match self.take_one(st, owner, index, len, tag, now) {
+                        Some(Some(id)) => return CqRead::One(id, index, len, mem),
+                        Some(None) => return CqRead::Some,
+                        None => {}
+                    }
                 }
+                st.completions.push(RdmCompletion::Received {
+                    owner,
+                    index,
+                    len,
+                    tag,
+                });
             }
         }
         let mut out = std::mem::take(&mut st.completions);
@@ -2132,7 +2132,7 @@ impl RdmInner {
                 return;
             }
         }
-        self.run_dispatch();
+        self.run_dispatch_on(backend);
     }
 
     /// Posts the buffers waiting to be posted again (not while paused),
@@ -2291,13 +2291,18 @@ impl RdmInner {
     /// it under the lock when the queue is found empty (or posts another
     /// dispatch when events are left for another round).
     fn run_dispatch(&self) {
-        let backend = self.backend();
+        self.run_dispatch_on(&self.backend());
+    }
+
+    /// [`run_dispatch`](Self::run_dispatch) with this backend's handle
+    /// `backend` (the spin's, which holds one already).
+    fn run_dispatch_on(&self, backend: &LibfabricBackend) {
         let done = events::run_dispatch(
             &self.state,
-            &backend,
+            backend,
             &self.handler,
-            |id| self.deliver(&backend, id),
-            |id| self.drain(&backend, id),
+            |id| self.deliver(backend, id),
+            |id| self.drain(backend, id),
         );
         if !done {
             let mut st = lock(&self.state);
