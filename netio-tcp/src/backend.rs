@@ -158,6 +158,16 @@ struct Listener {
     held: usize,
 }
 
+/// Runs [`Inner::end_spin`] when dropped, so that a spin ends (its
+/// sends flushed) even when a handler panics.
+struct SpinEnd<'a>(&'a Arc<Inner>);
+
+impl Drop for SpinEnd<'_> {
+    fn drop(&mut self) {
+        self.0.end_spin();
+    }
+}
+
 #[derive(Default)]
 struct State {
     listeners: HashMap<EndpointAddress, Listener>,
@@ -170,6 +180,10 @@ struct State {
     dispatch_posted: bool,
     dirty: Vec<ConnId>,
     flush_posted: bool,
+    /// A busy-polling spin is under way on the loop thread and flushes the
+    /// connections marked dirty when it ends ([`Inner::spin`]): a send
+    /// meanwhile posts no flush of its own.
+    spin_flushes: bool,
     /// Connections waiting for a receive-pool buffer.
     pool_waiters: Vec<ConnId>,
     /// The connection that delivered data last: where a busy-polling loop
@@ -565,7 +579,7 @@ impl Inner {
                 st.dirty.push(id);
             }
         }
-        if !st.flush_posted {
+        if !st.flush_posted && !st.spin_flushes {
             st.flush_posted = true;
             let w = self.weak.clone();
             self.lp.post(move || {
@@ -596,20 +610,29 @@ impl Inner {
     /// Dispatches queued events to the handler. Loop thread only; no lock
     /// is held while the handler runs.
     fn dispatch(self: &Arc<Self>) {
-        let backend = self.backend();
+        if self.state.lock().events.is_empty() {
+            return;
+        }
         let mut batch = Events::default();
+        let mut backend = None;
         // Each round dispatches what earlier rounds' callbacks queued;
         // bounded so a handler that queues forever cannot starve the loop.
-        for _ in 0..64 {
+        for round in 0..64 {
             {
                 let mut st = self.state.lock();
                 if st.events.is_empty() {
-                    // Keep the larger lists for the next batch.
-                    std::mem::swap(&mut st.events, &mut batch);
+                    // Keep the larger lists for the next batch: after a
+                    // round, `batch` holds the lists it drained; before
+                    // any, the queue's own lists stay (nothing was
+                    // dispatched, the common case of a busy-polling spin).
+                    if round > 0 {
+                        std::mem::swap(&mut st.events, &mut batch);
+                    }
                     return;
                 }
                 std::mem::swap(&mut st.events, &mut batch);
             }
+            let backend = backend.get_or_insert_with(|| self.backend());
             let mut h = self.handler.lock();
             batch.drain(|ev, keys| match ev {
                 Ev::Established(c, r, caps) => h.on_connection_established(&backend, c, r, caps),
@@ -830,11 +853,41 @@ impl Inner {
     /// The spin callback of a busy-polling loop: reads the connection that
     /// delivered data last, as its readiness event would.
     fn spin(self: &Arc<Self>) {
-        let hot = self.state.lock().hot;
-        if let Some(id) = hot {
-            self.read_conn(id, true);
-            self.dispatch();
+        let hot = {
+            let mut st = self.state.lock();
+            if st.hot.is_some() {
+                st.spin_flushes = true;
+            }
+            st.hot
+        };
+        let Some(id) = hot else {
+            return;
+        };
+        // What the handlers send leaves when the spin ends, not with a
+        // flush posted for the loop's next turn; a panicking handler still
+        // leaves it to a posted flush.
+        let ending = SpinEnd(self);
+        self.read_conn(id, true);
+        self.dispatch();
+        drop(ending);
+    }
+
+    /// Ends a spin: the connections marked dirty meanwhile are written
+    /// now, or, when unwinding, by a posted flush.
+    fn end_spin(self: &Arc<Self>) {
+        let mut st = self.state.lock();
+        st.spin_flushes = false;
+        if st.dirty.is_empty() {
+            return;
         }
+        if std::thread::panicking() {
+            if let Some(id) = st.dirty.first().copied() {
+                self.schedule_flush(&mut st, id);
+            }
+            return;
+        }
+        drop(st);
+        self.flush_dirty();
     }
 
     fn on_lingering(self: &Arc<Self>, id: ConnId) {
@@ -945,7 +998,9 @@ impl Inner {
     /// buffer, saving the read that would find nothing (see
     /// `on_conn_event`).
     fn read_conn(self: &Arc<Self>, id: ConnId, stop_short: bool) {
-        let backend = self.backend();
+        // Made when a read needs the handler (not for a read that finds
+        // nothing, the common case of a busy-polling spin).
+        let mut backend = None;
         let mut got_data = false;
         for _ in 0..MAX_READS_PER_EVENT {
             let taken = {
@@ -962,25 +1017,18 @@ impl Inner {
                 let Some(reader) = c.reader.take() else {
                     return;
                 };
-                (
-                    reader,
-                    Arc::clone(&c.stream),
-                    Arc::clone(&c.open),
-                    Arc::clone(&c.paused),
-                    c.phase,
-                    c.recv_pool.clone(),
-                    c.recv_limit,
-                )
+                (reader, c.phase, c.recv_pool.clone(), c.recv_limit)
             };
-            let (mut reader, stream, open, paused, phase, pool, limit) = taken;
-            let room = reader.dec.read_buf();
+            let (mut reader, phase, pool, limit) = taken;
+            let r = &mut *reader;
+            let room = r.dec.read_buf();
             let room_len = room.len();
             // No room: whole frames wait in the buffer (a connection that
             // waited for a pool buffer); hand them out before reading.
             let read = if room.is_empty() {
                 Err(io::ErrorKind::Interrupted.into())
             } else {
-                (&*stream).read(room)
+                (&*r.stream).read(room)
             };
             let mut drained = false;
             let mut end = match read {
@@ -1003,16 +1051,26 @@ impl Inner {
                 }
             }
             let mut phase = phase;
-            let step = self.process(
-                &backend,
-                id,
-                &mut reader,
-                &mut phase,
-                &open,
-                &paused,
-                pool.as_ref(),
-                limit,
-            );
+            // Nothing read and nothing buffered on an established
+            // connection: nothing to decode or hand out (what `process`
+            // would find), and no handler to lock.
+            let idle = matches!(end, ReadEnd::WouldBlock)
+                && phase == Phase::Established
+                && reader.dec.buffered() == 0
+                && reader.dec.error().is_none()
+                && reader.assembling.is_none();
+            let step = if idle {
+                Step::Continue
+            } else {
+                self.process(
+                    backend.get_or_insert_with(|| self.backend()),
+                    id,
+                    &mut reader,
+                    &mut phase,
+                    pool.as_ref(),
+                    limit,
+                )
+            };
             match step {
                 Step::Stop => {
                     self.drop_reader(reader);
@@ -1042,7 +1100,7 @@ impl Inner {
             if got_data {
                 st.hot = Some(id);
             }
-            if !open.load(Ordering::Acquire) || !st.conns.contains(id) {
+            if !reader.open.load(Ordering::Acquire) || !st.conns.contains(id) {
                 drop(st);
                 self.drop_reader(reader);
                 return;
@@ -1088,7 +1146,7 @@ impl Inner {
 
     /// Gives connection `id` its reader back. A message left incomplete in
     /// a shared pool's buffer has a deadline, which the timer enforces.
-    fn put_reader(&self, st: &mut State, id: ConnId, reader: Reader) {
+    fn put_reader(&self, st: &mut State, id: ConnId, reader: Box<Reader>) {
         let partial = reader.partial_deadline().is_some();
         if let Some(c) = st.conns.get_mut(id) {
             c.reader = Some(reader);
@@ -1098,7 +1156,7 @@ impl Inner {
         }
     }
 
-    fn drop_reader(&self, mut reader: Reader) {
+    fn drop_reader(&self, mut reader: Box<Reader>) {
         if reader.assembling.take().is_some() {
             let mut st = self.state.lock();
             self.wake_pool_waiters(&mut st);
@@ -1114,8 +1172,6 @@ impl Inner {
         id: ConnId,
         reader: &mut Reader,
         phase: &mut Phase,
-        open: &std::sync::atomic::AtomicBool,
-        paused: &std::sync::atomic::AtomicBool,
         pool: Option<&BufferPool>,
         limit: Option<u32>,
     ) -> Step {
@@ -1162,12 +1218,12 @@ impl Inner {
         loop {
             // Closed meanwhile (by a handler, or by another thread): no
             // message of it is handed out any more.
-            if !open.load(Ordering::Acquire) {
+            if !reader.open.load(Ordering::Acquire) {
                 return Step::Stop;
             }
             // Paused (by a handler, or by another thread): the rest waits
             // in the read buffer until resumed.
-            if paused.load(Ordering::Acquire) {
+            if reader.paused.load(Ordering::Acquire) {
                 return Step::Paused;
             }
             if reader.assembling.is_none() && reader.dec.starts_large_message() {

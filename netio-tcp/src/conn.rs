@@ -352,6 +352,12 @@ pub(crate) enum Phase {
 /// reads and dispatches, so no lock is held then.
 pub(crate) struct Reader {
     pub(crate) dec: FrameDecoder,
+    /// The connection's socket, its `open` and its `paused` (the
+    /// connection's own, shared): the loop thread reads without taking
+    /// references per read.
+    pub(crate) stream: Arc<TcpStream>,
+    pub(crate) open: Arc<AtomicBool>,
+    pub(crate) paused: Arc<AtomicBool>,
     /// The receive-pool buffer a message too large for the read buffer is
     /// assembled in.
     pub(crate) assembling: Option<NetworkBuffer>,
@@ -417,8 +423,9 @@ pub(crate) struct Conn {
     /// Set by `pause_receive`: the socket is not read and nothing buffered
     /// is handed out until `resume_receive`.
     pub(crate) paused: Arc<AtomicBool>,
-    /// `None` while the loop thread is reading.
-    pub(crate) reader: Option<Reader>,
+    /// `None` while the loop thread is reading (boxed: taken out and put
+    /// back around every read).
+    pub(crate) reader: Option<Box<Reader>>,
     /// Largest message accepted; `None`: no receive capability.
     pub(crate) recv_limit: Option<u32>,
     pub(crate) recv_pool: Option<BufferPool>,
@@ -468,27 +475,32 @@ impl Conn {
         queue.push_back(Out::Handshake(handshake));
         let shared_pool = params.recv.use_shared_pool;
         let received = Arc::new(RecvCounters::default());
+        let open = Arc::new(AtomicBool::new(true));
+        let paused = Arc::new(AtomicBool::new(false));
         Self {
             id,
             seq,
             remote,
-            stream,
+            stream: Arc::clone(&stream),
             source,
             phase,
             initiator,
             listener,
             params,
-            open: Arc::new(AtomicBool::new(true)),
-            paused: Arc::new(AtomicBool::new(false)),
-            reader: Some(Reader {
+            open: Arc::clone(&open),
+            paused: Arc::clone(&paused),
+            reader: Some(Box::new(Reader {
                 dec: FrameDecoder::new(0, recv_limit),
+                stream,
+                open,
+                paused,
                 assembling: None,
                 assembling_len: 0,
                 shared_pool,
                 partial_deadline: None,
                 received: Arc::clone(&received),
                 held_error: None,
-            }),
+            })),
             recv_limit,
             recv_pool,
             send_pool: None,

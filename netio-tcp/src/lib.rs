@@ -105,7 +105,10 @@
 //! backend reads the connection that delivered data last on every turn
 //! (a [spin callback](netio_core::mio_loop::MioLoop::add_spin)), and the
 //! loop asks epoll about the rest every few turns: a ping-pong's reply is
-//! found by the read that returns it.
+//! found by the read that returns it. What handlers send while the spin
+//! hands messages over is written when the spin ends, in the same turn
+//! (elsewhere, small copy sends are written by a flush posted to the loop,
+//! after the turn's events).
 //!
 //! ```
 //! use std::thread;

@@ -1,0 +1,87 @@
+//! A busy-polling loop's spin reads the connection that delivered data
+//! last and hands its messages over; what a handler sends from there
+//! leaves when the spin ends, with no flush posted for the next turn. A
+//! handler that panics (in the spin or in a readiness event) leaves the
+//! backend serving its other connections once the loop runs again.
+
+mod common;
+
+use std::io::Write;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::thread;
+
+use common::{raw, DEADLINE};
+use netio_core::mio_loop::{LoopConfig, MioLoop};
+use netio_core::{
+    Backend, BackendConfig, ConnId, ConnectionParams, EndpointAddress, EventLoop, Handler,
+};
+use netio_tcp::wire::HANDSHAKE_LEN;
+use netio_tcp::TcpBackend;
+
+/// Echoes each message; panics after echoing one that reads `boom`.
+struct EchoThenPanic;
+
+impl Handler<TcpBackend> for EchoThenPanic {
+    fn on_data(&mut self, b: &TcpBackend, conn: ConnId, data: &[u8]) {
+        b.send_data_copy(conn, &[data], &[], 0).expect("echo");
+        if data == b"boom" {
+            panic!("handler panics after its reply (on purpose)");
+        }
+    }
+}
+
+#[test]
+fn on_a_busy_polling_loop_other_connections_are_served_after_a_handler_panicked() {
+    let lp = MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        ..LoopConfig::default()
+    })
+    .expect("loop");
+    let backend = TcpBackend::new(&lp, BackendConfig::default(), EchoThenPanic).expect("backend");
+    let addr = backend
+        .open_listen_endpoint(
+            EndpointAddress::localhost(0),
+            ConnectionParams::receive(64, 4),
+        )
+        .expect("listen");
+    // The loop runs again after each panic that ends `run`, until stopped.
+    let (panics_tx, panics) = mpsc::channel();
+    let l2 = lp.clone();
+    let runner = thread::spawn(move || loop {
+        match catch_unwind(AssertUnwindSafe(|| l2.run(|| {}))) {
+            Ok(()) => return,
+            Err(_) => {
+                let _ = panics_tx.send(());
+            }
+        }
+    });
+
+    let mut peer = raw::connect_with_handshake(addr, 64);
+    let _their_handshake = raw::read_n(&mut peer, HANDSHAKE_LEN);
+    // Ordinary messages first: their echoes come back, and the connection
+    // is the one the spin reads (it delivered data last).
+    for m in [&b"one"[..], b"two", b"three"] {
+        peer.write_all(&raw::data_frame(m)).unwrap();
+        let echo = raw::read_n(&mut peer, raw::data_frame(m).len());
+        assert_eq!(echo, raw::data_frame(m));
+    }
+    peer.write_all(&raw::data_frame(b"boom")).unwrap();
+    panics
+        .recv_timeout(DEADLINE)
+        .expect("the handler's panic ended a run of the loop");
+    // The loop runs again; another connection of the backend is served
+    // (its replies are written: a spin that panicked still ended).
+    let mut other = raw::connect_with_handshake(addr, 64);
+    let _their_handshake = raw::read_n(&mut other, HANDSHAKE_LEN);
+    for m in [&b"after"[..], b"the", b"panic"] {
+        other.write_all(&raw::data_frame(m)).unwrap();
+        let echo = raw::read_n(&mut other, raw::data_frame(m).len());
+        assert_eq!(echo, raw::data_frame(m));
+    }
+    assert_eq!(panics.try_iter().count(), 0, "one panic only");
+
+    lp.stop();
+    runner.join().expect("loop thread");
+    drop(backend);
+}
