@@ -632,19 +632,19 @@ impl Inner {
                 }
                 std::mem::swap(&mut st.events, &mut batch);
             }
-            let backend = backend.get_or_insert_with(|| self.backend());
+            let backend = &*backend.get_or_insert_with(|| self.backend());
             let mut h = self.handler.lock();
             batch.drain(|ev, keys| match ev {
-                Ev::Established(c, r, caps) => h.on_connection_established(&backend, c, r, caps),
-                Ev::Refused(c, r, why) => h.on_connection_refused(&backend, c, r, &why),
+                Ev::Established(c, r, caps) => h.on_connection_established(backend, c, r, caps),
+                Ev::Refused(c, r, why) => h.on_connection_refused(backend, c, r, &why),
                 Ev::Closed(c, r, why, keys, buffers) => {
                     drop(buffers);
-                    h.on_connection_closed(&backend, c, r, &why, &keys)
+                    h.on_connection_closed(backend, c, r, &why, &keys)
                 }
                 // Every slot and buffer of the run is free by now.
-                Ev::Completed(c, _) => h.on_sends_completed(&backend, c, keys),
-                Ev::Timer(token) => h.on_timer(&backend, token),
-                Ev::Wake(token) => h.on_wake(&backend, token),
+                Ev::Completed(c, _) => h.on_sends_completed(backend, c, keys),
+                Ev::Timer(token) => h.on_timer(backend, token),
+                Ev::Wake(token) => h.on_wake(backend, token),
             });
         }
         let mut st = self.state.lock();
