@@ -1073,7 +1073,7 @@ impl Inner {
             };
             match step {
                 Step::Stop => {
-                    self.drop_reader(reader);
+                    self.drop_reader(&mut reader);
                     return;
                 }
                 // An end of stream or an error waits with the bytes before
@@ -1102,7 +1102,7 @@ impl Inner {
             }
             if !reader.open.load(Ordering::Acquire) || !st.conns.contains(id) {
                 drop(st);
-                self.drop_reader(reader);
+                self.drop_reader(&mut reader);
                 return;
             }
             match end {
@@ -1156,7 +1156,9 @@ impl Inner {
         }
     }
 
-    fn drop_reader(&self, mut reader: Box<Reader>) {
+    /// Drops a connection's reader (taken out of a connection that ended),
+    /// giving a receive-pool buffer it was assembling in back.
+    fn drop_reader(&self, reader: &mut Reader) {
         if reader.assembling.take().is_some() {
             let mut st = self.state.lock();
             self.wake_pool_waiters(&mut st);
