@@ -20,6 +20,8 @@ use crate::wire::{DataPrefix, FrameDecoder, FRAME_HEADER_LEN, HANDSHAKE_LEN};
 
 /// Slices handed to one `writev`: many messages per system call.
 pub(crate) const MAX_IOV: usize = 512;
+/// The slices a flush gathers before it sets up [`MAX_IOV`] of them.
+const SMALL_IOV: usize = 16;
 /// `writev` calls per flush of one connection before others get a turn.
 const MAX_WRITES_PER_FLUSH: usize = 16;
 /// A handler event, collected under the state lock and dispatched after it
@@ -624,20 +626,33 @@ impl Conn {
 
     /// Writes as much of the queue as the socket takes, completing every
     /// message fully written (its event goes to `events`).
+    /// Writes the front of the queue with one `sendmsg`, gathering at most
+    /// [`MAX_IOV`] slices. A short queue (the common case: a few copied
+    /// frames, one ring run) is gathered in a small array first; only
+    /// when that fills up is the full-size one set up.
+    fn write_queued(&self) -> io::Result<usize> {
+        // `sendmsg` with MSG_NOSIGNAL rather than `writev`: a peer that
+        // resets the connection must not kill a process that has not
+        // ignored SIGPIPE.
+        let send = |iov: &[IoSlice<'_>]| {
+            socket2::SockRef::from(&*self.stream).send_vectored_with_flags(iov, libc::MSG_NOSIGNAL)
+        };
+        let mut small = [IoSlice::new(&[]); SMALL_IOV];
+        let n = fill_iov(&self.queue, self.copies.ring(), self.offset, &mut small);
+        if n < SMALL_IOV {
+            return send(&small[..n]);
+        }
+        let mut iov = [IoSlice::new(&[]); MAX_IOV];
+        let n = fill_iov(&self.queue, self.copies.ring(), self.offset, &mut iov);
+        send(&iov[..n])
+    }
+
     pub(crate) fn flush(&mut self, events: &mut Events) -> io::Result<Flushed> {
         for _ in 0..MAX_WRITES_PER_FLUSH {
             if self.queue.is_empty() {
                 return Ok(Flushed::Done);
             }
-            let written = {
-                let mut iov = [IoSlice::new(&[]); MAX_IOV];
-                let n = fill_iov(&self.queue, self.copies.ring(), self.offset, &mut iov);
-                // `sendmsg` with MSG_NOSIGNAL rather than `writev`: a peer
-                // that resets the connection must not kill a process that
-                // has not ignored SIGPIPE.
-                socket2::SockRef::from(&*self.stream)
-                    .send_vectored_with_flags(&iov[..n], libc::MSG_NOSIGNAL)
-            };
+            let written = self.write_queued();
             match written {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(w) => self.advance(w, events),
