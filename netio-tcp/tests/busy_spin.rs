@@ -7,6 +7,7 @@
 mod common;
 
 use std::io::Write;
+use std::net::TcpStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::thread;
@@ -29,6 +30,19 @@ impl Handler<TcpBackend> for EchoThenPanic {
             panic!("handler panics after its reply (on purpose)");
         }
     }
+}
+
+/// A raw peer connected to `addr` that sent `messages` and read each one's
+/// echo.
+fn echoed(addr: EndpointAddress, messages: &[&[u8]]) -> TcpStream {
+    let mut peer = raw::connect_with_handshake(addr, 64);
+    let _their_handshake = raw::read_n(&mut peer, HANDSHAKE_LEN);
+    for m in messages {
+        peer.write_all(&raw::data_frame(m)).unwrap();
+        let echo = raw::read_n(&mut peer, raw::data_frame(m).len());
+        assert_eq!(echo, raw::data_frame(m), "the echo of {m:?}");
+    }
+    peer
 }
 
 #[test]
@@ -57,28 +71,16 @@ fn on_a_busy_polling_loop_other_connections_are_served_after_a_handler_panicked(
         }
     });
 
-    let mut peer = raw::connect_with_handshake(addr, 64);
-    let _their_handshake = raw::read_n(&mut peer, HANDSHAKE_LEN);
     // Ordinary messages first: their echoes come back, and the connection
     // is the one the spin reads (it delivered data last).
-    for m in [&b"one"[..], b"two", b"three"] {
-        peer.write_all(&raw::data_frame(m)).unwrap();
-        let echo = raw::read_n(&mut peer, raw::data_frame(m).len());
-        assert_eq!(echo, raw::data_frame(m));
-    }
+    let mut peer = echoed(addr, &[b"one", b"two", b"three"]);
     peer.write_all(&raw::data_frame(b"boom")).unwrap();
     panics
         .recv_timeout(DEADLINE)
         .expect("the handler's panic ended a run of the loop");
     // The loop runs again; another connection of the backend is served
     // (its replies are written: a spin that panicked still ended).
-    let mut other = raw::connect_with_handshake(addr, 64);
-    let _their_handshake = raw::read_n(&mut other, HANDSHAKE_LEN);
-    for m in [&b"after"[..], b"the", b"panic"] {
-        other.write_all(&raw::data_frame(m)).unwrap();
-        let echo = raw::read_n(&mut other, raw::data_frame(m).len());
-        assert_eq!(echo, raw::data_frame(m));
-    }
+    echoed(addr, &[b"after", b"the", b"panic"]);
     assert_eq!(panics.try_iter().count(), 0, "one panic only");
 
     lp.stop();
