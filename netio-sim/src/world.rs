@@ -562,6 +562,18 @@ struct Conn {
     /// The profile: TCP (complete on local hand-off) or RDMA (complete on
     /// delivery), from the initiator's `NetworkMode`.
     tcp: bool,
+    /// `route[d]`: the link and network cards of direction `d`, once it
+    /// sent (so that a send looks none of them up by address).
+    route: [Option<Route>; 2],
+}
+
+/// Where one direction of a connection sends: indices of its link and of
+/// the sender's and the receiver's network cards.
+#[derive(Clone, Copy)]
+struct Route {
+    link: usize,
+    out: usize,
+    inc: usize,
 }
 
 impl Conn {
@@ -680,10 +692,14 @@ pub(crate) struct World {
     listeners: BTreeMap<ListenerId, Listener>,
     next_listener: ListenerId,
     next_pool: PoolId,
-    /// Links and network cards, looked up on every send (never iterated:
-    /// their order does not matter).
-    links: FastMap<(IpAddr, IpAddr), Link>,
-    nics: FastMap<IpAddr, Nic>,
+    /// Links and network cards, made when first used and never removed;
+    /// found by address pair and address (never iterated: their order
+    /// does not matter), and by the index a connection keeps for each
+    /// direction ([`Route`]).
+    links: Vec<Link>,
+    link_at: FastMap<(IpAddr, IpAddr), usize>,
+    nics: Vec<Nic>,
+    nic_at: FastMap<IpAddr, usize>,
     /// TCP profile: bytes one direction of a connection accepts before the
     /// receiver takes them (the sockets' buffers).
     pub(crate) tcp_window: usize,
@@ -768,8 +784,10 @@ impl World {
             listeners: BTreeMap::new(),
             next_listener: 1,
             next_pool: 1,
-            links: FastMap::default(),
-            nics: FastMap::default(),
+            links: Vec::new(),
+            link_at: FastMap::default(),
+            nics: Vec::new(),
+            nic_at: FastMap::default(),
             tcp_window: crate::DEFAULT_TCP_WINDOW,
             partitions: BTreeMap::new(),
             holds: BTreeSet::new(),
@@ -1413,17 +1431,37 @@ impl World {
     }
 
     pub(crate) fn link_config(&self, src: IpAddr, dst: IpAddr) -> LinkConfig {
-        self.links
+        self.link_at
             .get(&(src, dst))
-            .map_or_else(LinkConfig::default, |l| l.cfg)
+            .map_or_else(LinkConfig::default, |&i| self.links[i].cfg)
+    }
+
+    /// The index of the link from `src` to `dst`, made (with the default
+    /// model) if there is none.
+    fn link_index(&mut self, src: IpAddr, dst: IpAddr) -> usize {
+        let links = &mut self.links;
+        *self.link_at.entry((src, dst)).or_insert_with(|| {
+            links.push(Link {
+                cfg: LinkConfig::default(),
+                free_at: 0,
+            });
+            links.len() - 1
+        })
+    }
+
+    /// The index of `host`'s network card, made (unlimited) if it has none.
+    fn nic_index(&mut self, host: IpAddr) -> usize {
+        let nics = &mut self.nics;
+        *self.nic_at.entry(host).or_insert_with(|| {
+            nics.push(Nic::default());
+            nics.len() - 1
+        })
     }
 
     pub(crate) fn set_link(&mut self, a: IpAddr, b: IpAddr, cfg: LinkConfig) {
-        for key in [(a, b), (b, a)] {
-            self.links
-                .entry(key)
-                .and_modify(|l| l.cfg = cfg)
-                .or_insert(Link { cfg, free_at: 0 });
+        for (src, dst) in [(a, b), (b, a)] {
+            let i = self.link_index(src, dst);
+            self.links[i].cfg = cfg;
         }
         self.sched.log(
             a,
@@ -1435,7 +1473,8 @@ impl World {
     }
 
     pub(crate) fn set_nic(&mut self, host: IpAddr, cfg: NicConfig) {
-        self.nics.entry(host).or_default().cfg = cfg;
+        let i = self.nic_index(host);
+        self.nics[i].cfg = cfg;
         self.sched.log(
             host,
             format_args!(
@@ -1446,9 +1485,9 @@ impl World {
     }
 
     pub(crate) fn nic_config(&self, host: IpAddr) -> NicConfig {
-        self.nics
+        self.nic_at
             .get(&host)
-            .map_or_else(NicConfig::default, |n| n.cfg)
+            .map_or_else(NicConfig::default, |&i| self.nics[i].cfg)
     }
 
     /// Nothing passes between `a` and `b`: they are partitioned, or their
@@ -1892,6 +1931,7 @@ impl World {
         let World {
             conns,
             links,
+            link_at,
             sched,
             ..
         } = self;
@@ -1909,10 +1949,12 @@ impl World {
             return; // nothing waits to be accepted
         }
         let (src, dst) = (c.hosts[dir], c.hosts[1 - dir]);
+        let link = match c.route[dir] {
+            Some(r) => Some(r.link),
+            None => link_at.get(&(src, dst)).copied(),
+        };
         let base = nanos(
-            links
-                .get(&(src, dst))
-                .map_or_else(LinkConfig::default, |l| l.cfg)
+            link.map_or_else(LinkConfig::default, |i| links[i].cfg)
                 .latency,
         );
         let p = &mut c.pipes[dir];
@@ -2213,6 +2255,7 @@ impl World {
                 ctrl_last: [0; 2],
                 listener: None,
                 tcp: self.backends[b].config.mode == NetworkMode::Tcp,
+                route: [None; 2],
             },
         );
         self.sched
@@ -2428,6 +2471,20 @@ impl World {
     fn enqueue(&mut self, conn: WireId, side: usize, key: u64, body: Body) {
         let c = &self.conns[&conn];
         let (src, dst) = (c.hosts[side], c.hosts[1 - side]);
+        let route = match c.route[side] {
+            Some(r) => r,
+            None => {
+                let r = Route {
+                    link: self.link_index(src, dst),
+                    out: self.nic_index(src),
+                    inc: self.nic_index(dst),
+                };
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.route[side] = Some(r);
+                }
+                r
+            }
+        };
         let len = body.len();
         let now = self.sched.now;
         let serialise = |bw: u64| {
@@ -2438,21 +2495,18 @@ impl World {
                     .unwrap_or(u64::MAX)
             }
         };
-        let link = self.links.entry((src, dst)).or_insert(Link {
-            cfg: LinkConfig::default(),
-            free_at: 0,
-        });
+        let link = &mut self.links[route.link];
         // The packet's latency, jitter included (as `latency` draws it).
         let lat = nanos(link.cfg.latency) + self.sched.rng.below(nanos(link.cfg.jitter) + 1);
         let link_tx = serialise(link.cfg.bandwidth_bytes_per_sec);
         let link_free = link.free_at;
-        let out = self.nics.entry(src).or_default();
+        let out = &mut self.nics[route.out];
         let nic_tx = serialise(out.cfg.send_bytes_per_sec);
         let start = now.max(link_free).max(out.tx_free_at);
         let sent = start.saturating_add(link_tx.max(nic_tx));
         out.tx_free_at = start.saturating_add(nic_tx);
         link.free_at = start.saturating_add(link_tx);
-        let inc = self.nics.entry(dst).or_default();
+        let inc = &mut self.nics[route.inc];
         let nic_rx = serialise(inc.cfg.receive_bytes_per_sec);
         let first_bit = start.saturating_add(lat);
         let rx_start = first_bit.max(inc.rx_free_at);
