@@ -874,7 +874,7 @@ impl Sim {
                         // nothing while it is paused (held until resumed).
                         let m = self.with(|w| {
                             if !w.backend_alive(backend) || w.app_closed(m.wire, m.side) {
-                                w.recv_done(host, m.buf, m.pool);
+                                w.recv_done(backend, m.buf, m.pool);
                                 None
                             } else if w.rx_blocked(m.wire, m.side) {
                                 w.hold(m);
@@ -885,7 +885,7 @@ impl Sim {
                         });
                         if let Some(m) = m {
                             lock(&handler).on_data(&b, m.conn, m.buf.as_slice());
-                            self.with(|w| w.recv_done(host, m.buf, m.pool));
+                            self.with(|w| w.recv_done(backend, m.buf, m.pool));
                         }
                         continue;
                     }

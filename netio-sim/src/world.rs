@@ -324,6 +324,58 @@ pub(crate) struct Host {
     pub(crate) connect_ports: Option<(u16, u16)>,
 }
 
+/// The hosts of the world, by address and by index. Hosts are never
+/// removed, so an index stays valid (a backend keeps its host's); the
+/// address order is the one the world iterates them in.
+#[derive(Default)]
+pub(crate) struct Hosts {
+    list: Vec<Host>,
+    at: BTreeMap<IpAddr, usize>,
+}
+
+impl Hosts {
+    pub(crate) fn get(&self, ip: &IpAddr) -> Option<&Host> {
+        self.at.get(ip).map(|&i| &self.list[i])
+    }
+
+    pub(crate) fn get_mut(&mut self, ip: &IpAddr) -> Option<&mut Host> {
+        self.at.get(ip).map(|&i| &mut self.list[i])
+    }
+
+    pub(crate) fn contains_key(&self, ip: &IpAddr) -> bool {
+        self.at.contains_key(ip)
+    }
+
+    /// The addresses, in order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &IpAddr> {
+        self.at.keys()
+    }
+
+    /// The index of the host at `ip`, made by `make` if there is none.
+    fn ensure(&mut self, ip: IpAddr, make: impl FnOnce() -> Host) -> usize {
+        let list = &mut self.list;
+        *self.at.entry(ip).or_insert_with(|| {
+            list.push(make());
+            list.len() - 1
+        })
+    }
+
+    /// Calls `f` on every host, in address order.
+    fn for_each_mut(&mut self, mut f: impl FnMut(&mut Host)) {
+        for &i in self.at.values() {
+            f(&mut self.list[i]);
+        }
+    }
+}
+
+impl std::ops::Index<&IpAddr> for Hosts {
+    type Output = Host;
+
+    fn index(&self, ip: &IpAddr) -> &Host {
+        self.get(ip).expect("a host of the world")
+    }
+}
+
 /// A backend's entry for one of its connections.
 struct Endpoint {
     wire: WireId,
@@ -334,6 +386,8 @@ struct Endpoint {
 
 pub(crate) struct BackendState {
     pub(crate) host: IpAddr,
+    /// The index of its host in [`World::hosts`].
+    hix: usize,
     /// The life of its host it belongs to (see `Host::incarnation`).
     incarnation: u64,
     pub(crate) config: BackendConfig,
@@ -684,7 +738,7 @@ pub(crate) struct TimerState {
 /// Everything the simulator knows.
 pub(crate) struct World {
     pub(crate) sched: Sched,
-    pub(crate) hosts: BTreeMap<IpAddr, Host>,
+    pub(crate) hosts: Hosts,
     pub(crate) next_auto_host: u32,
     pub(crate) backends: Vec<BackendState>,
     conns: Wires,
@@ -776,7 +830,7 @@ impl World {
                 trace: None,
                 calls: Vec::new(),
             },
-            hosts: BTreeMap::new(),
+            hosts: Hosts::default(),
             next_auto_host: 1,
             backends: Vec::new(),
             conns: Wires::default(),
@@ -1156,8 +1210,9 @@ impl World {
 
     // -- hosts ---------------------------------------------------------------
 
-    pub(crate) fn ensure_host(&mut self, ip: IpAddr) {
-        self.hosts.entry(ip).or_insert_with(|| Host {
+    /// The index of the host at `ip`, made if new.
+    pub(crate) fn ensure_host(&mut self, ip: IpAddr) -> usize {
+        self.hosts.ensure(ip, || Host {
             crashed: false,
             incarnation: 0,
             refusing: false,
@@ -1169,12 +1224,12 @@ impl World {
             ports: BTreeMap::new(),
             accepted_ports: BTreeMap::new(),
             connect_ports: None,
-        });
+        })
     }
 
     pub(crate) fn host_mut(&mut self, ip: IpAddr) -> &mut Host {
-        self.ensure_host(ip);
-        self.hosts.get_mut(&ip).expect("just ensured")
+        let i = self.ensure_host(ip);
+        &mut self.hosts.list[i]
     }
 
     /// The host exists and has not crashed.
@@ -1185,9 +1240,8 @@ impl World {
     /// Backend `b`'s host is up and has not restarted since `b` was made.
     pub(crate) fn backend_alive(&self, b: BackendId) -> bool {
         let be = &self.backends[b];
-        self.hosts
-            .get(&be.host)
-            .is_some_and(|h| !h.crashed && h.incarnation == be.incarnation)
+        let h = &self.hosts.list[be.hix];
+        !h.crashed && h.incarnation == be.incarnation
     }
 
     /// Brings a crashed `host` back with a fresh state (crashing it first,
@@ -1317,9 +1371,11 @@ impl World {
         let shared_send = config
             .shared_send_pool
             .map(|p| self.new_pool(p.buf_size, p.num_buf));
-        let incarnation = self.host_mut(host).incarnation;
+        let hix = self.ensure_host(host);
+        let incarnation = self.hosts.list[hix].incarnation;
         self.backends.push(BackendState {
             host,
+            hix,
             incarnation,
             config,
             handler,
@@ -2090,11 +2146,12 @@ impl World {
         }
     }
 
-    /// After `on_data` returned on `host`: frees the buffer now, or after the
-    /// host's slow-receiver delay.
-    pub(crate) fn recv_done(&mut self, host: IpAddr, buf: NetworkBuffer, pool: PoolId) {
-        let slow = self.hosts.get(&host).map_or(0, |h| h.slow);
-        if slow > 0 && self.host_alive(host) {
+    /// After `on_data` of backend `b` returned: frees the buffer now, or
+    /// after its host's slow-receiver delay.
+    pub(crate) fn recv_done(&mut self, b: BackendId, buf: NetworkBuffer, pool: PoolId) {
+        let h = &self.hosts.list[self.backends[b].hix];
+        let slow = h.slow;
+        if slow > 0 && !h.crashed {
             let at = self.sched.now + slow;
             self.sched.schedule(at, Ev::Release { buf, pool });
         } else {
@@ -2746,9 +2803,8 @@ impl World {
             dead.handlers
                 .push(std::mem::replace(&mut be.handler, dead_handler()));
         }
-        for h in self.hosts.values_mut() {
-            dead.calls.append(&mut h.held_calls);
-        }
+        self.hosts
+            .for_each_mut(|h| dead.calls.append(&mut h.held_calls));
         dead.calls.append(&mut self.sched.calls);
         dead.queue = std::mem::take(&mut self.sched.queue);
         let timers: Vec<u64> = self.timers.keys().copied().collect();
