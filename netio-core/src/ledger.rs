@@ -117,6 +117,22 @@ impl<T> SendLedger<T> {
         Ok(seq)
     }
 
+    /// Records a send that the transport already completed (an injected
+    /// send, done as soon as it was handed over): [`accept`](Self::accept)
+    /// then [`mark_done`](Self::mark_done) in one step, with no search.
+    pub fn accept_done(
+        &mut self,
+        key: u64,
+        counted: bool,
+        payload: T,
+    ) -> Result<SendSeq, LedgerFull<T>> {
+        let seq = self.accept(key, counted, payload)?;
+        if let Some(e) = self.entries.back_mut() {
+            e.done = true;
+        }
+        Ok(seq)
+    }
+
     /// `true` if a counted send would be accepted now.
     pub fn has_room(&self) -> bool {
         self.counted < self.depth
@@ -125,9 +141,14 @@ impl<T> SendLedger<T> {
     /// Marks send `seq` as completed by the transport. Returns `false` if
     /// the ledger does not hold it (already ended, or never accepted).
     pub fn mark_done(&mut self, seq: SendSeq) -> bool {
-        // Entries are sorted by seq: binary search.
-        let Ok(i) = self.entries.binary_search_by_key(&seq, |e| e.seq) else {
-            return false;
+        // Entries are sorted by seq: the oldest first (completions mostly
+        // come in send order), else a binary search.
+        let i = match self.entries.front() {
+            Some(e) if e.seq == seq => 0,
+            _ => match self.entries.binary_search_by_key(&seq, |e| e.seq) {
+                Ok(i) => i,
+                Err(_) => return false,
+            },
         };
         let e = &mut self.entries[i];
         let fresh = !e.done;
@@ -233,6 +254,22 @@ mod tests {
         assert_eq!(l.slots_in_use(), 0);
         l.mark_done(b);
         assert_eq!(keys(l.drain_completed()), [3]);
+    }
+
+    #[test]
+    fn a_send_accepted_done_completes_in_order_behind_earlier_sends() {
+        let mut l = SendLedger::new(2);
+        let a = l.accept(1, true, ()).unwrap();
+        let b = l.accept_done(2, true, ()).unwrap();
+        assert!(b > a);
+        assert!(!l.mark_done(b), "already done");
+        assert!(keys(l.drain_completed()).is_empty(), "2 waits for 1");
+        assert!(l.accept_done(3, true, ()).is_err(), "it takes a slot");
+        l.mark_done(a);
+        assert_eq!(keys(l.drain_completed()), [1, 2]);
+        l.accept_done(4, false, ()).unwrap();
+        assert_eq!(keys(l.drain_completed()), [4]);
+        assert!(l.is_empty());
     }
 
     #[test]

@@ -174,6 +174,7 @@ impl MioLoop {
             0 => DEFAULT_EVENTS_CAPACITY,
             n => n,
         };
+        let created = std::time::Instant::now();
         let inner = Inner {
             registry,
             waker,
@@ -195,8 +196,8 @@ impl MioLoop {
             posts: PostQueue::new(),
             signal_queue: SignalQueue::new(),
             signals: Mutex::new(HashMap::new()),
-            timers: SharedTimers::new(),
-            created: std::time::Instant::now(),
+            timers: SharedTimers::with_base(created),
+            created,
             turn_nanos: AtomicU64::new(0),
         };
         Ok(Self {
@@ -747,11 +748,13 @@ impl Inner {
     /// Runs the timers due now, each at most once.
     fn run_timers(&self) -> bool {
         let now = Instant::now();
-        let nanos = u64::try_from(now.duration_since(self.created).as_nanos()).unwrap_or(u64::MAX);
+        // One conversion serves the turn's time and the timers' check (the
+        // timers count from `created` too).
+        let nanos = self.timers.nanos(now);
         self.turn_nanos.store(nanos, Ordering::Relaxed);
         // Takes the timers' lock only when one may be due.
         self.timers
-            .run_due(now, |callback| callback(), || !self.stopping())
+            .run_due_at(now, nanos, |callback| callback(), || !self.stopping())
     }
 
     /// Drops every callback and queued closure (the last `MioLoop` handle is

@@ -209,16 +209,29 @@ pub(super) struct SharedTimers<C> {
 
 impl<C> SharedTimers<C> {
     /// No timers.
+    #[cfg(any(test, loom))]
     pub(super) fn new() -> Self {
+        Self::with_base(Instant::now())
+    }
+
+    /// No timers; deadlines counted from `base` (the loop's clock zero, so
+    /// that the loop converts its turn's clock reading once for both).
+    pub(super) fn with_base(base: Instant) -> Self {
         Self {
             timers: Mutex::new(Timers::default()),
-            base: Instant::now(),
+            base,
             earliest: AtomicU64::new(u64::MAX),
         }
     }
 
-    fn nanos(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    /// Nanoseconds from the base to `at` (zero before it, `u64::MAX` past
+    /// about 584 years), without 128-bit arithmetic: the loop calls this
+    /// once per turn.
+    pub(super) fn nanos(&self, at: Instant) -> u64 {
+        let d = at.saturating_duration_since(self.base);
+        d.as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(d.subsec_nanos()))
     }
 
     /// Publishes the heap's top deadline for [`may_be_due`](Self::may_be_due)
@@ -229,8 +242,9 @@ impl<C> SharedTimers<C> {
     }
 
     /// `false` when no timer can be due at `now`, read without the lock.
-    pub(super) fn may_be_due(&self, now: Instant) -> bool {
-        self.earliest.load(Ordering::Acquire) <= self.nanos(now)
+    /// `now_nanos` is [`nanos(now)`](Self::nanos).
+    pub(super) fn may_be_due(&self, now_nanos: u64) -> bool {
+        self.earliest.load(Ordering::Acquire) <= now_nanos
     }
 
     /// Adds a stopped timer.
@@ -274,13 +288,26 @@ impl<C> SharedTimers<C> {
     /// no lock held, then gives it back, or drops it if its timer was
     /// removed meanwhile. Stops early, returning `false`, as soon as
     /// `keep_going` says no after a callback (a stop was requested).
+    #[cfg(any(test, loom))]
     pub(super) fn run_due(
         &self,
         now: Instant,
+        run: impl FnMut(&mut C),
+        keep_going: impl Fn() -> bool,
+    ) -> bool {
+        self.run_due_at(now, self.nanos(now), run, keep_going)
+    }
+
+    /// [`run_due`](Self::run_due) with `now` already converted:
+    /// `now_nanos` is [`nanos(now)`](Self::nanos).
+    pub(super) fn run_due_at(
+        &self,
+        now: Instant,
+        now_nanos: u64,
         mut run: impl FnMut(&mut C),
         keep_going: impl Fn() -> bool,
     ) -> bool {
-        if !self.may_be_due(now) {
+        if !self.may_be_due(now_nanos) {
             return true;
         }
         loop {
@@ -355,6 +382,20 @@ mod tests {
         assert_eq!(t.next_deadline(), Some(t0 + Duration::from_millis(21)));
     }
 
+    #[cfg(not(loom))]
+    #[test]
+    fn the_loops_time_is_whole_nanoseconds_from_the_base_and_never_negative() {
+        let base = Instant::now();
+        let t: SharedTimers<&str> = SharedTimers::with_base(base);
+        assert_eq!(t.nanos(base), 0);
+        assert_eq!(t.nanos(base + Duration::new(3, 999_999_999)), 3_999_999_999);
+        assert_eq!(t.nanos(base + Duration::from_nanos(1)), 1);
+        // Before the base (a clock read taken earlier): zero, not a wrap.
+        if let Some(before) = base.checked_sub(Duration::from_secs(1)) {
+            assert_eq!(t.nanos(before), 0);
+        }
+    }
+
     // `SharedTimers` holds an atomic, which loom allows only inside a model.
     #[cfg(not(loom))]
     #[test]
@@ -362,31 +403,31 @@ mod tests {
         let t: SharedTimers<&str> = SharedTimers::new();
         let t0 = Instant::now();
         assert!(
-            !t.may_be_due(t0 + Duration::from_secs(1_000_000)),
+            !t.may_be_due(t.nanos(t0 + Duration::from_secs(1_000_000))),
             "no timer"
         );
         t.insert(1, "long");
         t.insert(2, "short");
         t.start(1, Duration::from_secs(60), t0);
-        assert!(!t.may_be_due(t0 + Duration::from_secs(59)));
-        assert!(t.may_be_due(t0 + Duration::from_secs(60)));
+        assert!(!t.may_be_due(t.nanos(t0 + Duration::from_secs(59))));
+        assert!(t.may_be_due(t.nanos(t0 + Duration::from_secs(60))));
         assert!(t.start(2, Duration::from_millis(5), t0), "now the earliest");
-        assert!(!t.may_be_due(t0 + Duration::from_millis(4)));
-        assert!(t.may_be_due(t0 + Duration::from_millis(5)));
+        assert!(!t.may_be_due(t.nanos(t0 + Duration::from_millis(4))));
+        assert!(t.may_be_due(t.nanos(t0 + Duration::from_millis(5))));
         let mut ran = Vec::new();
         assert!(t.run_due(t0 + Duration::from_millis(5), |cb| ran.push(*cb), || true));
         assert_eq!(ran, ["short"]);
         // Rescheduled at 10 ms: due again only then.
-        assert!(!t.may_be_due(t0 + Duration::from_millis(9)));
-        assert!(t.may_be_due(t0 + Duration::from_millis(10)));
+        assert!(!t.may_be_due(t.nanos(t0 + Duration::from_millis(9))));
+        assert!(t.may_be_due(t.nanos(t0 + Duration::from_millis(10))));
         t.stop(2);
         // A stopped timer's deadline stays published until the loop looks
         // (a false alarm costs one lock); the look publishes the next one.
         assert!(t.run_due(t0 + Duration::from_millis(10), |cb| ran.push(*cb), || true));
         assert_eq!(ran, ["short"]);
-        assert!(!t.may_be_due(t0 + Duration::from_secs(59)));
+        assert!(!t.may_be_due(t.nanos(t0 + Duration::from_secs(59))));
         assert_eq!(t.drain().len(), 2);
-        assert!(!t.may_be_due(t0 + Duration::from_secs(1_000_000)));
+        assert!(!t.may_be_due(t.nanos(t0 + Duration::from_secs(1_000_000))));
     }
 
     #[test]

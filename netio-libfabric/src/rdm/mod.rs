@@ -1682,10 +1682,9 @@ impl RdmInner {
     /// complete at once (reported by the next dispatch, like any
     /// completion), keeping `held` until then.
     fn injected(c: &mut Conn, events: &mut VecDeque<Ev>, id: ConnId, key: u64, held: Option<Held>) {
-        let Ok(seq) = c.ledger.accept(key, true, held) else {
+        if c.ledger.accept_done(key, true, held).is_err() {
             unreachable!("the caller checked the ledger's room under the same lock");
-        };
-        c.ledger.mark_done(seq);
+        }
         if c.delivering {
             c.done_pending = true;
         } else if !c.drain_queued {
