@@ -7,7 +7,11 @@
 //!
 //! ```text
 //! cargo run --release -p netio-async --example tokio_echo [-- --runs 5]
+//! cargo run --release -p netio-async --example tokio_echo -- --only netio|loop|tokio [--runs N]
 //! ```
+//!
+//! `--only` runs one of the three ping-pongs alone (for a profiler or a
+//! system-call count) and prints its mean round trip per run.
 
 use std::time::{Duration, Instant};
 
@@ -134,6 +138,12 @@ fn main() {
         .nth(1)
         .map(|n| n.parse().expect("--runs N"))
         .unwrap_or(5);
+    // `--only netio|loop|tokio`: that ping-pong alone, once per run, for a
+    // profiler or a system-call count (no ratios).
+    let only: Option<String> = std::env::args().skip_while(|a| a != "--only").nth(1);
+    if let Some(which) = only {
+        return run_only(&which, runs);
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -187,4 +197,30 @@ fn main() {
         median(lratio.clone()),
         range(&lratio)
     );
+}
+
+/// One ping-pong alone, `runs` times: `netio` (tokio tasks), `loop` (tasks
+/// of the netio loop) or `tokio` (`TcpStream`).
+fn run_only(which: &str, runs: usize) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        let lp = MioLoop::new().expect("loop");
+        let driver = tokio::spawn(tokio_driver::drive(lp.clone()));
+        for _ in 0..runs {
+            let rtt = match which {
+                "netio" => netio_pingpong(&lp).await,
+                "loop" => netio_loop_pingpong(&lp).await,
+                "tokio" => tokio_pingpong().await,
+                other => panic!("--only {other}: expected netio, loop or tokio"),
+            };
+            println!(
+                "{which}: mean round trip {:.1} us ({ROUND_TRIPS} round trips)",
+                rtt.as_secs_f64() * 1e6
+            );
+        }
+        driver.abort();
+    });
 }

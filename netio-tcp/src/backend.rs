@@ -168,6 +168,20 @@ impl Drop for SpinEnd<'_> {
     }
 }
 
+/// Ends a dispatch that a handler's panic cut short: what it had not handed
+/// over yet waits for a posted dispatch.
+struct DispatchEnd<'a>(&'a Inner);
+
+impl Drop for DispatchEnd<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut st = self.0.state.lock();
+            st.dispatching = false;
+            self.0.post_dispatch(&mut st);
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     listeners: HashMap<EndpointAddress, Listener>,
@@ -177,7 +191,14 @@ struct State {
     /// Sockets of closed connections still finishing their last frames.
     lingering: HashMap<ConnId, Lingering>,
     events: Events,
+    /// The lists a dispatch drained, kept for the next dispatch to swap in
+    /// (no allocation per dispatch, none for the events queued meanwhile).
+    spare_events: Events,
     dispatch_posted: bool,
+    /// A dispatch runs on the loop thread ([`Inner::dispatch`]): events
+    /// queued meanwhile (a handler's `wake`, a completion) are handed over
+    /// by its next round, so no dispatch is posted for them.
+    dispatching: bool,
     dirty: Vec<ConnId>,
     flush_posted: bool,
     /// A busy-polling spin is under way on the loop thread and flushes the
@@ -558,7 +579,7 @@ impl Inner {
 
     /// Makes sure queued events get dispatched soon, on the loop thread.
     fn post_dispatch(&self, st: &mut State) {
-        if st.dispatch_posted || st.events.is_empty() {
+        if st.dispatch_posted || st.dispatching || st.events.is_empty() {
             return;
         }
         st.dispatch_posted = true;
@@ -610,24 +631,29 @@ impl Inner {
     /// Dispatches queued events to the handler. Loop thread only; no lock
     /// is held while the handler runs.
     fn dispatch(self: &Arc<Self>) {
-        if self.state.lock().events.is_empty() {
-            return;
-        }
-        let mut batch = Events::default();
+        let mut batch = {
+            let mut st = self.state.lock();
+            // Nothing queued (the common case of a busy-polling spin), or
+            // a dispatch under way further up this thread's stack hands
+            // them over.
+            if st.events.is_empty() || st.dispatching {
+                return;
+            }
+            st.dispatching = true;
+            std::mem::take(&mut st.spare_events)
+        };
+        let _end = DispatchEnd(self);
         let mut backend = None;
         // Each round dispatches what earlier rounds' callbacks queued;
         // bounded so a handler that queues forever cannot starve the loop.
-        for round in 0..64 {
+        for _ in 0..64 {
             {
                 let mut st = self.state.lock();
                 if st.events.is_empty() {
-                    // Keep the larger lists for the next batch: after a
-                    // round, `batch` holds the lists it drained; before
-                    // any, the queue's own lists stay (nothing was
-                    // dispatched, the common case of a busy-polling spin).
-                    if round > 0 {
-                        std::mem::swap(&mut st.events, &mut batch);
-                    }
+                    // `batch` holds the lists the last round drained
+                    // (empty, their memory kept) for the next dispatch.
+                    st.spare_events = batch;
+                    st.dispatching = false;
                     return;
                 }
                 std::mem::swap(&mut st.events, &mut batch);
@@ -648,6 +674,8 @@ impl Inner {
             });
         }
         let mut st = self.state.lock();
+        st.spare_events = batch;
+        st.dispatching = false;
         self.post_dispatch(&mut st);
     }
 
