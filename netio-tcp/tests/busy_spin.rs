@@ -1,8 +1,9 @@
 //! A busy-polling loop's spin reads the connection that delivered data
 //! last and hands its messages over; what a handler sends from there
 //! leaves when the spin ends, with no flush posted for the next turn. A
-//! handler that panics (in the spin or in a readiness event) leaves the
-//! backend serving its other connections once the loop runs again.
+//! handler that panics (in the spin, in a readiness event or in a
+//! dispatched callback) leaves the backend serving its other connections
+//! and events once the loop runs again.
 
 mod common;
 
@@ -45,6 +46,22 @@ fn echoed(addr: EndpointAddress, messages: &[&[u8]]) -> TcpStream {
     peer
 }
 
+/// Runs `lp` on a thread of its own, again after each panic that ends
+/// `run` (each reported on the channel), until stopped.
+fn run_restarting(lp: &MioLoop) -> (thread::JoinHandle<()>, mpsc::Receiver<()>) {
+    let (panics_tx, panics) = mpsc::channel();
+    let l2 = lp.clone();
+    let runner = thread::spawn(move || loop {
+        match catch_unwind(AssertUnwindSafe(|| l2.run(|| {}))) {
+            Ok(()) => return,
+            Err(_) => {
+                let _ = panics_tx.send(());
+            }
+        }
+    });
+    (runner, panics)
+}
+
 #[test]
 fn on_a_busy_polling_loop_other_connections_are_served_after_a_handler_panicked() {
     let lp = MioLoop::with_config(LoopConfig {
@@ -59,17 +76,7 @@ fn on_a_busy_polling_loop_other_connections_are_served_after_a_handler_panicked(
             ConnectionParams::receive(64, 4),
         )
         .expect("listen");
-    // The loop runs again after each panic that ends `run`, until stopped.
-    let (panics_tx, panics) = mpsc::channel();
-    let l2 = lp.clone();
-    let runner = thread::spawn(move || loop {
-        match catch_unwind(AssertUnwindSafe(|| l2.run(|| {}))) {
-            Ok(()) => return,
-            Err(_) => {
-                let _ = panics_tx.send(());
-            }
-        }
-    });
+    let (runner, panics) = run_restarting(&lp);
 
     // Ordinary messages first: their echoes come back, and the connection
     // is the one the spin reads (it delivered data last).
@@ -81,6 +88,50 @@ fn on_a_busy_polling_loop_other_connections_are_served_after_a_handler_panicked(
     // The loop runs again; another connection of the backend is served
     // (its replies are written: a spin that panicked still ended).
     echoed(addr, &[b"after", b"the", b"panic"]);
+    assert_eq!(panics.try_iter().count(), 0, "one panic only");
+
+    lp.stop();
+    runner.join().expect("loop thread");
+    drop(backend);
+}
+
+/// Reports each wake token; panics on token 1.
+struct WakeThenPanic(mpsc::Sender<u64>);
+
+impl Handler<TcpBackend> for WakeThenPanic {
+    fn on_wake(&mut self, b: &TcpBackend, token: u64) {
+        if token == 1 {
+            // Queued while this dispatch runs: its next round would hand
+            // it over, but the panic cuts the dispatch short.
+            b.wake(3);
+            panic!("handler panics in on_wake (on purpose)");
+        }
+        let _ = self.0.send(token);
+    }
+}
+
+#[test]
+fn events_queued_after_a_handler_panicked_in_a_dispatch_are_still_dispatched() {
+    let lp = MioLoop::new().expect("loop");
+    let (woken_tx, woken) = mpsc::channel();
+    let backend =
+        TcpBackend::new(&lp, BackendConfig::default(), WakeThenPanic(woken_tx)).expect("backend");
+    let (runner, panics) = run_restarting(&lp);
+    backend.wake(1);
+    panics
+        .recv_timeout(DEADLINE)
+        .expect("the handler's panic ended a run of the loop");
+    // What the panicking dispatch left queued, and what comes after it.
+    backend.wake(2);
+    let mut got: Vec<u64> = (0..2)
+        .map(|_| {
+            woken
+                .recv_timeout(DEADLINE)
+                .expect("a wake after the panic is dispatched")
+        })
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, [2, 3]);
     assert_eq!(panics.try_iter().count(), 0, "one panic only");
 
     lp.stop();
