@@ -893,6 +893,52 @@ fn a_busy_loop_runs_a_timer_started_from_another_thread_at_its_deadline() {
     running.stop();
 }
 
+/// A busy loop with spin callbacks reads the clock once every few turns;
+/// once its last spin callback is removed (whichever turn of that cycle it
+/// was on) it reads it every turn again, and its timers keep ticking.
+#[test]
+fn a_busy_loop_whose_spin_callbacks_are_removed_still_runs_its_timers() {
+    let _fds = fds_shared();
+    let el = MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        ..LoopConfig::default()
+    })
+    .unwrap();
+    let running = Running::start(&el);
+    // Each round removes the spin callback at some turn of the cycle: the
+    // timer ticks after every removal.
+    for round in 0..3 {
+        let spins = Arc::new(AtomicUsize::new(0));
+        let id = {
+            let s = Arc::clone(&spins);
+            el.add_spin(move || {
+                s.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        let target = 1000 + 13 * round;
+        assert!(
+            wait_until(|| count(&spins) >= target),
+            "round {round}: spins"
+        );
+        assert!(el.remove_spin(id));
+        fence(&el);
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let timer = {
+            let t = Arc::clone(&ticks);
+            el.timer(move || {
+                t.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        timer.start(Duration::from_millis(1));
+        assert!(
+            wait_until(|| count(&ticks) >= 3),
+            "round {round}: the timer ticks once the spin callback is gone"
+        );
+        timer.stop();
+    }
+    running.stop();
+}
+
 /// Waits until `fd` is readable, at most `ms` milliseconds, through an
 /// epoll instance of its own (which reports an fd that is ready when it is
 /// added).

@@ -125,7 +125,8 @@ struct PollState {
     /// Index of the next event of `events` to dispatch (a `stop` can come
     /// between two; the rest are dispatched by the next `run`).
     next: usize,
-    /// Turns since epoll was last asked (busy polling with spin callbacks).
+    /// Turns since epoll was last asked (busy polling with spin callbacks);
+    /// 0 on a turn that reads the clock and looks at the timers.
     spin_turns: u32,
     /// The spin callbacks as of `spin_epoch` (the loop thread's copy).
     spins: Vec<Arc<SpinSlot>>,
@@ -286,12 +287,13 @@ impl MioLoop {
         self.inner().control.busy_poll()
     }
 
-    /// The loop's time ([`EventLoop::now`]) as read for this turn's
-    /// timers, without reading the clock again: for a spin callback (see
-    /// [`add_spin`](Self::add_spin)), which runs in the same turn right
-    /// after the timers, it is at most one turn old. A loop that sleeps
-    /// reads it before it sleeps, so elsewhere it may be as old as that
-    /// sleep: use [`EventLoop::now`] there.
+    /// The loop's time ([`EventLoop::now`]) as last read for its timers,
+    /// without reading the clock again: for a spin callback (see
+    /// [`add_spin`](Self::add_spin)) it is at most eight turns old (a
+    /// busy-polling loop with spin callbacks reads the clock on the turns
+    /// that ask epoll, one in eight). A loop that sleeps reads it before
+    /// it sleeps, so elsewhere it may be as old as that sleep: use
+    /// [`EventLoop::now`] there.
     pub fn turn_now(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.inner().turn_nanos.load(Ordering::Relaxed))
     }
@@ -401,6 +403,8 @@ impl MioLoop {
             "MioLoop::turn: the loop is running on another thread",
         );
         let st = guard.state.as_mut().expect("poll state present");
+        // Driven turn by turn (no spin callbacks run): the clock every turn.
+        st.spin_turns = 0;
         // What an earlier turn fetched and left, then what is ready now.
         if inner.work(st) {
             if let Some(max_wait) = poll {
@@ -612,20 +616,28 @@ impl Inner {
                 st.next = 0;
                 return;
             }
-            st.spin_turns = 0;
         }
+        // The next turn reads the clock (see `work`).
+        st.spin_turns = 0;
         self.poll(st, None);
     }
 
     /// Dispatches the events of the last poll, then runs the posted
     /// closures, the ready signals and the due timers. `false` when a
     /// callback requested a stop (the rest waits for the next turn).
+    ///
+    /// The clock is read (and the timers looked at) on the turns that ask
+    /// epoll: every turn, except on a busy-polling loop with spin
+    /// callbacks, where it is once every [`SPINS_PER_POLL`] turns. A clock
+    /// read costs as much as an idle spin on some machines (a system call
+    /// on a virtual machine without a usable TSC).
     fn work(&self, st: &mut PollState) -> bool {
         if !self.dispatch_events(st) {
             return false;
         }
         self.control.begin_look();
-        self.run_posts() && self.run_signals() && self.run_timers()
+        let clock = st.spin_turns == 0;
+        self.run_posts() && self.run_signals() && (!clock || self.run_timers())
     }
 
     /// How long the loop may sleep in epoll: zero with work announced or
