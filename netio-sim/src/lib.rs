@@ -221,7 +221,8 @@ pub use backend::{SimBackend, SimProvider};
 pub use event_loop::{SimLoop, SimSignal, SimTimer};
 pub use netio_core;
 
-use world::{Call, NetEv, World};
+use netio_core::NetworkBuffer;
+use world::{BackendId, Call, Due, NetEv, PoolId, World};
 
 /// How long a connection attempt waits for an answer before it is refused
 /// with [`RefuseReason::Unreachable`](netio_core::RefuseReason::Unreachable)
@@ -306,15 +307,25 @@ pub(crate) struct Shared {
     /// blocked in [`SimLoop::run`] or [`Sim::wait_for_work`].
     wake: Condvar,
     /// Held while one event is processed and its callbacks dispatched: one
-    /// callback at a time, whoever drives. Holds the list the callbacks of
-    /// a step are taken into (empty between steps; its memory kept).
-    step_lock: Mutex<Vec<Call>>,
+    /// callback at a time, whoever drives.
+    step_lock: Mutex<Stepping>,
     seed: u64,
     /// What each host's application does when the host restarts.
     restart_hooks: Mutex<std::collections::BTreeMap<IpAddr, RestartHook>>,
 }
 
 type RestartHook = Arc<Mutex<Box<dyn FnMut(&SimHost) + Send>>>;
+
+/// What the driver keeps from one step to the next (behind
+/// [`Shared::step_lock`]).
+#[derive(Default)]
+struct Stepping {
+    /// The callbacks of the step (empty between steps; its memory kept).
+    calls: Vec<Call>,
+    /// Key lists of reported completions and closes, handed back to the
+    /// world at the next step for later reports to reuse.
+    spent: Vec<Vec<u64>>,
+}
 
 /// A simulated world: hosts, links, one virtual clock, one seeded scheduler.
 ///
@@ -430,7 +441,7 @@ impl Sim {
             shared: Arc::new(Shared {
                 world: Mutex::new(World::new(seed, netio_core::thread_token())),
                 wake: Condvar::new(),
-                step_lock: Mutex::new(Vec::new()),
+                step_lock: Mutex::new(Stepping::default()),
                 seed,
                 restart_hooks: Mutex::new(std::collections::BTreeMap::new()),
             }),
@@ -552,28 +563,28 @@ impl Sim {
     /// are run back to back under one lock, up to the first that does.
     pub(crate) fn step_until(&self, deadline: u64, batch: bool) -> bool {
         assert_not_in_callback("Sim::step");
-        let mut calls = lock(&self.shared.step_lock);
-        {
-            let mut w = self.world();
-            w.driver = netio_core::thread_token();
-            let mut ran = false;
-            loop {
-                if w.next_at().is_none_or(|t| t > deadline) {
-                    break;
-                }
-                let ev = w.pop().expect("an event is due");
-                w.process(ev);
-                ran = true;
-                if !batch || w.has_calls() {
-                    break;
-                }
+        let mut stepping = lock(&self.shared.step_lock);
+        let st = &mut *stepping;
+        let mut w = self.world();
+        w.driver = netio_core::thread_token();
+        w.sched.reuse_keys(&mut st.spent);
+        let mut ran = false;
+        loop {
+            if w.next_at().is_none_or(|t| t > deadline) {
+                break;
             }
-            if !ran {
-                return false;
+            let ev = w.pop().expect("an event is due");
+            w.process(ev);
+            ran = true;
+            if !batch || w.has_calls() {
+                break;
             }
-            w.take_calls(&mut calls);
         }
-        self.dispatch(&mut calls);
+        if !ran {
+            return false;
+        }
+        w.take_calls(&mut st.calls);
+        self.dispatch(w, st);
         true
     }
 
@@ -855,64 +866,96 @@ impl Sim {
         self.with(|w| w.pause(host, false));
     }
 
-    /// Runs callbacks with the world unlocked.
-    /// Runs `calls` (left empty).
-    fn dispatch(&self, calls: &mut Vec<Call>) {
+    /// Unlocks the world, waking threads waiting for work.
+    fn unlock(&self, w: MutexGuard<'_, World>) {
+        let notify = w.waiters > 0;
+        drop(w);
+        if notify {
+            self.shared.wake.notify_all();
+        }
+    }
+
+    /// Runs the callbacks of a step (`st.calls`, left empty) with the
+    /// world unlocked. Whether a callback still runs is decided with the
+    /// world locked just before it: under `w` (the step's lock) for the
+    /// first, then under the lock that also frees the receive buffer of the
+    /// `on_data` before it.
+    fn dispatch(&self, w: MutexGuard<'_, World>, st: &mut Stepping) {
         let _guard = CallbackGuard::enter(self);
-        for call in calls.drain(..) {
+        let mut w = Some(w);
+        // The receive buffer the last `on_data` read, freed at the next
+        // lock.
+        let mut read: Option<(BackendId, NetworkBuffer, PoolId)> = None;
+        let mut calls = st.calls.drain(..);
+        loop {
+            let call = calls.next();
+            if call.is_none() && read.is_none() {
+                break;
+            }
+            let mut g = w.take().unwrap_or_else(|| self.world());
+            if let Some((b, buf, pool)) = read.take() {
+                g.recv_done(b, buf, pool);
+            }
+            let Some(call) = call else {
+                self.unlock(g);
+                break;
+            };
+            let handler = match g.due(&call) {
+                Due::Run(handler) => handler,
+                Due::Skip => {
+                    if let Call::Net {
+                        backend,
+                        ev: NetEv::Data(m),
+                        ..
+                    } = call
+                    {
+                        g.recv_done(backend, m.buf, m.pool);
+                    }
+                    // What the call holds is dropped with the world
+                    // unlocked (a stopped timer's callback may own handles
+                    // that lock it).
+                    self.unlock(g);
+                    continue;
+                }
+                Due::Hold => {
+                    if let Call::Net {
+                        ev: NetEv::Data(m), ..
+                    } = call
+                    {
+                        g.hold(m);
+                    }
+                    self.unlock(g);
+                    continue;
+                }
+            };
+            self.unlock(g);
             match call {
-                Call::Net {
-                    backend,
-                    host,
-                    handler,
-                    ev,
-                } => {
+                Call::Net { backend, host, ev } => {
+                    let handler = handler.expect("a handler call has its handler");
                     let b = SimBackend::from_parts(SimLoop::new(self.clone(), host), backend);
-                    if let NetEv::Data(m) = ev {
-                        // Nothing is delivered after the connection was
-                        // closed (by this side's call, or reported closed);
-                        // nothing while it is paused (held until resumed).
-                        let m = self.with(|w| {
-                            if !w.backend_alive(backend) || w.app_closed(m.wire, m.side) {
-                                w.recv_done(backend, m.buf, m.pool);
-                                None
-                            } else if w.rx_blocked(m.wire, m.side) {
-                                w.hold(m);
-                                None
-                            } else {
-                                Some(m)
-                            }
-                        });
-                        if let Some(m) = m {
-                            lock(&handler).on_data(&b, m.conn, m.buf.as_slice());
-                            self.with(|w| w.recv_done(backend, m.buf, m.pool));
-                        }
-                        continue;
-                    }
-                    if !self.world().backend_alive(backend) {
-                        continue;
-                    }
                     let mut h = lock(&handler);
                     match ev {
+                        NetEv::Data(m) => {
+                            h.on_data(&b, m.conn, m.buf.as_slice());
+                            read = Some((backend, m.buf, m.pool));
+                        }
                         NetEv::Established(c, r, caps) => {
                             h.on_connection_established(&b, c, r, caps)
                         }
                         NetEv::Refused(c, r, why) => h.on_connection_refused(&b, c, r, &why),
                         NetEv::Closed(c, r, why, keys) => {
-                            h.on_connection_closed(&b, c, r, &why, &keys)
+                            h.on_connection_closed(&b, c, r, &why, &keys);
+                            st.spent.push(keys);
                         }
-                        NetEv::Completed(c, keys) => h.on_sends_completed(&b, c, &keys),
+                        NetEv::Completed(c, keys) => {
+                            h.on_sends_completed(&b, c, &keys);
+                            st.spent.push(keys);
+                        }
                         NetEv::Timer(token) => h.on_timer(&b, token),
                         NetEv::Wake(token) => h.on_wake(&b, token),
-                        NetEv::Data(..) => unreachable!("handled above"),
                     }
                 }
-                Call::Timer { id, gen, f, .. } => {
-                    if self.world().timer_live(id, gen) {
-                        (lock(&f))();
-                    }
-                }
-                Call::Signal { f, .. } => (lock(&f))(),
+                Call::Timer { f, .. } | Call::Signal { f, .. } => (lock(&f))(),
                 Call::Post { f, .. } => f(),
             }
         }

@@ -34,7 +34,7 @@ pub(crate) type BackendId = usize;
 /// [`ConnId`] handles instead.
 type WireId = u64;
 type ListenerId = u64;
-type PoolId = u64;
+pub(crate) type PoolId = u64;
 
 /// A backend's handler, called by the driver with the world unlocked.
 pub(crate) type HandlerCell = Arc<Mutex<Box<dyn Handler<SimBackend>>>>;
@@ -67,6 +67,19 @@ fn dead_handler() -> HandlerCell {
 /// outgoing connections (the IANA dynamic range).
 const EPHEMERAL_FIRST: u16 = 49152;
 const EPHEMERAL_COUNT: u64 = 65536 - EPHEMERAL_FIRST as u64;
+
+/// Nanoseconds `len` bytes take at `bw` bytes per second (0: unlimited),
+/// rounded up.
+fn serialise_ns(len: usize, bw: u64) -> u64 {
+    const NS: u64 = 1_000_000_000;
+    match u64::try_from(len) {
+        _ if bw == 0 => 0,
+        // The usual case, in 64 bits.
+        Ok(len) if len <= u64::MAX / NS => (len * NS).div_ceil(bw),
+        _ => u64::try_from((len as u128 * u128::from(NS)).div_ceil(u128::from(bw)))
+            .unwrap_or(u64::MAX),
+    }
+}
 
 pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -159,10 +172,11 @@ impl Ord for Entry {
 
 /// A handler or loop callback the driver runs after unlocking the world.
 pub(crate) enum Call {
+    /// `ev` for the handler of `backend` (the one it has when the call
+    /// runs), on `host`.
     Net {
         backend: BackendId,
         host: IpAddr,
-        handler: HandlerCell,
         ev: NetEv,
     },
     Timer {
@@ -191,6 +205,18 @@ impl Call {
             | Self::Post { host, .. } => *host,
         }
     }
+}
+
+/// What the driver does with a callback ([`World::due`]).
+pub(crate) enum Due {
+    /// Run it; a handler call with this handler (the one its backend has
+    /// now).
+    Run(Option<HandlerCell>),
+    /// Drop it (a message's receive buffer is freed).
+    Skip,
+    /// A message for a paused side: keep it until the side resumes
+    /// ([`World::hold`]).
+    Hold,
 }
 
 /// The handler method to call.
@@ -226,7 +252,12 @@ pub(crate) struct Sched {
     queue: BinaryHeap<Entry>,
     pub(crate) trace: Option<String>,
     pub(crate) calls: Vec<Call>,
+    /// Empty key lists of earlier reports, for later ones.
+    spare_keys: Vec<Vec<u64>>,
 }
+
+/// How many empty key lists [`Sched`] keeps for reuse.
+const SPARE_KEY_LISTS: usize = 16;
 
 impl Sched {
     fn schedule(&mut self, at: u64, ev: Ev) {
@@ -280,9 +311,25 @@ impl Sched {
         self.calls.push(Call::Net {
             backend: b,
             host: be.host,
-            handler: Arc::clone(&be.handler),
             ev,
         });
+    }
+
+    /// An empty list for the keys of a report, reusing one of an earlier
+    /// report if there is one.
+    fn key_list(&mut self) -> Vec<u64> {
+        self.spare_keys.pop().unwrap_or_default()
+    }
+
+    /// Takes back the key lists of reports the driver dispatched
+    /// (`spent`, left empty), keeping a few for [`key_list`](Self::key_list).
+    pub(crate) fn reuse_keys(&mut self, spent: &mut Vec<Vec<u64>>) {
+        while let Some(mut keys) = spent.pop() {
+            if self.spare_keys.len() < SPARE_KEY_LISTS {
+                keys.clear();
+                self.spare_keys.push(keys);
+            }
+        }
     }
 }
 
@@ -829,6 +876,7 @@ impl World {
                 queue: BinaryHeap::new(),
                 trace: None,
                 calls: Vec::new(),
+                spare_keys: Vec::new(),
             },
             hosts: Hosts::default(),
             next_auto_host: 1,
@@ -1242,6 +1290,33 @@ impl World {
         let be = &self.backends[b];
         let h = &self.hosts.list[be.hix];
         !h.crashed && h.incarnation == be.incarnation
+    }
+
+    /// Whether `call` runs now, decided just before it would (see
+    /// [`Due`]).
+    pub(crate) fn due(&self, call: &Call) -> Due {
+        match call {
+            Call::Net { backend, ev, .. } => {
+                let b = *backend;
+                if !self.backend_alive(b) {
+                    return Due::Skip;
+                }
+                if let NetEv::Data(m) = ev {
+                    // Nothing is delivered after the connection was closed
+                    // (by this side's call, or reported closed); nothing
+                    // while it is paused (held until resumed).
+                    if self.app_closed(m.wire, m.side) {
+                        return Due::Skip;
+                    }
+                    if self.rx_blocked(m.wire, m.side) {
+                        return Due::Hold;
+                    }
+                }
+                Due::Run(Some(Arc::clone(&self.backends[b].handler)))
+            }
+            Call::Timer { id, gen, .. } if !self.timer_live(*id, *gen) => Due::Skip,
+            Call::Timer { .. } | Call::Signal { .. } | Call::Post { .. } => Due::Run(None),
+        }
     }
 
     /// Brings a crashed `host` back with a fresh state (crashing it first,
@@ -2078,7 +2153,8 @@ impl World {
         tx.unbuffered -= done.iter().filter(|a| a.slot).count();
         let (b, id) = (tx.backend, tx.handle);
         // Buffers return to their pools, regions are no longer lent.
-        let keys = done.drain(..).map(|a| a.key).collect();
+        let mut keys = self.sched.key_list();
+        keys.extend(done.drain(..).map(|a| a.key));
         self.scratch_completing = done;
         self.sched
             .emit(&self.backends, b, NetEv::Completed(id, keys));
@@ -2102,7 +2178,7 @@ impl World {
         let mut keys = if tcp {
             Vec::new() // completed when accepted
         } else {
-            Vec::with_capacity(done.len())
+            self.sched.key_list()
         };
         for (buf, key) in done.drain(..) {
             if !tcp {
@@ -2544,14 +2620,7 @@ impl World {
         };
         let len = body.len();
         let now = self.sched.now;
-        let serialise = |bw: u64| {
-            if bw == 0 {
-                0
-            } else {
-                u64::try_from((len as u128 * 1_000_000_000).div_ceil(u128::from(bw)))
-                    .unwrap_or(u64::MAX)
-            }
-        };
+        let serialise = |bw: u64| serialise_ns(len, bw);
         let link = &mut self.links[route.link];
         // The packet's latency, jitter included (as `latency` draws it).
         let lat = nanos(link.cfg.latency) + self.sched.rng.below(nanos(link.cfg.jitter) + 1);
@@ -2876,13 +2945,8 @@ impl World {
         for call in held {
             match call {
                 Call::Net {
-                    ev: NetEv::Data(m),
-                    handler,
-                    ..
-                } => {
-                    self.release_recv(m.buf, m.pool);
-                    dead.handlers.push(handler);
-                }
+                    ev: NetEv::Data(m), ..
+                } => self.release_recv(m.buf, m.pool),
                 other => dead.calls.push(other),
             }
         }
@@ -2951,5 +3015,51 @@ impl World {
     /// Removes a signal; the caller drops the callback after unlocking.
     pub(crate) fn remove_signal(&mut self, id: u64) -> Option<UserFn> {
         self.signals.remove(&id).map(|s| s.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::serialise_ns;
+
+    #[test]
+    fn serialisation_time_is_the_exact_rounded_up_quotient() {
+        let exact = |len: usize, bw: u64| {
+            if bw == 0 {
+                0
+            } else {
+                u64::try_from((len as u128 * 1_000_000_000).div_ceil(u128::from(bw)))
+                    .unwrap_or(u64::MAX)
+            }
+        };
+        let lens = [
+            0,
+            1,
+            63,
+            64,
+            65,
+            1 << 20,
+            18_446_744_073,
+            18_446_744_074,
+            usize::MAX,
+        ];
+        let bws = [
+            0,
+            1,
+            3,
+            999_999_999,
+            1_000_000_000,
+            10_000_000_000,
+            u64::MAX,
+        ];
+        for len in lens {
+            for bw in bws {
+                assert_eq!(
+                    serialise_ns(len, bw),
+                    exact(len, bw),
+                    "{len} bytes at {bw} B/s"
+                );
+            }
+        }
     }
 }
