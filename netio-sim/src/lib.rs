@@ -565,6 +565,8 @@ impl Sim {
         assert_not_in_callback("Sim::step");
         let mut stepping = lock(&self.shared.step_lock);
         let st = &mut *stepping;
+        // Left by a callback that panicked; dropped with the world unlocked.
+        st.calls.clear();
         let mut w = self.world();
         w.driver = netio_core::thread_token();
         w.sched.reuse_keys(&mut st.spent);
@@ -886,9 +888,11 @@ impl Sim {
         // The receive buffer the last `on_data` read, freed at the next
         // lock.
         let mut read: Option<(BackendId, NetworkBuffer, PoolId)> = None;
-        let mut calls = st.calls.drain(..);
+        // Taken from the back: in their order. (If a callback panics, the
+        // rest are dropped at the next step.)
+        st.calls.reverse();
         loop {
-            let call = calls.next();
+            let call = st.calls.pop();
             if call.is_none() && read.is_none() {
                 break;
             }

@@ -55,7 +55,7 @@ pub(crate) struct Remains {
     calls: Vec<Call>,
     callbacks: Vec<UserFn>,
     /// Events still scheduled ([`World::shut_down`]): posted closures.
-    queue: BinaryHeap<Entry>,
+    queue: Queue,
 }
 
 /// The handler of a backend whose host crashed: it hears nothing.
@@ -88,10 +88,16 @@ pub(crate) fn nanos(d: Duration) -> u64 {
 // ---------------------------------------------------------------------------
 // Scheduling
 
-/// Something that happens at a virtual instant.
+/// Something that happens at a virtual instant. Four words at most (the
+/// rare large payloads are boxed), so that the event queue's heap moves
+/// little.
 pub(crate) enum Ev {
     /// A control packet reaches side `to` of a connection.
-    Ctrl { conn: WireId, to: usize, pkt: Ctrl },
+    Ctrl {
+        conn: WireId,
+        to: usize,
+        pkt: Box<Ctrl>,
+    },
     /// The initiator gives up connecting.
     ConnectTimeout { conn: WireId },
     /// A side that is `Closing` reports its end.
@@ -102,7 +108,10 @@ pub(crate) enum Ev {
     /// reported completed.
     Complete { conn: WireId, dir: usize },
     /// A slow receiver frees a receive buffer.
-    Release { buf: NetworkBuffer, pool: PoolId },
+    Release {
+        buf: Box<NetworkBuffer>,
+        pool: PoolId,
+    },
     /// A timer period elapsed.
     Timer { id: u64, gen: u64 },
     /// A signal was fired.
@@ -113,9 +122,9 @@ pub(crate) enum Ev {
     HandlerTimer { b: BackendId },
     /// The oldest pending `wake` of backend `b` is reported.
     Wake { b: BackendId },
-    /// A closure posted to `host`'s loop runs (unless the host restarted
-    /// since: `inc` is its incarnation at the post).
-    Post { host: IpAddr, inc: u64, f: PostFn },
+    /// A closure posted to a host's loop runs (unless the host restarted
+    /// since the post).
+    Post(Box<Posted>),
     /// Side `side`, whose receiving was resumed, gets what it held back.
     Unhold { conn: WireId, side: usize },
     /// Side `side` reports the orderly close its peer made while it was
@@ -127,6 +136,13 @@ pub(crate) enum Ev {
         side: usize,
         since: u64,
     },
+}
+
+/// A closure posted to `host`'s loop when its incarnation was `inc`.
+pub(crate) struct Posted {
+    host: IpAddr,
+    inc: u64,
+    f: PostFn,
 }
 
 /// Connection management packets. Opening is TCP's three-way handshake:
@@ -167,6 +183,78 @@ impl Ord for Entry {
     /// Reversed, so the `BinaryHeap` pops the earliest event first.
     fn cmp(&self, o: &Self) -> Ordering {
         o.key().cmp(&self.key())
+    }
+}
+
+/// The scheduled events, taken earliest first (by time, then tie, then
+/// sequence number: a total order, so the order of taking does not depend
+/// on how they are kept). A world usually has a handful scheduled: they
+/// are then kept in a vector sorted latest first, where taking the next is
+/// taking the last and an event at the current instant goes at the end;
+/// past [`Queue::LARGE`] events they move to a binary heap, and back into
+/// a vector below [`Queue::SMALL`].
+enum Queue {
+    Sorted(Vec<Entry>),
+    Heap(BinaryHeap<Entry>),
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Self::Sorted(Vec::new())
+    }
+}
+
+impl Queue {
+    /// Events from which the sorted vector becomes a heap.
+    const LARGE: usize = 64;
+    /// Events below which the heap becomes a sorted vector again.
+    const SMALL: usize = 16;
+
+    fn push(&mut self, e: Entry) {
+        match self {
+            Self::Sorted(v) => {
+                if v.len() >= Self::LARGE {
+                    let mut heap = BinaryHeap::from(std::mem::take(v));
+                    heap.push(e);
+                    *self = Self::Heap(heap);
+                    return;
+                }
+                let k = e.key();
+                // After every later event: usually at or near the end.
+                let i = v.iter().rposition(|o| o.key() > k).map_or(0, |i| i + 1);
+                v.insert(i, e);
+            }
+            Self::Heap(h) => h.push(e),
+        }
+    }
+
+    fn pop(&mut self) -> Option<Entry> {
+        match self {
+            Self::Sorted(v) => v.pop(),
+            Self::Heap(h) => {
+                let e = h.pop();
+                if h.len() < Self::SMALL {
+                    // Ascending in the heap's order, which is reversed:
+                    // earliest last.
+                    *self = Self::Sorted(std::mem::take(h).into_sorted_vec());
+                }
+                e
+            }
+        }
+    }
+
+    fn peek_at(&self) -> Option<u64> {
+        match self {
+            Self::Sorted(v) => v.last().map(|e| e.at),
+            Self::Heap(h) => h.peek().map(|e| e.at),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Self::Sorted(v) => v.is_empty(),
+            Self::Heap(h) => h.is_empty(),
+        }
     }
 }
 
@@ -249,7 +337,7 @@ pub(crate) struct Sched {
     pub(crate) now: u64,
     pub(crate) rng: Rng,
     seq: u64,
-    queue: BinaryHeap<Entry>,
+    queue: Queue,
     pub(crate) trace: Option<String>,
     pub(crate) calls: Vec<Call>,
     /// Empty key lists of earlier reports, for later ones.
@@ -873,7 +961,7 @@ impl World {
                 now: 0,
                 rng: Rng::new(seed),
                 seq: 0,
-                queue: BinaryHeap::new(),
+                queue: Queue::default(),
                 trace: None,
                 calls: Vec::new(),
                 spare_keys: Vec::new(),
@@ -912,7 +1000,7 @@ impl World {
     // -- queue ---------------------------------------------------------------
 
     pub(crate) fn next_at(&self) -> Option<u64> {
-        self.sched.queue.peek().map(|e| e.at)
+        self.sched.queue.peek_at()
     }
 
     /// Callbacks are waiting to be dispatched.
@@ -934,7 +1022,7 @@ impl World {
     /// Applies `ev`; callbacks it causes go to `self.sched.calls`.
     pub(crate) fn process(&mut self, ev: Ev) {
         match ev {
-            Ev::Ctrl { conn, to, pkt } => self.on_ctrl(conn, to, pkt),
+            Ev::Ctrl { conn, to, pkt } => self.on_ctrl(conn, to, *pkt),
             Ev::ConnectTimeout { conn } => self.on_connect_timeout(conn),
             Ev::Finish { conn, side } => {
                 let ending = match self.side(conn, side).map(|s| &s.state) {
@@ -945,7 +1033,7 @@ impl World {
             }
             Ev::Deliver { conn, dir } => self.deliver(conn, dir),
             Ev::Complete { conn, dir } => self.complete(conn, dir),
-            Ev::Release { buf, pool } => self.release_recv(buf, pool),
+            Ev::Release { buf, pool } => self.release_recv(*buf, pool),
             Ev::Timer { id, gen } => {
                 let now = self.sched.now;
                 let Some(t) = self.timers.get(&id) else {
@@ -985,7 +1073,8 @@ impl World {
                     self.sched.emit(&self.backends, b, NetEv::Wake(token));
                 }
             }
-            Ev::Post { host, inc, f } => {
+            Ev::Post(posted) => {
+                let Posted { host, inc, f } = *posted;
                 if self.hosts.get(&host).map(|h| h.incarnation) != Some(inc) {
                     return; // posted by the host's life before a restart
                 }
@@ -1031,7 +1120,8 @@ impl World {
     pub(crate) fn post(&mut self, host: IpAddr, f: PostFn) {
         let now = self.sched.now;
         let inc = self.host_mut(host).incarnation;
-        self.sched.schedule(now, Ev::Post { host, inc, f });
+        self.sched
+            .schedule(now, Ev::Post(Box::new(Posted { host, inc, f })));
     }
 
     // -- receive flow control ----------------------------------------------------
@@ -1624,7 +1714,7 @@ impl World {
     /// Nothing passes between `a` and `b`: they are partitioned, or their
     /// traffic is held (`Sim::hold`).
     fn blocked_between(&self, a: IpAddr, b: IpAddr) -> bool {
-        a != b && {
+        a != b && !(self.partitions.is_empty() && self.holds.is_empty()) && {
             let k = pair(a, b);
             self.partitions.contains_key(&k) || self.holds.contains(&k)
         }
@@ -1649,7 +1739,14 @@ impl World {
             }
         }
         c.ctrl_last[to] = at;
-        self.sched.schedule(at, Ev::Ctrl { conn, to, pkt });
+        self.sched.schedule(
+            at,
+            Ev::Ctrl {
+                conn,
+                to,
+                pkt: Box::new(pkt),
+            },
+        );
     }
 
     /// Makes sure pipe `dir` of `conn` is looked at no later than `at`.
@@ -2150,11 +2247,14 @@ impl World {
             self.scratch_completing = done;
             return;
         };
-        tx.unbuffered -= done.iter().filter(|a| a.slot).count();
+        let mut keys = self.sched.key_list();
+        for a in &done {
+            tx.unbuffered -= usize::from(a.slot);
+            keys.push(a.key);
+        }
         let (b, id) = (tx.backend, tx.handle);
         // Buffers return to their pools, regions are no longer lent.
-        let mut keys = self.sched.key_list();
-        keys.extend(done.drain(..).map(|a| a.key));
+        done.clear();
         self.scratch_completing = done;
         self.sched
             .emit(&self.backends, b, NetEv::Completed(id, keys));
@@ -2180,7 +2280,9 @@ impl World {
         } else {
             self.sched.key_list()
         };
-        for (buf, key) in done.drain(..) {
+        // Taken from the back: earliest first.
+        done.reverse();
+        while let Some((buf, key)) = done.pop() {
             if !tcp {
                 keys.push(key);
             }
@@ -2229,7 +2331,13 @@ impl World {
         let slow = h.slow;
         if slow > 0 && !h.crashed {
             let at = self.sched.now + slow;
-            self.sched.schedule(at, Ev::Release { buf, pool });
+            self.sched.schedule(
+                at,
+                Ev::Release {
+                    buf: Box::new(buf),
+                    pool,
+                },
+            );
         } else {
             self.release_recv(buf, pool);
         }
@@ -3020,7 +3128,48 @@ impl World {
 
 #[cfg(test)]
 mod tests {
-    use super::serialise_ns;
+    use super::{serialise_ns, Entry, Ev, Queue};
+    use crate::rng::Rng;
+
+    #[test]
+    fn the_queue_takes_events_in_key_order_small_or_large() {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+
+        let mut rng = Rng::new(5);
+        let mut q = Queue::default();
+        let mut model = BinaryHeap::new();
+        let mut seq = 0;
+        let mut now = 0;
+        // Grows past `LARGE` and shrinks below `SMALL` several times.
+        for round in 0..2000u64 {
+            let burst = if round % 300 < 150 { 3 } else { 1 };
+            for _ in 0..burst {
+                seq += 1;
+                let (at, tie) = (now + rng.below(50), rng.below(4));
+                q.push(Entry {
+                    at,
+                    tie,
+                    seq,
+                    ev: Ev::Signal { id: seq },
+                });
+                model.push(Reverse((at, tie, seq)));
+            }
+            for _ in 0..2 {
+                assert_eq!(q.peek_at(), model.peek().map(|e| e.0 .0));
+                assert_eq!(q.is_empty(), model.is_empty());
+                let (Some(e), Some(Reverse(k))) = (q.pop(), model.pop()) else {
+                    break;
+                };
+                assert_eq!(e.key(), k);
+                now = e.at;
+            }
+        }
+        while let Some(Reverse(k)) = model.pop() {
+            assert_eq!(q.pop().map(|e| e.key()), Some(k));
+        }
+        assert!(q.pop().is_none());
+    }
 
     #[test]
     fn serialisation_time_is_the_exact_rounded_up_quotient() {
