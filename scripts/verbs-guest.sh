@@ -18,6 +18,8 @@
 # device rxe0 sits on it, `ulimit -l` is unlimited, and the environment has
 #   NETIO_VERBS_GUEST=1  NETIO_VERBS_ADDR=169.254.77.1  NETIO_VERBS_DOMAIN=rxe0
 #   FI_UNIVERSE_SIZE=64  (verbs;ofi_rxm fails on rxe above 127; kept if set)
+#   NETIO_CONFORMANCE_TIME_SCALE=4  (the conformance suite's watchdog allows
+#     a call four times as long: emulation is slow; kept if set)
 # plus PATH, HOME, LANG, LC_ALL and every NETIO_*, FI_*, RUST* and CARGO_*
 # variable of the caller.
 #
@@ -339,6 +341,7 @@ trap 'exit 143' TERM
         grep -vE '^NETIO_(VERBS_(GUEST|ADDR|DOMAIN)|GUEST_CACHE)$' || true)
     # shellcheck disable=SC2016 # expanded in the guest
     echo 'export FI_UNIVERSE_SIZE="${FI_UNIVERSE_SIZE:-64}"'
+    echo 'export NETIO_CONFORMANCE_TIME_SCALE="${NETIO_CONFORMANCE_TIME_SCALE:-4}"'
     echo 'export NETIO_VERBS_GUEST=1 NETIO_VERBS_ADDR=169.254.77.1 NETIO_VERBS_DOMAIN=rxe0'
     echo 'ulimit -l unlimited'
     echo "cd $(printf '%q' "$CWD") || { echo \"$prog: $(printf '%q' "$CWD") is not visible in the guest\" >&2; exit 125; }"

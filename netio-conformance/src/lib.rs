@@ -103,7 +103,7 @@ mod watch;
 pub use ctx::{connect_target, full_params, Connection, Ctx, Filled, Node, Pair, SendMode};
 pub use harness::{Harness, NodeId};
 pub use recorder::{Close, Event, Log, React, Recorder};
-pub use watch::STUCK;
+pub use watch::{stuck_limit, time_scale, STUCK};
 
 #[doc(hidden)]
 pub mod __private {

@@ -18,8 +18,38 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 /// How long one handler call or one backend call may take before the
-/// watchdog fails the test.
+/// watchdog fails the test, on a machine that runs at full speed (see
+/// [`stuck_limit`]).
 pub const STUCK: Duration = Duration::from_secs(5);
+
+/// The watchdog's limits are multiplied by `NETIO_CONFORMANCE_TIME_SCALE`
+/// (a number ≥ 1; default 1) where everything runs slower by a known
+/// factor, such as the emulated guest of `scripts/verbs-guest.sh`, which
+/// sets it: there a provider's endpoint set-up can take seconds without
+/// being stuck. A value that is not a number ≥ 1 is ignored.
+pub fn time_scale() -> f64 {
+    static SCALE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *SCALE.get_or_init(|| {
+        parse_scale(
+            std::env::var("NETIO_CONFORMANCE_TIME_SCALE")
+                .ok()
+                .as_deref(),
+        )
+    })
+}
+
+/// The factor `value` names: a finite number ≥ 1, else 1.
+fn parse_scale(value: Option<&str>) -> f64 {
+    value
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|f| f.is_finite() && *f >= 1.0)
+        .unwrap_or(1.0)
+}
+
+/// [`STUCK`] times [`time_scale`]: how long one call may take here.
+pub fn stuck_limit() -> Duration {
+    STUCK.mul_f64(time_scale())
+}
 
 /// How long the watchdog waits, after it found the loop thread stuck, for
 /// the test thread to fail by itself before it ends the process (the test
@@ -142,7 +172,8 @@ impl Watch {
         while !self.done.load(Ordering::SeqCst) {
             thread::sleep(Duration::from_millis(20));
             if let Some(at) = found_at {
-                if at.elapsed() >= GRACE && !self.done.load(Ordering::SeqCst) {
+                if at.elapsed() >= GRACE.mul_f64(time_scale()) && !self.done.load(Ordering::SeqCst)
+                {
                     // The test thread did not fail by itself: it is the
                     // stuck one.
                     let what = self.stuck().unwrap_or_default();
@@ -168,10 +199,11 @@ impl Watch {
                 }
                 continue;
             }
+            let stuck = stuck_limit();
             let stuck_handler = lock(&self.handler_clocks).iter().find_map(|c| {
                 let c = lock(c);
                 let (since, what) = c.since.as_ref()?;
-                (since.elapsed() >= STUCK).then(|| what.clone())
+                (since.elapsed() >= stuck).then(|| what.clone())
             });
             let msg = if let Some(what) = stuck_handler {
                 Some(format!(
@@ -179,17 +211,17 @@ impl Watch {
                      calling the backend deadlocked (is the provider calling the handler while \
                      holding its own lock?), or the provider called the handler from inside a \
                      backend call that holds it",
-                    STUCK.as_secs()
+                    stuck.as_secs()
                 ))
             } else {
                 let c = lock(&self.call_clock);
                 c.since.as_ref().and_then(|(since, what)| {
-                    (since.elapsed() >= STUCK).then(|| {
+                    (since.elapsed() >= stuck).then(|| {
                         format!(
                             "the backend call `{what}` has not returned for {} s: the provider \
                              deadlocked inside it (a lock held by its loop thread, or a call \
                              blocking on the loop)",
-                            STUCK.as_secs()
+                            stuck.as_secs()
                         )
                     })
                 })
@@ -332,5 +364,22 @@ pub fn run_behaviour(f: fn()) {
             .wait_timeout(gave_up, Duration::from_millis(10))
             .unwrap_or_else(|p| p.into_inner())
             .0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_scale;
+
+    #[test]
+    fn the_time_scale_is_a_number_of_at_least_one_else_one() {
+        assert_eq!(parse_scale(None), 1.0);
+        assert_eq!(parse_scale(Some("4")), 4.0);
+        assert_eq!(parse_scale(Some(" 2.5 ")), 2.5);
+        assert_eq!(parse_scale(Some("0.5")), 1.0);
+        assert_eq!(parse_scale(Some("-3")), 1.0);
+        assert_eq!(parse_scale(Some("inf")), 1.0);
+        assert_eq!(parse_scale(Some("NaN")), 1.0);
+        assert_eq!(parse_scale(Some("fast")), 1.0);
     }
 }
