@@ -892,15 +892,14 @@ impl Sim {
         // rest are dropped at the next step.)
         st.calls.reverse();
         loop {
-            let call = st.calls.pop();
-            if call.is_none() && read.is_none() {
+            if st.calls.is_empty() && read.is_none() {
                 break;
             }
             let mut g = w.take().unwrap_or_else(|| self.world());
             if let Some((b, buf, pool)) = read.take() {
                 g.recv_done(b, buf, pool);
             }
-            let Some(call) = call else {
+            let Some(call) = st.calls.pop() else {
                 self.unlock(g);
                 break;
             };

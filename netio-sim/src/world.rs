@@ -325,7 +325,6 @@ pub(crate) enum NetEv {
 /// is paused it is held back.
 pub(crate) struct DataMsg {
     pub(crate) conn: ConnId,
-    pub(crate) remote: EndpointAddress,
     pub(crate) buf: NetworkBuffer,
     pub(crate) pool: PoolId,
     pub(crate) wire: WireId,
@@ -367,6 +366,30 @@ impl Sched {
     }
 
     fn emit(&mut self, backends: &[BackendState], b: BackendId, ev: NetEv) {
+        debug_assert!(!matches!(ev, NetEv::Data(_)), "messages go to emit_data");
+        self.emit_from(backends, b, ev, None);
+    }
+
+    /// Reports message `m`, from the sender at `from`, to backend `b`.
+    fn emit_data(
+        &mut self,
+        backends: &[BackendState],
+        b: BackendId,
+        m: DataMsg,
+        from: EndpointAddress,
+    ) {
+        self.emit_from(backends, b, NetEv::Data(m), Some(from));
+    }
+
+    /// Queues `ev` for backend `b`'s handler (a message with `from`, the
+    /// address the trace names as its sender).
+    fn emit_from(
+        &mut self,
+        backends: &[BackendState],
+        b: BackendId,
+        ev: NetEv,
+        from: Option<EndpointAddress>,
+    ) {
         let be = &backends[b];
         if self.trace.is_some() {
             let text = match &ev {
@@ -385,7 +408,7 @@ impl Sched {
                     format!(
                         "data {} from {} len={} fnv={:016x}",
                         m.conn,
-                        m.remote,
+                        from.expect("a message is reported with its sender"),
                         m.buf.len(),
                         fnv(m.buf.as_slice())
                     )
@@ -1157,13 +1180,12 @@ impl World {
         for (buf, pool) in held {
             let m = DataMsg {
                 conn: handle,
-                remote,
                 buf,
                 pool,
                 wire: conn,
                 side,
             };
-            self.sched.emit(&self.backends, b, NetEv::Data(m));
+            self.sched.emit_data(&self.backends, b, m, remote);
         }
         let now = self.sched.now;
         if deferred {
@@ -2288,13 +2310,13 @@ impl World {
             }
             let m = DataMsg {
                 conn: ends.rx_id,
-                remote: ends.rx_remote,
                 buf,
                 pool,
                 wire: conn,
                 side: 1 - dir,
             };
-            self.sched.emit(&self.backends, ends.rx_b, NetEv::Data(m));
+            self.sched
+                .emit_data(&self.backends, ends.rx_b, m, ends.rx_remote);
         }
         if tcp {
             return; // completed when accepted
