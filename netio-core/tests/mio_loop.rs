@@ -679,6 +679,7 @@ fn spin_callbacks_run_every_turn_of_a_busy_polling_loop_and_sources_are_still_se
         let spins = Arc::clone(&spins);
         el.add_spin(move || {
             spins.fetch_add(1, Ordering::SeqCst);
+            false
         })
     };
     let (mut a, mut b) = UnixStream::pair().unwrap();
@@ -726,6 +727,7 @@ fn turn_now_in_a_spin_callback_is_this_turns_time() {
             if s.len() < 10_000 {
                 s.push((lp.turn_now(), lp.now()));
             }
+            false
         });
     }
     let running = Running::start(&el);
@@ -759,6 +761,7 @@ fn spin_callbacks_never_run_on_a_loop_that_sleeps_and_may_remove_themselves() {
         let spins = Arc::clone(&spins);
         el.add_spin(move || {
             spins.fetch_add(1, Ordering::SeqCst);
+            false
         });
     }
     let running = Running::start(&el);
@@ -782,6 +785,7 @@ fn spin_callbacks_never_run_on_a_loop_that_sleeps_and_may_remove_themselves() {
             if let (Some(id), Some(lp)) = (cell.get(), weak.upgrade()) {
                 assert!(lp.remove_spin(*id), "removing itself from inside");
             }
+            false
         });
         let _ = me.set(id);
     }
@@ -812,6 +816,7 @@ fn a_removed_spin_callback_is_dropped_running_or_not() {
         el.add_spin(move || {
             let _ = &held;
             calls.fetch_add(1, Ordering::SeqCst);
+            false
         })
     };
     // Never run: dropped by remove_spin itself.
@@ -863,7 +868,7 @@ fn a_busy_loop_runs_a_timer_started_from_another_thread_at_its_deadline() {
         ..LoopConfig::default()
     })
     .unwrap();
-    let _spin = el.add_spin(|| {});
+    let _spin = el.add_spin(|| false);
     let long_ticks = Arc::new(AtomicUsize::new(0));
     let long = {
         let t = Arc::clone(&long_ticks);
@@ -913,6 +918,7 @@ fn a_busy_loop_whose_spin_callbacks_are_removed_still_runs_its_timers() {
             let s = Arc::clone(&spins);
             el.add_spin(move || {
                 s.fetch_add(1, Ordering::SeqCst);
+                false
             })
         };
         let target = 1000 + 13 * round;
@@ -1112,4 +1118,104 @@ fn no_fd_leak_after_drop() {
         drop((a, b));
     }
     assert_eq!(open_fds(), before, "fds leaked");
+}
+
+/// Starts a 2 ms timer on `el` (a busy-polling loop whose work, steps of a
+/// millisecond or more, `steps` counts) once per round, and returns the
+/// most steps any round took from the start to the firing.
+fn most_steps_a_timer_waits(el: &MioLoop, steps: &Arc<AtomicUsize>) -> usize {
+    let fired_at = Arc::new(AtomicUsize::new(usize::MAX));
+    let timer = {
+        let (f, s) = (Arc::clone(&fired_at), Arc::clone(steps));
+        el.timer(move || {
+            f.store(count(&s), Ordering::SeqCst);
+        })
+    };
+    let mut most = 0;
+    for round in 0..8 {
+        fired_at.store(usize::MAX, Ordering::SeqCst);
+        let started = count(steps);
+        timer.start(Duration::from_millis(2));
+        assert!(
+            wait_until(|| count(&fired_at) != usize::MAX),
+            "round {round}: the timer fired"
+        );
+        timer.stop();
+        most = most.max(count(&fired_at) - started);
+    }
+    most
+}
+
+/// A busy loop skips the clock on idle spins, not after work: when a spin
+/// callback finds work (a millisecond of it, turn after turn), the next
+/// turn looks at the timers. A 2 ms timer then fires within four such
+/// turns (the one under way when it was set, two that make the 2 ms, the
+/// one that sees it due); were the clock read only on the turns that ask
+/// epoll (one in eight), it would wait up to nine, and in eight rounds
+/// nearly surely more than five at least once.
+#[test]
+fn a_busy_loop_whose_spin_callbacks_find_work_every_turn_runs_its_timers_on_time() {
+    let _fds = fds_shared();
+    let el = MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        ..LoopConfig::default()
+    })
+    .unwrap();
+    let steps = Arc::new(AtomicUsize::new(0));
+    {
+        let s = Arc::clone(&steps);
+        el.add_spin(move || {
+            std::thread::sleep(Duration::from_millis(1));
+            s.fetch_add(1, Ordering::SeqCst);
+            true
+        });
+    }
+    let running = Running::start(&el);
+    let most = most_steps_a_timer_waits(&el, &steps);
+    running.stop();
+    assert!(
+        most <= 5,
+        "a 2 ms timer waited {most} spins that found 1 ms of work each"
+    );
+}
+
+/// Posts a closure that spends a millisecond, counts itself in `steps` and
+/// posts itself again, until `go` is cleared.
+fn post_chain(lp: MioLoop, steps: Arc<AtomicUsize>, go: Arc<AtomicBool>) {
+    let next = lp.clone();
+    lp.post(move || {
+        if !go.load(Ordering::SeqCst) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        steps.fetch_add(1, Ordering::SeqCst);
+        post_chain(next, steps, go);
+    });
+}
+
+/// Likewise for posted closures on a busy loop whose spin callback finds
+/// nothing: a turn that runs posted closures reads the clock after them,
+/// so a chain of closures of a millisecond each, one a turn, does not hold
+/// a due timer back for eight turns.
+#[test]
+fn a_busy_loop_running_long_posted_closures_turn_after_turn_runs_its_timers_on_time() {
+    let _fds = fds_shared();
+    let el = MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        ..LoopConfig::default()
+    })
+    .unwrap();
+    let _spin = el.add_spin(|| false);
+    let steps = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(AtomicBool::new(true));
+    post_chain(el.clone(), Arc::clone(&steps), Arc::clone(&go));
+    let running = Running::start(&el);
+    let most = most_steps_a_timer_waits(&el, &steps);
+    go.store(false, Ordering::SeqCst);
+    fence(&el);
+    running.stop();
+    assert!(
+        most <= 5,
+        "a 2 ms timer waited {most} posted closures of 1 ms each"
+    );
 }

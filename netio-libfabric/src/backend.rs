@@ -1032,13 +1032,14 @@ impl Inner {
     /// have no wait fd: reads the queue of the connection that had
     /// completions last (up to [`SPIN_READS`] times while it is empty),
     /// then those of [`SPIN_OTHERS`] other connections in turn, and of the
-    /// lingering ones; dispatches what it found at once.
-    fn spin(&self) {
+    /// lingering ones; dispatches what it found at once. `true` when it
+    /// found something to hand over.
+    fn spin(&self) -> bool {
         {
             let mut guard = lock(&self.state);
             let st = &mut *guard;
             if st.dispatching {
-                return;
+                return false;
             }
             // What the reads queue is handed over right here, not posted.
             st.dispatching = true;
@@ -1061,7 +1062,7 @@ impl Inner {
             }
             if st.events.is_empty() {
                 st.dispatching = false;
-                return;
+                return false;
             }
             // The messages of one connection and nothing else: handed over
             // right here, under the lock of the read that found them, with
@@ -1073,11 +1074,12 @@ impl Inner {
                 guard = self.deliver_locked(&backend, id, guard);
                 if guard.events.is_empty() {
                     guard.dispatching = false;
-                    return;
+                    return true;
                 }
             }
         }
         self.run_dispatch();
+        true
     }
 
     /// Reads the completion queues of up to [`SPIN_OTHERS`] established

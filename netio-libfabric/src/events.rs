@@ -329,18 +329,15 @@ pub(crate) fn timer_to<T: Send + Sync + 'static>(
 }
 
 /// On a busy-polling loop, a spin callback that calls `f` on the backend
-/// behind `weak` while it lives, handing it the reference the call took.
+/// behind `weak` while it lives, handing it the reference the call took;
+/// `f` says whether it found work.
 pub(crate) fn spin_to<T: Send + Sync + 'static>(
     lp: &MioLoop,
     weak: &Weak<T>,
-    f: fn(Arc<T>),
+    f: fn(Arc<T>) -> bool,
 ) -> Option<SpinId> {
     lp.is_busy_polling().then(|| {
         let w = weak.clone();
-        lp.add_spin(move || {
-            if let Some(i) = w.upgrade() {
-                f(i);
-            }
-        })
+        lp.add_spin(move || w.upgrade().is_some_and(f))
     })
 }

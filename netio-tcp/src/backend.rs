@@ -408,11 +408,7 @@ impl TcpBackend {
             // read that finds it, not after an epoll call that reports it.
             let spin = lp.is_busy_polling().then(|| {
                 let w = weak.clone();
-                lp.add_spin(move || {
-                    if let Some(i) = w.upgrade() {
-                        i.spin();
-                    }
-                })
+                lp.add_spin(move || w.upgrade().is_some_and(|i| i.spin()))
             });
             let handler: LoopLock<Box<dyn Handler<TcpBackend>>> =
                 LoopLock::loop_only(&lp, Box::new(handler));
@@ -879,8 +875,9 @@ impl Inner {
     }
 
     /// The spin callback of a busy-polling loop: reads the connection that
-    /// delivered data last, as its readiness event would.
-    fn spin(self: &Arc<Self>) {
+    /// delivered data last, as its readiness event would. `true` when it
+    /// read something.
+    fn spin(self: &Arc<Self>) -> bool {
         let hot = {
             let mut st = self.state.lock();
             if st.hot.is_some() {
@@ -889,15 +886,16 @@ impl Inner {
             st.hot
         };
         let Some(id) = hot else {
-            return;
+            return false;
         };
         // What the handlers send leaves when the spin ends, not with a
         // flush posted for the loop's next turn; a panicking handler still
         // leaves it to a posted flush.
         let ending = SpinEnd(self);
-        self.read_conn(id, true);
+        let found = self.read_conn(id, true);
         self.dispatch();
         drop(ending);
+        found
     }
 
     /// Ends a spin: the connections marked dirty meanwhile are written
@@ -1024,12 +1022,19 @@ impl Inner {
     /// Reads connection `id` until `WouldBlock` (or the per-event budget);
     /// with `stop_short`, also stops after a read that did not fill the
     /// buffer, saving the read that would find nothing (see
-    /// `on_conn_event`).
-    fn read_conn(self: &Arc<Self>, id: ConnId, stop_short: bool) {
+    /// `on_conn_event`). `true` when a read found bytes.
+    fn read_conn(self: &Arc<Self>, id: ConnId, stop_short: bool) -> bool {
+        let mut got_data = false;
+        self.read_conn_noting(id, stop_short, &mut got_data);
+        got_data
+    }
+
+    /// [`read_conn`](Self::read_conn), setting `got_data` when a read found
+    /// bytes.
+    fn read_conn_noting(self: &Arc<Self>, id: ConnId, stop_short: bool, got_data: &mut bool) {
         // Made when a read needs the handler (not for a read that finds
         // nothing, the common case of a busy-polling spin).
         let mut backend = None;
-        let mut got_data = false;
         for _ in 0..MAX_READS_PER_EVENT {
             let taken = {
                 let mut st = self.state.lock();
@@ -1064,7 +1069,7 @@ impl Inner {
                 Ok(n) => {
                     reader.dec.advance(n);
                     drained = stop_short && n < room_len;
-                    got_data = true;
+                    *got_data = true;
                     ReadEnd::Continue
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadEnd::WouldBlock,
@@ -1125,7 +1130,7 @@ impl Inner {
             }
             // Put the reader back, or end the connection.
             let mut st = self.state.lock();
-            if got_data {
+            if *got_data {
                 st.hot = Some(id);
             }
             if !reader.open.load(Ordering::Acquire) || !st.conns.contains(id) {

@@ -26,7 +26,7 @@ type SourceCallback = Box<dyn FnMut(&Event) + Send>;
 type Callback = Box<dyn FnMut() + Send>;
 type Task = Box<dyn FnOnce() + Send>;
 
-type SpinCallback = Box<dyn FnMut() + Send>;
+type SpinCallback = Box<dyn FnMut() -> bool + Send>;
 
 /// A spin callback and its removal flag. The loop thread holds its own list
 /// of these (refreshed when the shared one changes) and locks only the
@@ -128,6 +128,11 @@ struct PollState {
     /// Turns since epoll was last asked (busy polling with spin callbacks);
     /// 0 on a turn that reads the clock and looks at the timers.
     spin_turns: u32,
+    /// A spin callback found work on the last turn: the next turn reads
+    /// the clock and looks at the timers whatever `spin_turns` says, so
+    /// that work handed over from spin callbacks turn after turn does not
+    /// keep a due timer waiting.
+    clock_due: bool,
     /// The spin callbacks as of `spin_epoch` (the loop thread's copy).
     spins: Vec<Arc<SpinSlot>>,
     /// The [`Inner::spin_epoch`] `spins` was copied at.
@@ -187,6 +192,7 @@ impl MioLoop {
                 events: Events::with_capacity(capacity),
                 next: 0,
                 spin_turns: 0,
+                clock_due: false,
                 spins: Vec::new(),
                 spin_epoch: 0,
             })),
@@ -289,11 +295,12 @@ impl MioLoop {
 
     /// The loop's time ([`EventLoop::now`]) as last read for its timers,
     /// without reading the clock again: for a spin callback (see
-    /// [`add_spin`](Self::add_spin)) it is at most eight turns old (a
+    /// [`add_spin`](Self::add_spin)) it is at most eight idle turns old (a
     /// busy-polling loop with spin callbacks reads the clock on the turns
-    /// that ask epoll, one in eight). A loop that sleeps reads it before
-    /// it sleeps, so elsewhere it may be as old as that sleep: use
-    /// [`EventLoop::now`] there.
+    /// that ask epoll, one in eight, on turns that run posted closures or
+    /// signals, and after a spin callback found work). A loop that sleeps
+    /// reads it before it sleeps, so elsewhere it may be as old as that
+    /// sleep: use [`EventLoop::now`] there.
     pub fn turn_now(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.inner().turn_nanos.load(Ordering::Relaxed))
     }
@@ -306,9 +313,15 @@ impl MioLoop {
     /// it); sources without a spin callback wait a few turns longer. Never
     /// called on a loop that sleeps in epoll.
     ///
+    /// The callback returns `true` when it found work (and handed it
+    /// over), `false` when it looked and found nothing. The loop skips the
+    /// clock on idle turns; a turn after one that found work reads it and
+    /// looks at the timers, so a flood handed over from spin callbacks does
+    /// not hold a due timer back.
+    ///
     /// Callable from any thread, including from inside a callback of this
     /// loop.
-    pub fn add_spin(&self, callback: impl FnMut() + Send + 'static) -> SpinId {
+    pub fn add_spin(&self, callback: impl FnMut() -> bool + Send + 'static) -> SpinId {
         let inner = self.inner();
         let id = inner.next_id();
         let slot = Arc::new(SpinSlot {
@@ -626,17 +639,24 @@ impl Inner {
     /// closures, the ready signals and the due timers. `false` when a
     /// callback requested a stop (the rest waits for the next turn).
     ///
-    /// The clock is read (and the timers looked at) on the turns that ask
-    /// epoll: every turn, except on a busy-polling loop with spin
-    /// callbacks, where it is once every [`SPINS_PER_POLL`] turns. A clock
-    /// read costs as much as an idle spin on some machines (a system call
-    /// on a virtual machine without a usable TSC).
+    /// The clock is read (and the timers looked at) every turn, except on
+    /// a busy-polling loop with spin callbacks, where an idle turn skips
+    /// it: there it is read on the turns that ask epoll (one in
+    /// [`SPINS_PER_POLL`]), on turns that run posted closures or signals,
+    /// and on the turn after a spin callback found work. A clock read costs
+    /// as much as an idle spin on some machines (a system call on a
+    /// virtual machine without a usable TSC).
     fn work(&self, st: &mut PollState) -> bool {
         if !self.dispatch_events(st) {
             return false;
         }
         self.control.begin_look();
-        let clock = st.spin_turns == 0;
+        // Posted closures and signals may run long (a provider's dispatch
+        // runs from a post): a turn that runs any reads the clock after.
+        let clock = st.spin_turns == 0
+            || std::mem::take(&mut st.clock_due)
+            || self.posts.len() > 0
+            || !self.signal_queue.is_empty();
         self.run_posts() && self.run_signals() && (!clock || self.run_timers())
     }
 
@@ -704,8 +724,8 @@ impl Inner {
         true
     }
 
-    /// Runs every spin callback once. Returns `false` when a callback
-    /// requested a stop.
+    /// Runs every spin callback once, noting in `clock_due` whether one
+    /// found work. Returns `false` when a callback requested a stop.
     fn run_spins(&self, st: &mut PollState) -> bool {
         let epoch = self.spin_epoch.load(Ordering::Acquire);
         if epoch != st.spin_epoch {
@@ -724,7 +744,7 @@ impl Inner {
             let Some(mut callback) = held.take() else {
                 continue;
             };
-            callback();
+            st.clock_due |= callback();
             if slot.removed.load(Ordering::SeqCst) {
                 // Removed from inside its own callback (or from another
                 // thread while it ran): dropped now, with no lock held.

@@ -2074,23 +2074,25 @@ impl RdmInner {
     /// The spin callback: [`spin`](Self::spin) with a backend handle made
     /// of the reference the callback took (no other one taken per
     /// delivery).
-    fn spin_owned(this: Arc<RdmInner>) {
+    fn spin_owned(this: Arc<RdmInner>) -> bool {
         let backend = LibfabricBackend {
             kind: Kind::Rdm(this),
         };
-        if let Kind::Rdm(inner) = &backend.kind {
-            inner.spin(&backend);
+        match &backend.kind {
+            Kind::Rdm(inner) => inner.spin(&backend),
+            _ => false,
         }
     }
 
     /// One spin of a busy-polling loop: reads of the completion queue
     /// until one finds something, then what they found handed over;
-    /// `backend`, this backend's handle.
-    fn spin(&self, backend: &LibfabricBackend) {
+    /// `backend`, this backend's handle. `true` when a read found
+    /// something.
+    fn spin(&self, backend: &LibfabricBackend) -> bool {
         {
             let mut st = lock(&self.state);
             if st.dispatching {
-                return;
+                return false;
             }
             // What the reads queue is handed over right here, not posted.
             st.dispatching = true;
@@ -2098,10 +2100,14 @@ impl RdmInner {
             // on the way from the read that finds a message to the reply.
             let now = self.lp.turn_now();
             let mut one = None;
+            let mut read_some = false;
             for _ in 0..SPIN_READS {
                 match self.read_cq_one(&mut st, now, true) {
                     CqRead::Nothing => {}
-                    CqRead::Some => break,
+                    CqRead::Some => {
+                        read_some = true;
+                        break;
+                    }
                     CqRead::One(id, index, len, mem) => {
                         one = Some((id, Some((index, len, mem))));
                         break;
@@ -2115,6 +2121,7 @@ impl RdmInner {
             // right here, under the lock of the read that found them, with
             // no event queued and taken again (a single message with no
             // queue at all).
+            let found = read_some || one.is_some() || !st.events.is_empty();
             let deliver = one.or_else(|| match (st.events.len(), st.events.front()) {
                 (1, Some(&Ev::Deliver(id))) => {
                     st.events.pop_front();
@@ -2128,10 +2135,11 @@ impl RdmInner {
             }
             if st.events.is_empty() {
                 st.dispatching = false;
-                return;
+                return found;
             }
         }
         self.run_dispatch_on(backend);
+        true
     }
 
     /// Posts the buffers waiting to be posted again (not while paused),
