@@ -1219,3 +1219,111 @@ fn a_busy_loop_running_long_posted_closures_turn_after_turn_runs_its_timers_on_t
         "a 2 ms timer waited {most} posted closures of 1 ms each"
     );
 }
+
+/// Runs `el` on a thread of its own, again after each panic that ends
+/// `run` (counted in `panics`), until a run returns.
+fn run_restarting(el: &MioLoop, panics: &Arc<AtomicUsize>) -> JoinHandle<()> {
+    let (runner, panics) = (el.clone(), Arc::clone(panics));
+    thread::spawn(move || loop {
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.run(|| {})));
+        match ran {
+            Ok(()) => return,
+            Err(_) => {
+                panics.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    })
+}
+
+/// A callback that counts its runs in `runs` and panics on its first.
+fn panics_first(runs: &Arc<AtomicUsize>) -> impl FnMut() + Send + 'static {
+    let runs = Arc::clone(runs);
+    move || {
+        if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            panic!("a callback panics on its first run (on purpose)");
+        }
+    }
+}
+
+/// A panic in a callback ends `run`; the callback is kept, so it runs
+/// again at its next event once the loop runs again (a provider's
+/// callback, through which a handler's panic unwound, goes on serving its
+/// connections). `arm` registers a callback made by [`panics_first`] with
+/// the given counter, makes its first event happen, and returns what makes
+/// the next one happen (nothing for those that come by themselves); what
+/// `arm` returns second is kept alive until the end.
+fn a_callback_that_panicked_runs_again<K: Send + 'static>(
+    busy: bool,
+    arm: impl FnOnce(&MioLoop, &Arc<AtomicUsize>) -> (Box<dyn Fn()>, K),
+) {
+    let _fds = fds_shared();
+    let el = MioLoop::with_config(LoopConfig {
+        busy_poll: busy,
+        ..LoopConfig::default()
+    })
+    .unwrap();
+    let panics = Arc::new(AtomicUsize::new(0));
+    let runner = run_restarting(&el, &panics);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (again, keep) = arm(&el, &runs);
+    assert!(
+        wait_until(|| count(&runs) >= 1 && count(&panics) == 1),
+        "the first run panicked and ended run"
+    );
+    again();
+    assert!(
+        wait_until(|| count(&runs) >= 2),
+        "its next event runs the callback again ({} runs)",
+        count(&runs)
+    );
+    el.stop();
+    assert!(wait_until(|| runner.is_finished()), "run returned");
+    runner.join().unwrap();
+    assert_eq!(count(&panics), 1, "one panic");
+    drop(keep);
+}
+
+#[test]
+fn a_source_whose_callback_panicked_runs_it_again_at_its_next_readiness() {
+    a_callback_that_panicked_runs_again(false, |el, runs| {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut on_readable = panics_first(runs);
+        el.register(&mut b, Interest::READABLE, move |_| on_readable())
+            .unwrap();
+        (&a).write_all(b"x").unwrap();
+        // Edge-triggered: more data raises a new edge.
+        let again = Box::new(move || (&a).write_all(b"y").unwrap());
+        (again as Box<dyn Fn()>, b)
+    });
+}
+
+#[test]
+fn a_signal_whose_callback_panicked_runs_it_again_when_fired_again() {
+    a_callback_that_panicked_runs_again(false, |el, runs| {
+        let signal = Arc::new(el.signal(panics_first(runs)));
+        signal.fire();
+        let s = Arc::clone(&signal);
+        (Box::new(move || s.fire()) as Box<dyn Fn()>, signal)
+    });
+}
+
+#[test]
+fn a_timer_whose_callback_panicked_runs_it_again_at_its_next_tick() {
+    a_callback_that_panicked_runs_again(false, |el, runs| {
+        let timer = el.timer(panics_first(runs));
+        timer.start(Duration::from_millis(1));
+        (Box::new(|| {}) as Box<dyn Fn()>, timer)
+    });
+}
+
+#[test]
+fn a_spin_callback_that_panicked_runs_again_on_the_next_turn() {
+    a_callback_that_panicked_runs_again(true, |el, runs| {
+        let mut spin = panics_first(runs);
+        let id = el.add_spin(move || {
+            spin();
+            false
+        });
+        (Box::new(|| {}) as Box<dyn Fn()>, id)
+    });
+}

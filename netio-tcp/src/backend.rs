@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -1095,14 +1096,17 @@ impl Inner {
             let step = if idle {
                 Step::Continue
             } else {
-                self.process(
-                    backend.get_or_insert_with(|| self.backend()),
-                    id,
-                    &mut reader,
-                    &mut phase,
-                    pool.as_ref(),
-                    limit,
-                )
+                let backend = backend.get_or_insert_with(|| self.backend());
+                let processed = panic::catch_unwind(AssertUnwindSafe(|| {
+                    self.process(backend, id, &mut reader, &mut phase, pool.as_ref(), limit)
+                }));
+                match processed {
+                    Ok(step) => step,
+                    Err(payload) => {
+                        self.reader_back_after_panic(id, reader);
+                        panic::resume_unwind(payload);
+                    }
+                }
             };
             match step {
                 Step::Stop => {
@@ -1171,6 +1175,27 @@ impl Inner {
             self.put_reader(&mut st, id, reader);
         }
         // Budget used up with data left: continue after other sources.
+        self.post_with(move |i| {
+            i.on_readable(id);
+            i.dispatch();
+        });
+    }
+
+    /// A handler panicked while connection `id`'s messages were handed
+    /// out: the reader goes back (the message being handed out counts as
+    /// delivered; the decoder had moved past it), and a read is posted for
+    /// the messages after it and what the socket holds, which no new
+    /// readiness event may announce. Without this the connection would
+    /// never be read again.
+    fn reader_back_after_panic(self: &Arc<Self>, id: ConnId, mut reader: Box<Reader>) {
+        let mut st = self.state.lock();
+        if !reader.open.load(Ordering::Acquire) || !st.conns.contains(id) {
+            drop(st);
+            self.drop_reader(&mut reader);
+            return;
+        }
+        self.put_reader(&mut st, id, reader);
+        drop(st);
         self.post_with(move |i| {
             i.on_readable(id);
             i.dispatch();

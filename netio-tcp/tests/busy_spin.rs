@@ -3,7 +3,8 @@
 //! leaves when the spin ends, with no flush posted for the next turn. A
 //! handler that panics (in the spin, in a readiness event or in a
 //! dispatched callback) leaves the backend serving its other connections
-//! and events once the loop runs again.
+//! and events once the loop runs again, and the connection it panicked on
+//! hands out the messages after the one that panicked.
 
 mod common;
 
@@ -137,4 +138,59 @@ fn events_queued_after_a_handler_panicked_in_a_dispatch_are_still_dispatched() {
     lp.stop();
     runner.join().expect("loop thread");
     drop(backend);
+}
+
+/// A peer sends `boom` (whose handler panics after echoing it) and, in the
+/// same write, two more messages: once the loop runs again, the messages
+/// after the one that panicked are handed out, and later ones too (the
+/// read that the panic cut short gave the connection its reader back).
+fn later_messages_arrive_after_a_panic_in_on_data(lp: MioLoop) {
+    let backend = TcpBackend::new(&lp, BackendConfig::default(), EchoThenPanic).expect("backend");
+    let addr = backend
+        .open_listen_endpoint(
+            EndpointAddress::localhost(0),
+            ConnectionParams::receive(64, 4),
+        )
+        .expect("listen");
+    let (runner, panics) = run_restarting(&lp);
+    let mut peer = echoed(addr, &[b"one"]);
+    let mut burst = raw::data_frame(b"boom");
+    burst.extend(raw::data_frame(b"after"));
+    burst.extend(raw::data_frame(b"it"));
+    peer.write_all(&burst).unwrap();
+    panics
+        .recv_timeout(DEADLINE)
+        .expect("the handler's panic ended a run of the loop");
+    let echoes = raw::read_n(&mut peer, burst.len());
+    assert_eq!(
+        echoes, burst,
+        "the echoes of `boom` and of the two messages after it"
+    );
+    // And the connection is read as before.
+    for m in [&b"later"[..], b"on"] {
+        peer.write_all(&raw::data_frame(m)).unwrap();
+        let echo = raw::read_n(&mut peer, raw::data_frame(m).len());
+        assert_eq!(echo, raw::data_frame(m), "the echo of {m:?}");
+    }
+    assert_eq!(panics.try_iter().count(), 0, "one panic only");
+
+    lp.stop();
+    runner.join().expect("loop thread");
+    drop(backend);
+}
+
+#[test]
+fn a_connection_whose_handler_panicked_in_on_data_delivers_the_messages_after_it() {
+    later_messages_arrive_after_a_panic_in_on_data(MioLoop::new().expect("loop"));
+}
+
+#[test]
+fn on_a_busy_polling_loop_a_connection_whose_handler_panicked_delivers_the_messages_after_it() {
+    later_messages_arrive_after_a_panic_in_on_data(
+        MioLoop::with_config(LoopConfig {
+            busy_poll: true,
+            ..LoopConfig::default()
+        })
+        .expect("loop"),
+    );
 }

@@ -17,7 +17,9 @@
 //! Every callback may call back into the loop: register and deregister
 //! sources, fire signals, start and stop timers, post, stop. The loop never
 //! holds an internal lock while user code runs: it takes a callback out, calls
-//! it, and puts it back if it is still registered. [`stop`](crate::EventLoop::stop)
+//! it, and puts it back if it is still registered, also when the callback
+//! panicked (the panic ends `run`; the callback runs again at its next event
+//! once the loop runs again). [`stop`](crate::EventLoop::stop)
 //! takes effect after the callback now running; what was not dispatched yet
 //! waits for the next `run`.
 //!
@@ -133,6 +135,7 @@ mod control;
 mod loop_lock;
 mod posts;
 mod signal_queue;
+mod taken;
 
 #[cfg(all(test, loom))]
 mod loom_models;

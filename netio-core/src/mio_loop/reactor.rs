@@ -12,6 +12,7 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use super::control::{Control, PollWaker};
 use super::posts::PostQueue;
 use super::signal_queue::{SignalCore, SignalQueue};
+use super::taken::Taken;
 use super::timers::SharedTimers;
 use crate::event_loop::{thread_token, EventLoop, Signal, Timer};
 use crate::fast_map::FastMap;
@@ -35,7 +36,7 @@ type SpinCallback = Box<dyn FnMut() -> bool + Send>;
 /// itself.
 struct SpinSlot {
     id: usize,
-    /// `None` once removed, or lost to a panic.
+    /// `None` while it runs, and once removed.
     callback: Mutex<Option<SpinCallback>>,
     removed: AtomicBool,
 }
@@ -466,9 +467,11 @@ impl EventLoop for MioLoop {
     ///
     /// When the loop is already running (on another thread, or `run` called
     /// from one of its callbacks), and when epoll fails (not for `EINTR`).
-    /// A panic in a callback propagates out of `run`; that callback is
-    /// dropped (its source, signal or timer stays registered but silent) and
-    /// the loop can be run again.
+    /// A panic in a callback propagates out of `run`, and the loop can be
+    /// run again. The callback is kept: its source, spin, signal or timer
+    /// runs it again at its next event (a provider's callback, through
+    /// which a handler's panic unwound, goes on serving its connections).
+    /// A posted closure that panicked is gone, as it would be once run.
     fn run<F: FnOnce()>(&self, init: F) {
         let inner = self.inner();
         let mut guard = RunGuard::enter(inner, "MioLoop::run: the loop is already running");
@@ -699,24 +702,28 @@ impl Inner {
                 continue;
             }
             let taken = lock(&self.sources).get_mut(&id).and_then(Option::take);
-            let Some(mut callback) = taken else {
-                // Deregistered (or its callback lost to a panic).
+            let Some(callback) = taken else {
+                // Deregistered.
                 continue;
             };
-            callback(event);
-            let leftover = {
-                let mut sources = lock(&self.sources);
-                match sources.get_mut(&id) {
-                    Some(slot @ None) => {
-                        *slot = Some(callback);
-                        None
+            // Put back when it returns, and when it panics.
+            let mut taken = Taken::new(callback, |callback| {
+                let leftover = {
+                    let mut sources = lock(&self.sources);
+                    match sources.get_mut(&id) {
+                        Some(slot @ None) => {
+                            *slot = Some(callback);
+                            None
+                        }
+                        _ => Some(callback),
                     }
-                    _ => Some(callback),
-                }
-            };
-            // Deregistered from inside its own callback: drop it now, with
-            // no lock held.
-            drop(leftover);
+                };
+                // Deregistered from inside its own callback: dropped now,
+                // with no lock held.
+                drop(leftover);
+            });
+            (taken.callback())(event);
+            drop(taken);
             if self.stopping() {
                 return false;
             }
@@ -739,28 +746,34 @@ impl Inner {
                 continue;
             }
             let mut held = lock(&slot.callback);
-            // Taken out while it runs: a panic drops it (it never runs
-            // again), and a removal meanwhile leaves it to be dropped here.
-            let Some(mut callback) = held.take() else {
+            // Taken out while it runs, and put back when it returns or
+            // panics; a removal meanwhile leaves it to be dropped here.
+            let Some(callback) = held.take() else {
                 continue;
             };
-            st.clock_due |= callback();
-            if slot.removed.load(Ordering::SeqCst) {
-                // Removed from inside its own callback (or from another
-                // thread while it ran): dropped now, with no lock held.
-                drop(held);
-                drop(callback);
-            } else {
-                *held = Some(callback);
-                drop(held);
-                // A removal between the check above and the unlock found
-                // the callback locked and left it here: taken now. (A
-                // removal after this finds it unlocked and drops it.)
+            let mut taken = Taken::new(callback, |callback| {
                 if slot.removed.load(Ordering::SeqCst) {
-                    let late = lock(&slot.callback).take();
-                    drop(late);
+                    // Removed from inside its own callback (or from
+                    // another thread while it ran): dropped now, with no
+                    // lock held.
+                    drop(held);
+                    drop(callback);
+                } else {
+                    *held = Some(callback);
+                    drop(held);
+                    // A removal between the check above and the unlock
+                    // found the callback locked and left it here: taken
+                    // now. (A removal after this finds it unlocked and
+                    // drops it.)
+                    if slot.removed.load(Ordering::SeqCst) {
+                        let late = lock(&slot.callback).take();
+                        drop(late);
+                    }
                 }
-            }
+            });
+            let found = (taken.callback())();
+            drop(taken);
+            st.clock_due |= found;
             if self.stopping() {
                 return false;
             }

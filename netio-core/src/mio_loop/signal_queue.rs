@@ -24,6 +24,7 @@
 
 use std::collections::VecDeque;
 
+use super::taken::Taken;
 use crate::sync::{lock, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// Tells a sleeping loop that there is work, at most one wake-up per look.
@@ -116,19 +117,27 @@ impl<T> SignalCore<T> {
 /// the callback, and once the signal is removed.
 impl<C> SignalCore<Mutex<Option<C>>> {
     /// Runs the callback once with `run` (loop thread), the slot unlocked
-    /// meanwhile so the callback may drop or fire its own signal. Returns
-    /// the callback when the signal was removed while it ran: the caller
-    /// drops it outside any lock, and it never runs again.
-    pub(crate) fn run_callback(&self, run: impl FnOnce(&mut C)) -> Option<C> {
-        let mut callback = lock(&self.data).take()?;
-        run(&mut callback);
-        let mut slot = lock(&self.data);
-        if self.is_removed() || slot.is_some() {
-            Some(callback)
-        } else {
-            *slot = Some(callback);
-            None
-        }
+    /// meanwhile so the callback may drop or fire its own signal. The
+    /// callback goes back to its slot when it returns, and when it panics;
+    /// when the signal was removed while it ran, it is dropped instead
+    /// (outside any lock) and never runs again.
+    pub(crate) fn run_callback(&self, run: impl FnOnce(&mut C)) {
+        let Some(callback) = lock(&self.data).take() else {
+            return;
+        };
+        let mut taken = Taken::new(callback, |callback| {
+            let leftover = {
+                let mut slot = lock(&self.data);
+                if self.is_removed() || slot.is_some() {
+                    Some(callback)
+                } else {
+                    *slot = Some(callback);
+                    None
+                }
+            };
+            drop(leftover);
+        });
+        run(taken.callback());
     }
 
     /// Removes the signal (its pending fires are discarded) and takes its
@@ -226,8 +235,7 @@ impl<C> SignalQueue<Mutex<Option<C>>> {
             let Some(core) = self.take_one() else {
                 break;
             };
-            let leftover = core.run_callback(&mut run);
-            drop(leftover);
+            core.run_callback(&mut run);
             if !keep_going() {
                 return false;
             }

@@ -10,6 +10,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
+use super::taken::Taken;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// One heap entry: when, which timer, which generation of it.
@@ -129,7 +130,8 @@ impl<C> Timers<C> {
             }
             match e.callback.take() {
                 Some(cb) => return Some((id, cb)),
-                // The callback was lost to a panic: the timer stays silent.
+                // Running now (its own callback's run reached here: it
+                // cannot, the loop runs timers on one thread), or gone.
                 None => continue,
             }
         }
@@ -317,14 +319,18 @@ impl<C> SharedTimers<C> {
                 self.publish(&timers);
                 due
             };
-            let Some((id, mut callback)) = due else {
+            let Some((id, callback)) = due else {
                 return true;
             };
-            run(&mut callback);
-            let leftover = lock(&self.timers).put_back(id, callback);
-            // The timer was dropped from inside its own callback, or from
-            // another thread while it ran.
-            drop(leftover);
+            // Given back when it returns, and when it panics.
+            let mut taken = Taken::new(callback, |callback| {
+                let leftover = lock(&self.timers).put_back(id, callback);
+                // The timer was dropped from inside its own callback, or
+                // from another thread while it ran.
+                drop(leftover);
+            });
+            run(taken.callback());
+            drop(taken);
             if !keep_going() {
                 return false;
             }
