@@ -36,7 +36,7 @@ type SpinCallback = Box<dyn FnMut() -> bool + Send>;
 /// itself.
 struct SpinSlot {
     id: usize,
-    /// `None` while it runs, and once removed.
+    /// `None` once removed.
     callback: Mutex<Option<SpinCallback>>,
     removed: AtomicBool,
 }
@@ -723,7 +723,7 @@ impl Inner {
                 drop(leftover);
             });
             (taken.callback())(event);
-            drop(taken);
+            taken.give_back();
             if self.stopping() {
                 return false;
             }
@@ -746,34 +746,29 @@ impl Inner {
                 continue;
             }
             let mut held = lock(&slot.callback);
-            // Taken out while it runs, and put back when it returns or
-            // panics; a removal meanwhile leaves it to be dropped here.
-            let Some(callback) = held.take() else {
+            // Run in place, its slot locked meanwhile (a removal meanwhile
+            // only marks it): a panic unwinds through the lock and leaves
+            // the callback where it is, to run again on the next turn.
+            let Some(callback) = held.as_mut() else {
                 continue;
             };
-            let mut taken = Taken::new(callback, |callback| {
+            st.clock_due |= callback();
+            if slot.removed.load(Ordering::SeqCst) {
+                // Removed from inside its own callback (or from another
+                // thread while it ran): dropped now, with no lock held.
+                let removed = held.take();
+                drop(held);
+                drop(removed);
+            } else {
+                drop(held);
+                // A removal between the check above and the unlock found
+                // the callback locked and left it here: taken now. (A
+                // removal after this finds it unlocked and drops it.)
                 if slot.removed.load(Ordering::SeqCst) {
-                    // Removed from inside its own callback (or from
-                    // another thread while it ran): dropped now, with no
-                    // lock held.
-                    drop(held);
-                    drop(callback);
-                } else {
-                    *held = Some(callback);
-                    drop(held);
-                    // A removal between the check above and the unlock
-                    // found the callback locked and left it here: taken
-                    // now. (A removal after this finds it unlocked and
-                    // drops it.)
-                    if slot.removed.load(Ordering::SeqCst) {
-                        let late = lock(&slot.callback).take();
-                        drop(late);
-                    }
+                    let late = lock(&slot.callback).take();
+                    drop(late);
                 }
-            });
-            let found = (taken.callback())();
-            drop(taken);
-            st.clock_due |= found;
+            }
             if self.stopping() {
                 return false;
             }

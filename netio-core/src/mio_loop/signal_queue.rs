@@ -138,6 +138,7 @@ impl<C> SignalCore<Mutex<Option<C>>> {
             drop(leftover);
         });
         run(taken.callback());
+        taken.give_back();
     }
 
     /// Removes the signal (its pending fires are discarded) and takes its

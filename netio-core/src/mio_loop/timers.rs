@@ -330,7 +330,7 @@ impl<C> SharedTimers<C> {
                 drop(leftover);
             });
             run(taken.callback());
-            drop(taken);
+            taken.give_back();
             if !keep_going() {
                 return false;
             }
