@@ -41,6 +41,15 @@ fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A loop with the default settings, busy-polling with `busy`.
+fn looping(busy: bool) -> MioLoop {
+    MioLoop::with_config(LoopConfig {
+        busy_poll: busy,
+        ..LoopConfig::default()
+    })
+    .unwrap()
+}
+
 fn count(c: &AtomicUsize) -> usize {
     c.load(Ordering::SeqCst)
 }
@@ -713,11 +722,7 @@ fn spin_callbacks_run_every_turn_of_a_busy_polling_loop_and_sources_are_still_se
 #[test]
 fn turn_now_in_a_spin_callback_is_this_turns_time() {
     let _fds = fds_shared();
-    let el = MioLoop::with_config(LoopConfig {
-        busy_poll: true,
-        ..LoopConfig::default()
-    })
-    .unwrap();
+    let el = looping(true);
     // (turn_now, now) per spin, for the first 10,000 spins.
     let seen: Arc<Mutex<Vec<(Duration, Duration)>>> = Arc::new(Mutex::new(Vec::new()));
     {
@@ -804,11 +809,7 @@ fn spin_callbacks_never_run_on_a_loop_that_sleeps_and_may_remove_themselves() {
 #[test]
 fn a_removed_spin_callback_is_dropped_running_or_not() {
     let _fds = fds_shared();
-    let el = MioLoop::with_config(LoopConfig {
-        busy_poll: true,
-        ..LoopConfig::default()
-    })
-    .unwrap();
+    let el = looping(true);
     let held = Arc::new(());
     let calls = Arc::new(AtomicUsize::new(0));
     let add = |el: &MioLoop| {
@@ -863,11 +864,7 @@ fn a_removed_spin_callback_is_dropped_running_or_not() {
 #[test]
 fn a_busy_loop_runs_a_timer_started_from_another_thread_at_its_deadline() {
     let _fds = fds_shared();
-    let el = MioLoop::with_config(LoopConfig {
-        busy_poll: true,
-        ..LoopConfig::default()
-    })
-    .unwrap();
+    let el = looping(true);
     let _spin = el.add_spin(|| false);
     let long_ticks = Arc::new(AtomicUsize::new(0));
     let long = {
@@ -904,11 +901,7 @@ fn a_busy_loop_runs_a_timer_started_from_another_thread_at_its_deadline() {
 #[test]
 fn a_busy_loop_whose_spin_callbacks_are_removed_still_runs_its_timers() {
     let _fds = fds_shared();
-    let el = MioLoop::with_config(LoopConfig {
-        busy_poll: true,
-        ..LoopConfig::default()
-    })
-    .unwrap();
+    let el = looping(true);
     let running = Running::start(&el);
     // Each round removes the spin callback at some turn of the cycle: the
     // timer ticks after every removal.
@@ -1156,11 +1149,7 @@ fn most_steps_a_timer_waits(el: &MioLoop, steps: &Arc<AtomicUsize>) -> usize {
 #[test]
 fn a_busy_loop_whose_spin_callbacks_find_work_every_turn_runs_its_timers_on_time() {
     let _fds = fds_shared();
-    let el = MioLoop::with_config(LoopConfig {
-        busy_poll: true,
-        ..LoopConfig::default()
-    })
-    .unwrap();
+    let el = looping(true);
     let steps = Arc::new(AtomicUsize::new(0));
     {
         let s = Arc::clone(&steps);
@@ -1200,11 +1189,7 @@ fn post_chain(lp: MioLoop, steps: Arc<AtomicUsize>, go: Arc<AtomicBool>) {
 #[test]
 fn a_busy_loop_running_long_posted_closures_turn_after_turn_runs_its_timers_on_time() {
     let _fds = fds_shared();
-    let el = MioLoop::with_config(LoopConfig {
-        busy_poll: true,
-        ..LoopConfig::default()
-    })
-    .unwrap();
+    let el = looping(true);
     let _spin = el.add_spin(|| false);
     let steps = Arc::new(AtomicUsize::new(0));
     let go = Arc::new(AtomicBool::new(true));
@@ -1257,11 +1242,7 @@ fn a_callback_that_panicked_runs_again<K: Send + 'static>(
     arm: impl FnOnce(&MioLoop, &Arc<AtomicUsize>) -> (Box<dyn Fn()>, K),
 ) {
     let _fds = fds_shared();
-    let el = MioLoop::with_config(LoopConfig {
-        busy_poll: busy,
-        ..LoopConfig::default()
-    })
-    .unwrap();
+    let el = looping(busy);
     let panics = Arc::new(AtomicUsize::new(0));
     let runner = run_restarting(&el, &panics);
     let runs = Arc::new(AtomicUsize::new(0));
