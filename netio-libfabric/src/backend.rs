@@ -1069,7 +1069,11 @@ impl Inner {
             // no event queued and taken again.
             if let (1, Some(&Ev::Deliver(id))) = (st.events.len(), st.events.front()) {
                 st.events.pop_front();
-                let _unwinding = events::ClearOnUnwind(|| lock(&self.state).dispatching = false);
+                let _unwinding = events::ClearOnUnwind(|| {
+                    let mut st = lock(&self.state);
+                    st.dispatching = false;
+                    self.post_dispatch(&mut st);
+                });
                 let backend = self.backend();
                 guard = self.deliver_locked(&backend, id, guard);
                 if guard.events.is_empty() {
@@ -1410,6 +1414,9 @@ impl Inner {
     /// dispatch when events are left for another round).
     fn run_dispatch(&self) {
         let backend = self.backend();
+        // A handler's panic leaves what was not handed over queued (and
+        // the flag cleared): a posted dispatch takes it.
+        let _unwinding = events::ClearOnUnwind(|| self.post_dispatch(&mut lock(&self.state)));
         let done = events::run_dispatch(
             &self.state,
             &backend,
@@ -1502,9 +1509,12 @@ impl Inner {
                 }
             };
             drop(st);
-            // The buffer is not posted again before on_data returns: its
-            // bytes stay put.
-            lock(&self.handler).on_data(backend, id, mem.bytes(index, len));
+            {
+                let _unwinding = events::ClearOnUnwind(|| self.delivery_unwound(id, index));
+                // The buffer is not posted again before on_data returns:
+                // its bytes stay put.
+                lock(&self.handler).on_data(backend, id, mem.bytes(index, len));
+            }
             st = lock(&self.state);
             let Some(c) = st.conns.get_mut(id) else {
                 return st;
@@ -1522,6 +1532,45 @@ impl Inner {
         }
         self.queue_deliver(&mut st, id);
         st
+    }
+
+    /// A handler panicked in `on_data` for the message in buffer `index`
+    /// of `id`: the connection is left as after a delivery that ended with
+    /// that message. Its buffer is posted again, the messages held after
+    /// it are queued for another delivery (or a close waiting for them to
+    /// be handed over is carried out), and the completion queue is read
+    /// again on a later turn, as after any re-post.
+    fn delivery_unwound(&self, id: ConnId, index: usize) {
+        let mut st = lock(&self.state);
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        c.unposted.push(index);
+        c.deliver_queued = false;
+        if !c.paused {
+            self.repost(&mut st, id);
+        }
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        if c.held.is_empty() {
+            if let Some(reason) = c.pending_close.take() {
+                self.close_conn(&mut st, id, reason, false);
+            }
+        } else {
+            self.queue_deliver(&mut st, id);
+        }
+        self.post_dispatch(&mut st);
+        drop(st);
+        self.post_with(move |i| {
+            let mut st = lock(&i.state);
+            if i.spin.is_some() {
+                i.read_cq(&mut st, id, 0);
+            } else {
+                i.progress_cq(&mut st, id);
+            }
+            i.post_dispatch(&mut st);
+        });
     }
 
     /// Posts the receive buffers waiting to be posted again; `true` if any

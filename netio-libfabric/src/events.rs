@@ -34,8 +34,9 @@ pub(crate) const DELIVER_CLOCK_EVERY: u32 = 4;
 pub(crate) const SPIN_READS: u32 = 8;
 
 /// Runs its closure when dropped during a panic (a handler's, unwinding
-/// through a dispatch): clears the state's dispatching flag so that a
-/// loop run again still hands events over.
+/// through a dispatch or a delivery): puts the state back as the code it
+/// unwinds through would have left it, so that a loop run again still
+/// hands events and messages over.
 pub(crate) struct ClearOnUnwind<F: FnMut()>(pub(crate) F);
 
 impl<F: FnMut()> Drop for ClearOnUnwind<F> {
@@ -83,6 +84,15 @@ pub(crate) fn run_dispatch<S: Queued>(
             batch.extend(events.drain(..));
             if batch.is_empty() {
                 *dispatching = false;
+            }
+        },
+        |rest| {
+            // A handler panicked: what this dispatch had not handed over
+            // goes back to the front of the queue, in order.
+            let mut st = lock(state);
+            let (events, _) = st.queue();
+            for ev in rest.drain(..).rev() {
+                events.push_front(ev);
             }
         },
         deliver,
@@ -186,27 +196,50 @@ pub(crate) fn dispatch(
     backend: &LibfabricBackend,
     handler: &Mutex<Box<dyn Handler<LibfabricBackend>>>,
     mut take: impl FnMut(&mut Vec<Ev>),
+    requeue: impl FnMut(&mut Vec<Ev>),
     mut deliver: impl FnMut(ConnId),
     mut drain: impl FnMut(ConnId),
 ) -> bool {
     let mut batch = BATCH.with(Cell::take);
+    let mut rest = Rest {
+        batch: &mut batch,
+        requeue,
+    };
     let done = dispatch_batches(
         backend,
         handler,
-        &mut batch,
+        &mut rest,
         &mut take,
         &mut deliver,
         &mut drain,
     );
+    drop(rest);
     batch.clear();
     BATCH.with(|b| b.set(batch));
     done
 }
 
-fn dispatch_batches(
+/// The batch a dispatch hands over, its events in reverse (the next is
+/// the last), and where those not handed over go when a handler's panic
+/// unwinds through the dispatch (`requeue`, given them in order).
+struct Rest<'a, R: FnMut(&mut Vec<Ev>)> {
+    batch: &'a mut Vec<Ev>,
+    requeue: R,
+}
+
+impl<R: FnMut(&mut Vec<Ev>)> Drop for Rest<'_, R> {
+    fn drop(&mut self) {
+        if std::thread::panicking() && !self.batch.is_empty() {
+            self.batch.reverse();
+            (self.requeue)(self.batch);
+        }
+    }
+}
+
+fn dispatch_batches<R: FnMut(&mut Vec<Ev>)>(
     backend: &LibfabricBackend,
     handler: &Mutex<Box<dyn Handler<LibfabricBackend>>>,
-    batch: &mut Vec<Ev>,
+    rest: &mut Rest<'_, R>,
     take: &mut impl FnMut(&mut Vec<Ev>),
     deliver: &mut impl FnMut(ConnId),
     drain: &mut impl FnMut(ConnId),
@@ -216,12 +249,13 @@ fn dispatch_batches(
     // check that nothing was queued meanwhile) reads none.
     let mut budget = Budget::new(1);
     for round in 0..BATCHES {
-        batch.clear();
-        take(batch);
-        if batch.is_empty() {
+        rest.batch.clear();
+        take(rest.batch);
+        if rest.batch.is_empty() {
             return true;
         }
-        for ev in batch.drain(..) {
+        rest.batch.reverse();
+        while let Some(ev) = rest.batch.pop() {
             let ev = match ev {
                 Ev::Deliver(id) => {
                     deliver(id);

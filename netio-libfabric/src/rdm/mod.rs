@@ -2130,7 +2130,11 @@ impl RdmInner {
                 _ => None,
             });
             if let Some((id, first)) = deliver {
-                let _unwinding = events::ClearOnUnwind(|| lock(&self.state).dispatching = false);
+                let _unwinding = events::ClearOnUnwind(|| {
+                    let mut st = lock(&self.state);
+                    st.dispatching = false;
+                    self.post_dispatch(&mut st);
+                });
                 st = self.deliver_locked(backend, id, st, first);
             }
             if st.events.is_empty() {
@@ -2304,6 +2308,9 @@ impl RdmInner {
     /// [`run_dispatch`](Self::run_dispatch) with this backend's handle
     /// `backend` (the spin's, which holds one already).
     fn run_dispatch_on(&self, backend: &LibfabricBackend) {
+        // A handler's panic leaves what was not handed over queued (and
+        // the flag cleared): a posted dispatch takes it.
+        let _unwinding = events::ClearOnUnwind(|| self.post_dispatch(&mut lock(&self.state)));
         let done = events::run_dispatch(
             &self.state,
             backend,
@@ -2404,6 +2411,14 @@ impl RdmInner {
             let pool = c.pool;
             let mem = mem.unwrap_or_else(|| c.recv.clone().expect("receiving"));
             drop(st);
+            // A handler's panic from here to the end of this message (in
+            // on_data, or in the report of completed sends below) leaves
+            // the connection as a delivery that ended there would.
+            let buffer_back = std::cell::Cell::new(false);
+            let _unwinding = events::ClearOnUnwind(|| {
+                let index = (!buffer_back.get()).then_some(index);
+                self.delivery_unwound(id, pool, index);
+            });
             // The buffer is not posted again before on_data returns: its
             // bytes stay put.
             let h = handler.get_or_insert_with(|| lock(&self.handler));
@@ -2423,6 +2438,7 @@ impl RdmInner {
             } else {
                 c.unposted.push(index);
             }
+            buffer_back.set(true);
             let Some(c) = st.conns.get_mut(id) else {
                 return st;
             };
@@ -2453,6 +2469,45 @@ impl RdmInner {
         self.queue_deliver(&mut st, id);
         self.post_dispatch(&mut st);
         st
+    }
+
+    /// A handler panicked while `id`'s messages were handed out (in
+    /// `on_data`, or reporting completed sends between two messages): the
+    /// connection is left as after a delivery that ended there. The buffer
+    /// of the message being handed out (`index`, unless it went back
+    /// already) is posted again (or returned to its shared `pool` if the
+    /// connection is gone), and the messages held after it are queued for
+    /// another delivery (or a close waiting for them is carried out).
+    fn delivery_unwound(&self, id: ConnId, pool: Option<u32>, index: Option<usize>) {
+        let mut st = lock(&self.state);
+        let Some(c) = st.conns.get_mut(id) else {
+            if let (Some(pool), Some(index)) = (pool, index) {
+                self.refill_pool(&mut st, pool, [index]);
+            }
+            return;
+        };
+        let granted = c.early_grant.take() == Some(true);
+        match index {
+            Some(index) if granted => self.post_granted(&mut st, id, index),
+            Some(index) => c.unposted.push(index),
+            None => {}
+        }
+        self.repost(&mut st, id);
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        c.deliver_queued = false;
+        let pending_close = if c.held.is_empty() {
+            c.pending_close.take()
+        } else {
+            None
+        };
+        Self::end_delivering(&mut st, id);
+        if let Some(reason) = pending_close {
+            self.close_conn(&mut st, id, reason, false);
+        }
+        self.queue_deliver(&mut st, id);
+        self.post_dispatch(&mut st);
     }
 
     /// Ends `deliver`'s run on `id`: sends completed since its last report

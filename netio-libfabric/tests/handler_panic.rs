@@ -1,0 +1,173 @@
+//! A handler that panics in `on_data` ends the loop's `run`; once the loop
+//! runs again, the connection goes on: the message that panicked counts as
+//! delivered, and the messages after it (sent before the panic and after)
+//! arrive. On connected endpoints and on reliable datagrams, on loops that
+//! sleep and on busy-polling loops.
+
+mod common;
+mod harness;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use common::wait_until;
+use netio_core::mio_loop::{LoopConfig, MioLoop};
+use netio_core::{
+    Backend, BackendConfig, Capabilities, ConnId, ConnectionParams, EndpointAddress, EventLoop,
+    Handler,
+};
+use netio_libfabric::{LibfabricBackend, LibfabricConfig};
+
+/// Records the messages it is handed and the connection it has; panics
+/// after recording a message that reads `boom`.
+#[derive(Clone, Default)]
+struct Side {
+    got: Arc<Mutex<Vec<Vec<u8>>>>,
+    conn: Arc<Mutex<Option<ConnId>>>,
+}
+
+impl Handler<LibfabricBackend> for Side {
+    fn on_connection_established(
+        &mut self,
+        _b: &LibfabricBackend,
+        conn: ConnId,
+        _r: EndpointAddress,
+        _c: Capabilities,
+    ) {
+        *self.conn.lock().unwrap() = Some(conn);
+    }
+
+    fn on_data(&mut self, _b: &LibfabricBackend, _c: ConnId, data: &[u8]) {
+        self.got.lock().unwrap().push(data.to_vec());
+        if data == b"boom" {
+            panic!("handler panics in on_data (on purpose)");
+        }
+    }
+}
+
+/// A loop on a thread of its own, run again after each panic that ends
+/// `run` (counted), until stopped.
+struct Restarting {
+    lp: MioLoop,
+    panics: Arc<AtomicUsize>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Restarting {
+    fn start(busy: bool) -> Self {
+        let lp = MioLoop::with_config(LoopConfig {
+            busy_poll: busy,
+            ..LoopConfig::default()
+        })
+        .expect("loop");
+        let panics = Arc::new(AtomicUsize::new(0));
+        let (runner, count) = (lp.clone(), Arc::clone(&panics));
+        let thread = thread::spawn(move || loop {
+            match catch_unwind(AssertUnwindSafe(|| runner.run(|| {}))) {
+                Ok(()) => return,
+                Err(_) => {
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        Self {
+            lp,
+            panics,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Restarting {
+    fn drop(&mut self) {
+        self.lp.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn messages_after_a_panic_arrive(lf: LibfabricConfig, busy: bool) {
+    let (rx_loop, tx_loop) = (Restarting::start(busy), Restarting::start(busy));
+    let (rx, tx) = (Side::default(), Side::default());
+    let receiver = LibfabricBackend::new(
+        &rx_loop.lp,
+        BackendConfig::default(),
+        lf.clone(),
+        rx.clone(),
+    )
+    .expect("receiver");
+    let sender = LibfabricBackend::new(&tx_loop.lp, BackendConfig::default(), lf, tx.clone())
+        .expect("sender");
+    let listen = receiver
+        .open_listen_endpoint(
+            "127.0.0.1:0".parse().unwrap(),
+            ConnectionParams::receive(64, 8),
+        )
+        .expect("listen");
+    sender
+        .open_active_endpoint(listen, ConnectionParams::default())
+        .expect("connect");
+    assert!(
+        wait_until(|| tx.conn.lock().unwrap().is_some()),
+        "the sender's connection established"
+    );
+    let conn = tx.conn.lock().unwrap().expect("checked");
+    let send = |m: &[u8], key: u64| {
+        assert!(
+            wait_until(|| sender.send_data_copy(conn, &[m], &[], key).is_ok()),
+            "send {key} accepted"
+        );
+    };
+    for (key, m) in [&b"one"[..], b"boom", b"after", b"it"]
+        .into_iter()
+        .enumerate()
+    {
+        send(m, key as u64);
+    }
+    assert!(
+        wait_until(|| rx_loop.panics.load(Ordering::SeqCst) == 1),
+        "the handler's panic ended a run of the receiver's loop"
+    );
+    send(b"later", 10);
+    let want: Vec<Vec<u8>> = [&b"one"[..], b"boom", b"after", b"it", b"later"]
+        .iter()
+        .map(|m| m.to_vec())
+        .collect();
+    assert!(
+        wait_until(|| *rx.got.lock().unwrap() == want),
+        "every message arrives, the ones after the panic included: {:?}",
+        rx.got
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|m| String::from_utf8_lossy(m).into_owned())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(rx_loop.panics.load(Ordering::SeqCst), 1, "one panic only");
+    assert_eq!(tx_loop.panics.load(Ordering::SeqCst), 0);
+    drop(sender);
+    drop(receiver);
+}
+
+#[test]
+fn on_a_connected_endpoint_the_messages_after_a_handler_panic_arrive() {
+    messages_after_a_panic_arrive(LibfabricConfig::provider("tcp"), false);
+}
+
+#[test]
+fn on_a_busy_connected_endpoint_the_messages_after_a_handler_panic_arrive() {
+    messages_after_a_panic_arrive(LibfabricConfig::provider("tcp"), true);
+}
+
+#[test]
+fn on_reliable_datagrams_the_messages_after_a_handler_panic_arrive() {
+    messages_after_a_panic_arrive(harness::rdm_config("tcp;ofi_rxm"), false);
+}
+
+#[test]
+fn on_busy_reliable_datagrams_the_messages_after_a_handler_panic_arrive() {
+    messages_after_a_panic_arrive(harness::rdm_config("shm"), true);
+}
