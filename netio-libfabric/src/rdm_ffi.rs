@@ -490,6 +490,40 @@ fn av_remove(prov: &str) -> bool {
     !(prov.ends_with("ofi_rxd") || prov == "sockets")
 }
 
+/// A name for an `shm` endpoint that no other endpoint, live or dead, has
+/// had: `fi_shm://netio-<pid>-<random>-<n>`.
+///
+/// libfabric 1.17 names an `shm` endpoint `<pid>:<uid>:<n>` (the n-th of
+/// the process) and creates a file of that name in `/dev/shm` (16 MiB by
+/// default), which a process that ends without closing its endpoints
+/// (killed, or crashed) leaves behind. A later process that gets the same
+/// process id (they wrap at `kernel.pid_max`, 32,768 by default) then
+/// fails to open its n-th endpoint: libfabric finds the file, reads its
+/// own process id in it and answers `fi_enable` with `-FI_EBUSY`. A random
+/// part per process makes the names of two processes differ whatever
+/// their ids.
+fn shm_name() -> std::ffi::CString {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::AtomicU64;
+    use std::sync::OnceLock;
+    static NONCE: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nonce = *NONCE.get_or_init(|| {
+        // The standard library's per-process random hash keys, mixed with
+        // the clock.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    });
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = format!("fi_shm://netio-{}-{nonce:016x}-{n}", std::process::id());
+    std::ffi::CString::new(name).expect("no NUL in a formatted name")
+}
+
 /// How long dropping an endpoint waits for its operations to end.
 const CLOSE_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -562,6 +596,20 @@ impl RdmEp {
         // SAFETY: domain open, info valid, out pointer valid.
         let rc = unsafe { sys::fi_endpoint(domain.ptr, info.ptr, &mut this.ep, ptr::null_mut()) };
         check("fi_endpoint", rc)?;
+        if info.prov_name() == "shm" {
+            let name = shm_name();
+            let bytes = name.as_bytes_with_nul();
+            // SAFETY: the endpoint is open and not enabled yet; `shm`
+            // copies the NUL-terminated name, `bytes.len()` long.
+            let rc = unsafe {
+                sys::fi_setname(
+                    &mut (*this.ep).fid,
+                    bytes.as_ptr().cast_mut().cast::<c_void>(),
+                    bytes.len(),
+                )
+            };
+            check("fi_setname", rc)?;
+        }
         this.info = Some(info);
         // SAFETY: endpoint, CQ and AV are open.
         unsafe {

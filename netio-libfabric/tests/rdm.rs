@@ -252,12 +252,13 @@ fn a_dead_peer_process_is_a_reset(fabric: &str) {
     let pid = child.id();
     child.kill().expect("killing the child");
     let _ = child.wait();
-    // `shm` removes its shared-memory file at a normal exit only.
+    // `shm` removes its shared-memory file at a normal exit only (netio
+    // names it `netio-<pid>-…`).
     if let Ok(dir) = std::fs::read_dir("/dev/shm") {
         for e in dir.flatten() {
             if e.file_name()
                 .to_string_lossy()
-                .starts_with(&format!("{pid}:"))
+                .starts_with(&format!("netio-{pid}-"))
             {
                 let _ = std::fs::remove_file(e.path());
             }
