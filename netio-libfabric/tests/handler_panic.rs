@@ -171,3 +171,61 @@ fn on_reliable_datagrams_the_messages_after_a_handler_panic_arrive() {
 fn on_busy_reliable_datagrams_the_messages_after_a_handler_panic_arrive() {
     messages_after_a_panic_arrive(harness::rdm_config("shm"), true);
 }
+
+/// Records the wake tokens it is handed; panics on token 1.
+#[derive(Clone, Default)]
+struct Waker(Arc<Mutex<Vec<u64>>>);
+
+impl Handler<LibfabricBackend> for Waker {
+    fn on_wake(&mut self, _b: &LibfabricBackend, token: u64) {
+        if token == 1 {
+            panic!("handler panics in on_wake (on purpose)");
+        }
+        self.0.lock().unwrap().push(token);
+    }
+}
+
+/// Two events queued together go to the handler in one dispatch; when the
+/// handler panics on the first, the second is handed over once the loop
+/// runs again (the dispatch puts what it had not handed over back in the
+/// queue and posts another).
+fn events_after_a_panic_in_a_dispatch_are_dispatched(lf: LibfabricConfig) {
+    let lp = Restarting::start(false);
+    let seen = Waker::default();
+    let b = Arc::new(
+        LibfabricBackend::new(&lp.lp, BackendConfig::default(), lf, seen.clone()).expect("backend"),
+    );
+    {
+        // Queued from one loop callback: one dispatch takes both.
+        let b = Arc::clone(&b);
+        lp.lp.post(move || {
+            b.wake(1);
+            b.wake(2);
+        });
+    }
+    assert!(
+        wait_until(|| lp.panics.load(Ordering::SeqCst) == 1),
+        "the handler's panic on the first event ended a run of the loop"
+    );
+    assert!(
+        wait_until(|| *seen.0.lock().unwrap() == [2]),
+        "the event after the one that panicked is dispatched: {:?}",
+        seen.0.lock().unwrap()
+    );
+    b.wake(3);
+    assert!(
+        wait_until(|| *seen.0.lock().unwrap() == [2, 3]),
+        "and later events too: {:?}",
+        seen.0.lock().unwrap()
+    );
+}
+
+#[test]
+fn on_connected_endpoints_events_after_a_handler_panic_in_a_dispatch_are_dispatched() {
+    events_after_a_panic_in_a_dispatch_are_dispatched(LibfabricConfig::provider("tcp"));
+}
+
+#[test]
+fn on_reliable_datagrams_events_after_a_handler_panic_in_a_dispatch_are_dispatched() {
+    events_after_a_panic_in_a_dispatch_are_dispatched(harness::rdm_config("tcp;ofi_rxm"));
+}
