@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, UnixStream};
 use mio::unix::SourceFd;
 use mio::Interest;
-use netio_core::mio_loop::{LoopConfig, MioLoop, SourceId};
+use netio_core::mio_loop::{LoopConfig, MioLoop, MioSignal, SourceId};
 use netio_core::{EventLoop, Signal, Timer};
 
 /// How long any awaited condition may take on a loaded machine.
@@ -1202,6 +1202,43 @@ fn a_busy_loop_running_long_posted_closures_turn_after_turn_runs_its_timers_on_t
     assert!(
         most <= 5,
         "a 2 ms timer waited {most} posted closures of 1 ms each"
+    );
+}
+
+/// Likewise for signals: a turn that runs a signal's callback reads the
+/// clock after it, so a signal of a millisecond that fires itself again,
+/// once a turn, does not hold a due timer back for eight turns.
+#[test]
+fn a_busy_loop_running_a_long_signal_turn_after_turn_runs_its_timers_on_time() {
+    let _fds = fds_shared();
+    let el = looping(true);
+    let _spin = el.add_spin(|| false);
+    let steps = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(AtomicBool::new(true));
+    let me: Arc<OnceLock<MioSignal>> = Arc::new(OnceLock::new());
+    let signal = {
+        let (steps, go, me) = (Arc::clone(&steps), Arc::clone(&go), Arc::clone(&me));
+        el.signal(move || {
+            if !go.load(Ordering::SeqCst) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(1));
+            steps.fetch_add(1, Ordering::SeqCst);
+            if let Some(s) = me.get() {
+                s.fire();
+            }
+        })
+    };
+    signal.fire();
+    assert!(me.set(signal).is_ok());
+    let running = Running::start(&el);
+    let most = most_steps_a_timer_waits(&el, &steps);
+    go.store(false, Ordering::SeqCst);
+    fence(&el);
+    running.stop();
+    assert!(
+        most <= 5,
+        "a 2 ms timer waited {most} runs of a 1 ms signal"
     );
 }
 
