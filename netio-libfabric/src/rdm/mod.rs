@@ -2411,18 +2411,16 @@ impl RdmInner {
             let pool = c.pool;
             let mem = mem.unwrap_or_else(|| c.recv.clone().expect("receiving"));
             drop(st);
-            // A handler's panic from here to the end of this message (in
-            // on_data, or in the report of completed sends below) leaves
-            // the connection as a delivery that ended there would.
-            let buffer_back = std::cell::Cell::new(false);
-            let _unwinding = events::ClearOnUnwind(|| {
-                let index = (!buffer_back.get()).then_some(index);
-                self.delivery_unwound(id, pool, index);
-            });
             // The buffer is not posted again before on_data returns: its
             // bytes stay put.
             let h = handler.get_or_insert_with(|| lock(&self.handler));
-            h.on_data(backend, id, mem.bytes(index, len));
+            {
+                // A handler's panic leaves the connection as a delivery
+                // that ended with this message would.
+                let _unwinding =
+                    events::ClearOnUnwind(|| self.delivery_unwound(id, pool, Some(index)));
+                h.on_data(backend, id, mem.bytes(index, len));
+            }
             drop(mem);
             st = lock(&self.state);
             let Some(c) = st.conns.get_mut(id) else {
@@ -2438,7 +2436,6 @@ impl RdmInner {
             } else {
                 c.unposted.push(index);
             }
-            buffer_back.set(true);
             let Some(c) = st.conns.get_mut(id) else {
                 return st;
             };
@@ -2453,7 +2450,12 @@ impl RdmInner {
                 if !keys.is_empty() {
                     drop(st);
                     drop(released);
-                    h.on_sends_completed(backend, id, &keys);
+                    {
+                        // As above; this message's buffer is back already.
+                        let _unwinding =
+                            events::ClearOnUnwind(|| self.delivery_unwound(id, pool, None));
+                        h.on_sends_completed(backend, id, &keys);
+                    }
                     st = lock(&self.state);
                 }
                 events::give_keys(keys);
