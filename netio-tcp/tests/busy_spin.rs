@@ -47,6 +47,28 @@ fn echoed(addr: EndpointAddress, messages: &[&[u8]]) -> TcpStream {
     peer
 }
 
+/// A backend on `lp` whose handler is [`EchoThenPanic`], listening on a
+/// port of 127.0.0.1.
+fn echo_then_panic_listening(lp: &MioLoop) -> (TcpBackend, EndpointAddress) {
+    let backend = TcpBackend::new(lp, BackendConfig::default(), EchoThenPanic).expect("backend");
+    let addr = backend
+        .open_listen_endpoint(
+            EndpointAddress::localhost(0),
+            ConnectionParams::receive(64, 4),
+        )
+        .expect("listen");
+    (backend, addr)
+}
+
+/// A busy-polling loop.
+fn busy_loop() -> MioLoop {
+    MioLoop::with_config(LoopConfig {
+        busy_poll: true,
+        ..LoopConfig::default()
+    })
+    .expect("loop")
+}
+
 /// Runs `lp` on a thread of its own, again after each panic that ends
 /// `run` (each reported on the channel), until stopped.
 fn run_restarting(lp: &MioLoop) -> (thread::JoinHandle<()>, mpsc::Receiver<()>) {
@@ -65,18 +87,8 @@ fn run_restarting(lp: &MioLoop) -> (thread::JoinHandle<()>, mpsc::Receiver<()>) 
 
 #[test]
 fn on_a_busy_polling_loop_other_connections_are_served_after_a_handler_panicked() {
-    let lp = MioLoop::with_config(LoopConfig {
-        busy_poll: true,
-        ..LoopConfig::default()
-    })
-    .expect("loop");
-    let backend = TcpBackend::new(&lp, BackendConfig::default(), EchoThenPanic).expect("backend");
-    let addr = backend
-        .open_listen_endpoint(
-            EndpointAddress::localhost(0),
-            ConnectionParams::receive(64, 4),
-        )
-        .expect("listen");
+    let lp = busy_loop();
+    let (backend, addr) = echo_then_panic_listening(&lp);
     let (runner, panics) = run_restarting(&lp);
 
     // Ordinary messages first: their echoes come back, and the connection
@@ -145,13 +157,7 @@ fn events_queued_after_a_handler_panicked_in_a_dispatch_are_still_dispatched() {
 /// after the one that panicked are handed out, and later ones too (the
 /// read that the panic cut short gave the connection its reader back).
 fn later_messages_arrive_after_a_panic_in_on_data(lp: MioLoop) {
-    let backend = TcpBackend::new(&lp, BackendConfig::default(), EchoThenPanic).expect("backend");
-    let addr = backend
-        .open_listen_endpoint(
-            EndpointAddress::localhost(0),
-            ConnectionParams::receive(64, 4),
-        )
-        .expect("listen");
+    let (backend, addr) = echo_then_panic_listening(&lp);
     let (runner, panics) = run_restarting(&lp);
     let mut peer = echoed(addr, &[b"one"]);
     let mut burst = raw::data_frame(b"boom");
@@ -186,11 +192,5 @@ fn a_connection_whose_handler_panicked_in_on_data_delivers_the_messages_after_it
 
 #[test]
 fn on_a_busy_polling_loop_a_connection_whose_handler_panicked_delivers_the_messages_after_it() {
-    later_messages_arrive_after_a_panic_in_on_data(
-        MioLoop::with_config(LoopConfig {
-            busy_poll: true,
-            ..LoopConfig::default()
-        })
-        .expect("loop"),
-    );
+    later_messages_arrive_after_a_panic_in_on_data(busy_loop());
 }
