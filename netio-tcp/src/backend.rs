@@ -1025,31 +1025,24 @@ impl Inner {
     /// buffer, saving the read that would find nothing (see
     /// `on_conn_event`). `true` when a read found bytes.
     fn read_conn(self: &Arc<Self>, id: ConnId, stop_short: bool) -> bool {
-        let mut got_data = false;
-        self.read_conn_noting(id, stop_short, &mut got_data);
-        got_data
-    }
-
-    /// [`read_conn`](Self::read_conn), setting `got_data` when a read found
-    /// bytes.
-    fn read_conn_noting(self: &Arc<Self>, id: ConnId, stop_short: bool, got_data: &mut bool) {
         // Made when a read needs the handler (not for a read that finds
         // nothing, the common case of a busy-polling spin).
         let mut backend = None;
+        let mut got_data = false;
         for _ in 0..MAX_READS_PER_EVENT {
             let taken = {
                 let mut st = self.state.lock();
                 let Some(c) = st.conns.get_mut(id) else {
-                    return;
+                    return got_data;
                 };
                 if c.phase == Phase::Connecting || c.recv_blocked {
-                    return;
+                    return got_data;
                 }
                 if c.phase == Phase::Established && c.paused.load(Ordering::Acquire) {
-                    return;
+                    return got_data;
                 }
                 let Some(reader) = c.reader.take() else {
-                    return;
+                    return got_data;
                 };
                 (reader, c.phase, c.recv_pool.clone(), c.recv_limit)
             };
@@ -1070,7 +1063,7 @@ impl Inner {
                 Ok(n) => {
                     reader.dec.advance(n);
                     drained = stop_short && n < room_len;
-                    *got_data = true;
+                    got_data = true;
                     ReadEnd::Continue
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadEnd::WouldBlock,
@@ -1111,7 +1104,7 @@ impl Inner {
             match step {
                 Step::Stop => {
                     self.drop_reader(&mut reader);
-                    return;
+                    return got_data;
                 }
                 // An end of stream or an error waits with the bytes before
                 // it: it is reported after them. The end of stream is read
@@ -1128,25 +1121,25 @@ impl Inner {
                     }
                     let mut st = self.state.lock();
                     self.put_reader(&mut st, id, reader);
-                    return;
+                    return got_data;
                 }
                 Step::Continue => {}
             }
             // Put the reader back, or end the connection.
             let mut st = self.state.lock();
-            if *got_data {
+            if got_data {
                 st.hot = Some(id);
             }
             if !reader.open.load(Ordering::Acquire) || !st.conns.contains(id) {
                 drop(st);
                 self.drop_reader(&mut reader);
-                return;
+                return got_data;
             }
             match end {
                 ReadEnd::Continue if !drained => {}
                 ReadEnd::Continue | ReadEnd::WouldBlock => {
                     self.put_reader(&mut st, id, reader);
-                    return;
+                    return got_data;
                 }
                 ReadEnd::Eof | ReadEnd::Error(_) => {
                     let had_assembly = reader.assembling.take().is_some();
@@ -1169,16 +1162,14 @@ impl Inner {
                     if had_assembly {
                         self.wake_pool_waiters(&mut st);
                     }
-                    return;
+                    return got_data;
                 }
             }
             self.put_reader(&mut st, id, reader);
         }
         // Budget used up with data left: continue after other sources.
-        self.post_with(move |i| {
-            i.on_readable(id);
-            i.dispatch();
-        });
+        self.post_read(id);
+        got_data
     }
 
     /// A handler panicked while connection `id`'s messages were handed
@@ -1196,6 +1187,12 @@ impl Inner {
         }
         self.put_reader(&mut st, id, reader);
         drop(st);
+        self.post_read(id);
+    }
+
+    /// Reads connection `id` on a later turn of the loop, and hands over
+    /// what that queues.
+    fn post_read(&self, id: ConnId) {
         self.post_with(move |i| {
             i.on_readable(id);
             i.dispatch();
