@@ -1115,27 +1115,54 @@ fn no_fd_leak_after_drop() {
 
 /// Starts a 2 ms timer on `el` (a busy-polling loop whose work, steps of a
 /// millisecond or more, `steps` counts) once per round, and returns the
-/// most steps any round took from the start to the firing.
+/// most steps any round took from the start to the first tick.
+///
+/// Everything that counts happens on the loop thread: a posted closure
+/// stops the timer (exact there), reads the step count and starts it; the
+/// callback reads the count at the first tick of the round. The loop's
+/// steps go on while the test thread is descheduled, so a count read
+/// there, or a stop from there, could mix in steps or ticks of another
+/// moment.
 fn most_steps_a_timer_waits(el: &MioLoop, steps: &Arc<AtomicUsize>) -> usize {
     let fired_at = Arc::new(AtomicUsize::new(usize::MAX));
-    let timer = {
-        let (f, s) = (Arc::clone(&fired_at), Arc::clone(steps));
+    let started_at = Arc::new(AtomicUsize::new(0));
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let timer = Arc::new({
+        let (f, s, r) = (
+            Arc::clone(&fired_at),
+            Arc::clone(steps),
+            Arc::clone(&rounds),
+        );
         el.timer(move || {
-            f.store(count(&s), Ordering::SeqCst);
+            if count(&f) == usize::MAX {
+                f.store(count(&s), Ordering::SeqCst);
+                r.fetch_add(1, Ordering::SeqCst);
+            }
         })
-    };
+    });
     let mut most = 0;
     for round in 0..8 {
-        fired_at.store(usize::MAX, Ordering::SeqCst);
-        let started = count(steps);
-        timer.start(Duration::from_millis(2));
+        {
+            let (timer, fired, started, s) = (
+                Arc::clone(&timer),
+                Arc::clone(&fired_at),
+                Arc::clone(&started_at),
+                Arc::clone(steps),
+            );
+            el.post(move || {
+                timer.stop();
+                fired.store(usize::MAX, Ordering::SeqCst);
+                started.store(count(&s), Ordering::SeqCst);
+                timer.start(Duration::from_millis(2));
+            });
+        }
         assert!(
-            wait_until(|| count(&fired_at) != usize::MAX),
+            wait_until(|| count(&rounds) == round + 1),
             "round {round}: the timer fired"
         );
-        timer.stop();
-        most = most.max(count(&fired_at) - started);
+        most = most.max(count(&fired_at) - count(&started_at));
     }
+    timer.stop();
     most
 }
 
