@@ -716,6 +716,116 @@ fn spin_callbacks_run_every_turn_of_a_busy_polling_loop_and_sources_are_still_se
     running.stop();
 }
 
+/// On a busy loop whose spin callback counts its turns and writes one byte
+/// to a socket pair at the turns `write_at` chooses (given the turn and the
+/// turn the last byte was read at, `None` before the first), returns how
+/// many turns each byte waited from its write to the source callback that
+/// read it, for the first `bytes` bytes.
+fn turns_bytes_wait(
+    bytes: usize,
+    write_at: impl Fn(usize, Option<usize>) -> bool + Send + 'static,
+) -> Vec<usize> {
+    let _fds = fds_shared();
+    let el = looping(true);
+    let (mut a, reader) = std::os::unix::net::UnixStream::pair().unwrap();
+    reader.set_nonblocking(true).unwrap();
+    let mut b = UnixStream::from_std(reader.try_clone().unwrap());
+    let mut reader = reader;
+    let turns = Arc::new(AtomicUsize::new(0));
+    // The turn the unread byte was written at (usize::MAX: none unread),
+    // the turn the last byte was read at, the waits.
+    let written = Arc::new(AtomicUsize::new(usize::MAX));
+    let read_at = Arc::new(AtomicUsize::new(usize::MAX));
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    {
+        let (turns, written, read_at) = (
+            Arc::clone(&turns),
+            Arc::clone(&written),
+            Arc::clone(&read_at),
+        );
+        el.add_spin(move || {
+            let turn = turns.fetch_add(1, Ordering::SeqCst) + 1;
+            let last = match count(&read_at) {
+                usize::MAX => None,
+                t => Some(t),
+            };
+            if count(&written) == usize::MAX && write_at(turn, last) {
+                written.store(turn, Ordering::SeqCst);
+                a.write_all(b"x").unwrap();
+            }
+            false
+        });
+    }
+    {
+        let (turns, written, read_at, waits) = (
+            Arc::clone(&turns),
+            Arc::clone(&written),
+            Arc::clone(&read_at),
+            Arc::clone(&waits),
+        );
+        el.register(&mut b, Interest::READABLE, move |_| {
+            let mut buf = [0u8; 8];
+            while matches!(reader.read(&mut buf), Ok(n) if n > 0) {}
+            let turn = count(&turns);
+            let at = written.swap(usize::MAX, Ordering::SeqCst);
+            if at != usize::MAX {
+                waits.lock().unwrap().push(turn - at);
+                read_at.store(turn, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+    }
+    let running = Running::start(&el);
+    assert!(
+        wait_until(|| waits.lock().unwrap().len() >= bytes),
+        "{bytes} bytes read: {:?}",
+        waits.lock().unwrap()
+    );
+    running.stop();
+    let waits = waits.lock().unwrap().clone();
+    waits
+}
+
+/// While epoll reports an event at every ask (a byte written again on the
+/// turn the last one was read), a busy loop with spin callbacks asks it
+/// every 8 turns: no byte waits longer.
+#[test]
+fn a_busy_loop_whose_epoll_reports_events_asks_it_every_eight_turns() {
+    let waits = turns_bytes_wait(50, |turn, last| last.is_none_or(|l| turn > l));
+    assert!(
+        waits.iter().all(|&w| w <= 9),
+        "a byte waited more than 8 turns: {waits:?}"
+    );
+}
+
+/// While epoll reports nothing, a busy loop with spin callbacks asks it
+/// less and less often, down to once every 64 turns: a byte written after
+/// 300 idle turns waits more than 8 turns at some phase of that cadence,
+/// and never more than 64.
+#[test]
+fn a_busy_loop_whose_epoll_reports_nothing_asks_it_less_often_down_to_every_64_turns() {
+    // A byte 300 turns after the last read, one turn later each time, so
+    // the writes fall at different phases of the asks.
+    let round = Arc::new(AtomicUsize::new(0));
+    let waits = turns_bytes_wait(16, move |turn, last| {
+        let from = last.unwrap_or(0);
+        let r = count(&round);
+        if turn >= from + 300 + r {
+            round.fetch_add(1, Ordering::SeqCst);
+            return true;
+        }
+        false
+    });
+    assert!(
+        waits.iter().all(|&w| w <= 65),
+        "a byte waited more than 64 turns: {waits:?}"
+    );
+    assert!(
+        waits.iter().any(|&w| w > 9),
+        "every byte was read within 8 turns after idle spells: {waits:?}"
+    );
+}
+
 /// In a spin callback, `turn_now` is the time the loop read for this
 /// turn's timers: never after `now`, never behind the previous turn's, and
 /// advancing as the loop turns.
@@ -1171,8 +1281,8 @@ fn most_steps_a_timer_waits(el: &MioLoop, steps: &Arc<AtomicUsize>) -> usize {
 /// turn looks at the timers. A 2 ms timer then fires within four such
 /// turns (the one under way when it was set, two that make the 2 ms, the
 /// one that sees it due); were the clock read only on the turns that ask
-/// epoll (one in eight), it would wait up to nine, and in eight rounds
-/// nearly surely more than five at least once.
+/// epoll (one in eight at best), it would wait up to nine or more, and in
+/// eight rounds nearly surely more than five at least once.
 #[test]
 fn a_busy_loop_whose_spin_callbacks_find_work_every_turn_runs_its_timers_on_time() {
     let _fds = fds_shared();
@@ -1212,7 +1322,7 @@ fn post_chain(lp: MioLoop, steps: Arc<AtomicUsize>, go: Arc<AtomicBool>) {
 /// Likewise for posted closures on a busy loop whose spin callback finds
 /// nothing: a turn that runs posted closures reads the clock after them,
 /// so a chain of closures of a millisecond each, one a turn, does not hold
-/// a due timer back for eight turns.
+/// a due timer back until epoll is asked.
 #[test]
 fn a_busy_loop_running_long_posted_closures_turn_after_turn_runs_its_timers_on_time() {
     let most = most_steps_beside_idle_spins(post_chain);
@@ -1245,7 +1355,7 @@ fn most_steps_beside_idle_spins(
 
 /// Likewise for signals: a turn that runs a signal's callback reads the
 /// clock after it, so a signal of a millisecond that fires itself again,
-/// once a turn, does not hold a due timer back for eight turns.
+/// once a turn, does not hold a due timer back until epoll is asked.
 #[test]
 fn a_busy_loop_running_a_long_signal_turn_after_turn_runs_its_timers_on_time() {
     let most = most_steps_beside_idle_spins(|el, steps, go| {

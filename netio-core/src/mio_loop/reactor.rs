@@ -42,8 +42,15 @@ struct SpinSlot {
 }
 
 /// On a busy-polling loop with spin callbacks, epoll is asked once every
-/// this many turns; the spin callbacks run every turn.
+/// this many turns while it reports events; the spin callbacks run every
+/// turn.
 const SPINS_PER_POLL: u32 = 8;
+/// While epoll reports nothing, the turns between two asks double after
+/// each ask, up to this many: a system call costs several idle spins (a
+/// fraction of a microsecond on a virtual machine), and a message that
+/// arrives meanwhile waits for it. The first event reported brings the
+/// cadence back to [`SPINS_PER_POLL`].
+const MAX_SPINS_PER_POLL: u32 = 64;
 /// A signal's callback slot: `None` while the loop runs it or once removed.
 type SignalSlot = Mutex<Option<Callback>>;
 
@@ -129,6 +136,11 @@ struct PollState {
     /// Turns since epoll was last asked (busy polling with spin callbacks);
     /// 0 on a turn that reads the clock and looks at the timers.
     spin_turns: u32,
+    /// Turns from one ask of epoll to the next (busy polling with spin
+    /// callbacks): [`SPINS_PER_POLL`] after an ask that reported events,
+    /// doubled after one that reported none, up to
+    /// [`MAX_SPINS_PER_POLL`].
+    poll_every: u32,
     /// A spin callback found work on the last turn: the next turn reads
     /// the clock and looks at the timers whatever `spin_turns` says, so
     /// that work handed over from spin callbacks turn after turn does not
@@ -193,6 +205,7 @@ impl MioLoop {
                 events: Events::with_capacity(capacity),
                 next: 0,
                 spin_turns: 0,
+                poll_every: SPINS_PER_POLL,
                 clock_due: false,
                 spins: Vec::new(),
                 spin_epoch: 0,
@@ -296,10 +309,10 @@ impl MioLoop {
 
     /// The loop's time ([`EventLoop::now`]) as last read for its timers,
     /// without reading the clock again: for a spin callback (see
-    /// [`add_spin`](Self::add_spin)) it is at most eight idle turns old (a
+    /// [`add_spin`](Self::add_spin)) it is at most 64 idle turns old (a
     /// busy-polling loop with spin callbacks reads the clock on the turns
-    /// that ask epoll, one in eight, on turns that run posted closures or
-    /// signals, and after a spin callback found work). A loop that sleeps
+    /// that ask epoll, one in 8 to one in 64, on turns that run posted
+    /// closures or signals, and after a spin callback found work). A loop that sleeps
     /// reads it before it sleeps, so elsewhere it may be as old as that
     /// sleep: use [`EventLoop::now`] there.
     pub fn turn_now(&self) -> std::time::Duration {
@@ -308,11 +321,13 @@ impl MioLoop {
 
     /// Adds a spin callback: on a [busy-polling](LoopConfig::busy_poll)
     /// loop it runs on the loop thread every turn, and while there is one,
-    /// epoll is asked only every few turns. A provider uses it to look at
-    /// the sockets or completion queues where the next data is most likely
-    /// to come (a read that finds data there saves the epoll call before
-    /// it); sources without a spin callback wait a few turns longer. Never
-    /// called on a loop that sleeps in epoll.
+    /// epoll is asked only every few turns: every 8 while it reports
+    /// events, up to every 64 while it reports none (the turns between two
+    /// asks double after each ask that found nothing). A provider uses it
+    /// to look at the sockets or completion queues where the next data is
+    /// most likely to come (a read that finds data there saves the epoll
+    /// call before it); sources without a spin callback wait a few turns
+    /// longer. Never called on a loop that sleeps in epoll.
     ///
     /// The callback returns `true` when it found work (and handed it
     /// over), `false` when it looked and found nothing. The loop skips the
@@ -626,14 +641,22 @@ impl Inner {
                 return;
             }
             st.spin_turns += 1;
-            if st.spin_turns < SPINS_PER_POLL {
+            if st.spin_turns < st.poll_every {
                 // Every event of the last poll was dispatched.
                 st.events.clear();
                 st.next = 0;
                 return;
             }
+            // The next turn reads the clock (see `work`).
+            st.spin_turns = 0;
+            self.poll(st, None);
+            st.poll_every = if st.events.is_empty() {
+                (st.poll_every * 2).min(MAX_SPINS_PER_POLL)
+            } else {
+                SPINS_PER_POLL
+            };
+            return;
         }
-        // The next turn reads the clock (see `work`).
         st.spin_turns = 0;
         self.poll(st, None);
     }
@@ -645,7 +668,7 @@ impl Inner {
     /// The clock is read (and the timers looked at) every turn, except on
     /// a busy-polling loop with spin callbacks, where an idle turn skips
     /// it: there it is read on the turns that ask epoll (one in
-    /// [`SPINS_PER_POLL`]), on turns that run posted closures or signals,
+    /// [`SPINS_PER_POLL`] to one in [`MAX_SPINS_PER_POLL`]), on turns that run posted closures or signals,
     /// and on the turn after a spin callback found work. A clock read costs
     /// as much as an idle spin on some machines (a system call on a
     /// virtual machine without a usable TSC).
