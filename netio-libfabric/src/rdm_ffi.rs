@@ -309,10 +309,7 @@ pub enum RdmCompletion {
         /// The message's full size, as far as the provider reports it.
         size: u64,
     },
-    /// A receive ended without a message (cancelled, or an error). Its
-    /// fields are for the record (`Debug`): the connection manager takes
-    /// no action on it.
-    #[allow(dead_code)]
+    /// A receive ended without a message (cancelled, or an error).
     RecvEnded {
         /// The connection that posted the buffer.
         owner: u64,

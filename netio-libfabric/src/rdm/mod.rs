@@ -11,6 +11,8 @@
 //! posted a buffer for.
 
 pub(crate) mod proto;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -1522,6 +1524,44 @@ impl RdmInner {
     }
 
     /// Closes once the held messages are delivered.
+    /// A receive (of `owner`, buffer `index`) ended without a message,
+    /// with error `errno`. Receives this backend cancelled end so
+    /// (`FI_ECANCELED`: their owner is going away): nothing to do. Any
+    /// other error ended the receive, and maybe a message with it: a
+    /// shared pool's buffer goes back to its pool (its sender is unknown,
+    /// as for a truncated message); a connection's own buffer ends the
+    /// connection, after the messages held before it, with a reason that
+    /// names the error (an opening one is refused so). A connection is not
+    /// left with a buffer fewer and a peer holding a credit for it.
+    fn recv_ended(&self, st: &mut State, owner: u64, index: usize, errno: i32) {
+        if errno == netio_libfabric_sys::FI_ECANCELED {
+            return;
+        }
+        if owner & POOL_OWNER != 0 {
+            self.refill_pool(st, owner as u32, [index]);
+            return;
+        }
+        let Some(&id) = st.by_tag.get(&(owner as u32)) else {
+            return;
+        };
+        let Some(c) = st.conns.get(id) else {
+            return;
+        };
+        let text = format!(
+            "a receive failed on the fabric: {}",
+            crate::ffi::strerror(errno)
+        );
+        if c.phase == Phase::Opening {
+            self.refuse_conn(st, id, RefuseReason::Other(text));
+        } else if owner & PROBE_OWNER == 0 && c.peer_closing.is_none() {
+            if c.held.is_empty() {
+                self.close_conn(st, id, CloseReason::Other(text), true);
+            } else {
+                self.close_after_held(st, id, CloseReason::Other(text));
+            }
+        }
+    }
+
     fn close_after_held(&self, st: &mut State, id: ConnId, reason: CloseReason) {
         let Some(c) = st.conns.get_mut(id) else {
             return;
@@ -2035,7 +2075,11 @@ impl RdmInner {
                     };
                     self.close_conn(st, id, reason, true);
                 }
-                RdmCompletion::RecvEnded { .. } => {}
+                RdmCompletion::RecvEnded {
+                    owner,
+                    index,
+                    errno,
+                } => self.recv_ended(st, owner, index, errno),
             }
         }
         for &id in &touched {

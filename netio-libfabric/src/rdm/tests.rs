@@ -1,0 +1,263 @@
+//! The connection manager's answer to completions no fabric here produces
+//! on demand: a receive that ends with an error.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use netio_core::mio_loop::MioLoop;
+use netio_core::{
+    Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
+    EventLoop, Handler,
+};
+
+use super::{RdmInner, PROBE_OWNER};
+use crate::backend::{Kind, LibfabricBackend};
+use crate::config::{EndpointType, LibfabricConfig};
+use crate::events::lock;
+use crate::rdm_ffi::RdmCompletion;
+
+/// What a handler saw: connections established, closed (with the reason),
+/// and the bytes of each message.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<Seen>>>);
+
+#[derive(Clone, Debug, PartialEq)]
+enum Seen {
+    Established(ConnId),
+    Closed(ConnId, CloseReason),
+    Data(ConnId, Vec<u8>),
+}
+
+impl Log {
+    fn seen(&self) -> Vec<Seen> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn wait_for(&self, what: &str, f: impl Fn(&[Seen]) -> bool) {
+        let start = Instant::now();
+        while !f(&self.seen()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "waited 10 s for {what}; seen: {:?}",
+                self.seen()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+impl Handler<LibfabricBackend> for Log {
+    fn on_connection_established(
+        &mut self,
+        _: &LibfabricBackend,
+        conn: ConnId,
+        _: EndpointAddress,
+        _: Capabilities,
+    ) {
+        self.0.lock().unwrap().push(Seen::Established(conn));
+    }
+
+    fn on_connection_closed(
+        &mut self,
+        _: &LibfabricBackend,
+        conn: ConnId,
+        _: EndpointAddress,
+        reason: &CloseReason,
+        _: &[u64],
+    ) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(Seen::Closed(conn, reason.clone()));
+    }
+
+    fn on_data(&mut self, _: &LibfabricBackend, conn: ConnId, data: &[u8]) {
+        self.0.lock().unwrap().push(Seen::Data(conn, data.to_vec()));
+    }
+}
+
+/// A loop on a thread of its own, stopped when dropped.
+struct Running {
+    lp: MioLoop,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    fn start() -> Self {
+        let lp = MioLoop::new().expect("creating a loop");
+        let runner = lp.clone();
+        let thread = Some(std::thread::spawn(move || runner.run(|| {})));
+        Self { lp, thread }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.lp.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn shm() -> LibfabricConfig {
+    LibfabricConfig {
+        endpoint: EndpointType::Rdm,
+        ..LibfabricConfig::provider("shm")
+    }
+}
+
+fn rdm(b: &LibfabricBackend) -> Arc<RdmInner> {
+    match &b.kind {
+        Kind::Rdm(inner) => Arc::clone(inner),
+        Kind::Msg(_) => panic!("a connected backend"),
+    }
+}
+
+/// Hands `completion` to `backend`'s connection manager on its loop
+/// thread, as if its completion queue had returned it.
+fn complete(lp: &MioLoop, backend: &LibfabricBackend, completion: RdmCompletion) {
+    let inner = rdm(backend);
+    lp.post(move || {
+        let mut st = lock(&inner.state);
+        let now = inner.lp.now();
+        inner.handle_completions(&mut st, &mut vec![completion], now);
+        inner.post_dispatch(&mut st);
+    });
+}
+
+/// A server and a client backend on `shm`, connected; returns them with
+/// their logs and the connection ids (server side, client side).
+#[allow(clippy::type_complexity)]
+fn pair(
+    server_lp: &Running,
+    client_lp: &Running,
+) -> (LibfabricBackend, Log, ConnId, LibfabricBackend, Log, ConnId) {
+    let (server_log, client_log) = (Log::default(), Log::default());
+    let server = LibfabricBackend::new(
+        &server_lp.lp,
+        BackendConfig::default(),
+        shm(),
+        server_log.clone(),
+    )
+    .expect("server backend");
+    let listen = server
+        .open_listen_endpoint(
+            EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
+            ConnectionParams::receive(64, 2),
+        )
+        .expect("listening");
+    let client = LibfabricBackend::new(
+        &client_lp.lp,
+        BackendConfig::default(),
+        shm(),
+        client_log.clone(),
+    )
+    .expect("client backend");
+    client
+        .open_active_endpoint(
+            EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, listen.port()))),
+            ConnectionParams::receive(64, 2),
+        )
+        .expect("connecting");
+    let established = |log: &Log| {
+        log.wait_for("the connection", |s| {
+            s.iter().any(|e| matches!(e, Seen::Established(_)))
+        });
+        log.seen()
+            .iter()
+            .find_map(|e| match e {
+                Seen::Established(c) => Some(*c),
+                _ => None,
+            })
+            .expect("established")
+    };
+    let (s, c) = (established(&server_log), established(&client_log));
+    (server, server_log, s, client, client_log, c)
+}
+
+/// The connection tag `conn` of `backend` posts its receives under.
+fn tag_of(backend: &LibfabricBackend, conn: ConnId) -> u64 {
+    let inner = rdm(backend);
+    let st = lock(&inner.state);
+    u64::from(st.conns.get(conn).expect("the connection").tag)
+}
+
+/// A receive of an established connection that ends with an error (not a
+/// cancel) ends the connection with a reason naming the error, on both
+/// sides: the buffer is gone, and with it maybe a message the peer sent.
+#[test]
+fn a_receive_that_fails_on_the_fabric_closes_its_connection_with_the_error() {
+    let (server_lp, client_lp) = (Running::start(), Running::start());
+    let (server, server_log, s, client, client_log, c) = pair(&server_lp, &client_lp);
+    let owner = tag_of(&server, s);
+    complete(
+        &server_lp.lp,
+        &server,
+        RdmCompletion::RecvEnded {
+            owner,
+            index: 0,
+            errno: netio_libfabric_sys::FI_EIO,
+        },
+    );
+    server_log.wait_for("the server's close", |seen| {
+        seen.iter().any(|e| matches!(e, Seen::Closed(..)))
+    });
+    let reason = server_log.seen().into_iter().find_map(|e| match e {
+        Seen::Closed(id, r) if id == s => Some(r),
+        _ => None,
+    });
+    assert!(
+        matches!(&reason, Some(CloseReason::Other(t)) if t.contains("a receive failed")),
+        "the server closed with a reason naming the failed receive: {reason:?}"
+    );
+    client_log.wait_for("the client's close", |seen| {
+        seen.iter()
+            .any(|e| matches!(e, Seen::Closed(id, _) if *id == c))
+    });
+    drop((server, client));
+}
+
+/// Receives the backend cancelled itself end with `FI_ECANCELED`: such an
+/// end, or an error on a set-up probe's buffer once the connection is
+/// established, leaves the connection as it was; messages still flow.
+#[test]
+fn a_cancelled_receive_leaves_its_connection_open() {
+    let (server_lp, client_lp) = (Running::start(), Running::start());
+    let (server, server_log, s, client, client_log, c) = pair(&server_lp, &client_lp);
+    let owner = tag_of(&server, s);
+    for (owner, errno) in [
+        (owner, netio_libfabric_sys::FI_ECANCELED),
+        (PROBE_OWNER | owner, netio_libfabric_sys::FI_EIO),
+    ] {
+        complete(
+            &server_lp.lp,
+            &server,
+            RdmCompletion::RecvEnded {
+                owner,
+                index: 0,
+                errno,
+            },
+        );
+    }
+    client
+        .send_data_copy(c, &[b"still here"], &[], 1)
+        .expect("sending");
+    server_log.wait_for("the message", |seen| {
+        seen.iter()
+            .any(|e| matches!(e, Seen::Data(id, d) if *id == s && d == b"still here"))
+    });
+    assert!(
+        !server_log
+            .seen()
+            .iter()
+            .chain(client_log.seen().iter())
+            .any(|e| matches!(e, Seen::Closed(..))),
+        "no side closed: {:?} / {:?}",
+        server_log.seen(),
+        client_log.seen()
+    );
+    drop((server, client));
+}
