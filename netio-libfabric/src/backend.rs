@@ -1501,10 +1501,7 @@ impl Inner {
                 (Some((index, len)), Some(mem)) => (Arc::clone(mem), index, len),
                 (Some(_), None) => unreachable!("a message held without receive memory"),
                 (None, _) => {
-                    c.deliver_queued = false;
-                    if let Some(reason) = c.pending_close.take() {
-                        self.close_conn(&mut st, id, reason, false);
-                    }
+                    self.end_run(&mut st, id);
                     return st;
                 }
             };
@@ -1527,11 +1524,26 @@ impl Inner {
                 break;
             }
         }
-        if let Some(c) = st.conns.get_mut(id) {
-            c.deliver_queued = false;
-        }
-        self.queue_deliver(&mut st, id);
+        self.end_run(&mut st, id);
         st
+    }
+
+    /// Ends a delivery run of `id` (the last message handed out, the
+    /// budget spent, or a handler's panic): what is still held is queued
+    /// for another run; with nothing held, a close that waited for the
+    /// held messages is carried out now (no other event would bring it).
+    fn end_run(&self, st: &mut State, id: ConnId) {
+        let Some(c) = st.conns.get_mut(id) else {
+            return;
+        };
+        c.deliver_queued = false;
+        if c.held.is_empty() {
+            if let Some(reason) = c.pending_close.take() {
+                self.close_conn(st, id, reason, false);
+            }
+        } else {
+            self.queue_deliver(st, id);
+        }
     }
 
     /// A handler panicked in `on_data` for the message in buffer `index`
@@ -1546,20 +1558,10 @@ impl Inner {
             return;
         };
         c.unposted.push(index);
-        c.deliver_queued = false;
         if !c.paused {
             self.repost(&mut st, id);
         }
-        let Some(c) = st.conns.get_mut(id) else {
-            return;
-        };
-        if c.held.is_empty() {
-            if let Some(reason) = c.pending_close.take() {
-                self.close_conn(&mut st, id, reason, false);
-            }
-        } else {
-            self.queue_deliver(&mut st, id);
-        }
+        self.end_run(&mut st, id);
         self.post_dispatch(&mut st);
         drop(st);
         self.post_with(move |i| {

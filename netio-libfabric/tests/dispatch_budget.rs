@@ -45,6 +45,7 @@ struct Seen {
     /// When the timer fired, and how many messages had been delivered then.
     fired: Option<(Instant, u64)>,
     closed: Option<CloseReason>,
+    closed_at: Option<Instant>,
 }
 
 /// Records what it sees; as a receiver, spends [`HANDLER_TIME`] on each
@@ -74,7 +75,9 @@ impl Handler<LibfabricBackend> for Side {
         why: &CloseReason,
         _keys: &[u64],
     ) {
-        self.seen.lock().unwrap().closed = Some(why.clone());
+        let mut s = self.seen.lock().unwrap();
+        s.closed = Some(why.clone());
+        s.closed_at = Some(Instant::now());
     }
 
     fn on_data(&mut self, b: &LibfabricBackend, _c: ConnId, _data: &[u8]) {
@@ -208,4 +211,127 @@ fn a_flood_to_a_slow_handler_on_reliable_datagrams_leaves_timers_firing() {
 #[test]
 fn on_busy_polling_loops_a_flood_on_reliable_datagrams_leaves_timers_firing() {
     flood_leaves_timers_firing(harness::rdm_config("shm"), true);
+}
+
+/// Messages held when the peer closed, to a slow handler: a multiple of
+/// the messages one delivery run hands over before its budget is spent
+/// (its clock is read every 4 messages, first to start the budget, and
+/// 4 × [`HANDLER_TIME`] spend it: runs of 8).
+const HELD_AT_CLOSE: u64 = 64;
+
+/// A receiver paused while its peer sends [`HELD_AT_CLOSE`] messages and
+/// closes, then resumed: the messages are delivered, in runs that each end
+/// when the dispatch budget is spent, and then the peer's close is
+/// reported. The last run ends on its budget with nothing left held; the
+/// close waiting for it must be carried out there too, or it waits for an
+/// event that never comes (connected endpoints), or for the deadline of
+/// the peer's close, 2 s after its CLOSE frame (reliable datagrams).
+fn a_close_held_behind_messages_is_reported_after_the_last_run(lf: LibfabricConfig, busy: bool) {
+    let start = if busy {
+        Running::start_busy
+    } else {
+        Running::start
+    };
+    let (rx_loop, tx_loop) = (start(), start());
+    let rx = Side {
+        slow: true,
+        ..Side::default()
+    };
+    let tx = Side::default();
+    let receiver = LibfabricBackend::new(
+        &rx_loop.lp,
+        BackendConfig::default(),
+        lf.clone(),
+        rx.clone(),
+    )
+    .unwrap();
+    let sender =
+        LibfabricBackend::new(&tx_loop.lp, BackendConfig::default(), lf, tx.clone()).unwrap();
+    let listen = receiver
+        .open_listen_endpoint(
+            "127.0.0.1:0".parse().unwrap(),
+            ConnectionParams::receive(256, HELD_AT_CLOSE as usize),
+        )
+        .unwrap();
+    sender
+        .open_active_endpoint(listen, ConnectionParams::default())
+        .unwrap();
+    assert!(
+        wait_until(
+            || tx.seen.lock().unwrap().conn.is_some() && rx.seen.lock().unwrap().conn.is_some()
+        ),
+        "both sides established"
+    );
+    let (tx_conn, rx_conn) = (
+        tx.seen.lock().unwrap().conn.unwrap(),
+        rx.seen.lock().unwrap().conn.unwrap(),
+    );
+    receiver.pause_receive(rx_conn).unwrap();
+    let payload = [5u8; 64];
+    for key in 0..HELD_AT_CLOSE {
+        sender
+            .send_data_copy(tx_conn, &[&payload], &[], key)
+            .unwrap_or_else(|e| panic!("send {key}: {e}"));
+    }
+    assert!(
+        wait_until(|| tx.seen.lock().unwrap().completed == HELD_AT_CLOSE),
+        "every send completed ({} of {HELD_AT_CLOSE})",
+        tx.seen.lock().unwrap().completed
+    );
+    let closed_by_peer = Instant::now();
+    sender.close_active_endpoint(tx_conn).unwrap();
+    // The receiver learns of the close while paused, with every message
+    // held; nothing is delivered or reported meanwhile.
+    std::thread::sleep(Duration::from_millis(100));
+    {
+        let s = rx.seen.lock().unwrap();
+        assert_eq!(s.delivered, 0, "nothing delivered while paused");
+        assert!(s.closed.is_none(), "no close reported before the messages");
+    }
+    receiver.resume_receive(rx_conn).unwrap();
+    let done = wait_until(|| {
+        let s = rx.seen.lock().unwrap();
+        s.delivered == HELD_AT_CLOSE && s.closed.is_some()
+    });
+    let s = rx.seen.lock().unwrap();
+    assert!(
+        done,
+        "the held messages delivered ({} of {HELD_AT_CLOSE}) and then the close reported ({:?})",
+        s.delivered, s.closed
+    );
+    assert_eq!(s.closed, Some(CloseReason::PeerClosed));
+    // Not by the close wait's deadline: that comes 2 s after the CLOSE
+    // frame, which left after `closed_by_peer`.
+    let after = s.closed_at.expect("closed") - closed_by_peer;
+    assert!(
+        after < PEER_CLOSE_WAIT,
+        "the close was reported {after:?} after the peer closed: by the close wait's \
+         {PEER_CLOSE_WAIT:?} deadline, not after the last message"
+    );
+}
+
+/// How long a reliable-datagram receiver waits, after the peer's CLOSE
+/// frame, for messages still on the way (docs/libfabric.md, "Closing").
+const PEER_CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+#[test]
+fn a_close_held_behind_messages_on_a_connected_endpoint_is_reported_after_the_last_run() {
+    a_close_held_behind_messages_is_reported_after_the_last_run(
+        LibfabricConfig::provider("tcp"),
+        false,
+    );
+}
+
+#[test]
+fn a_close_held_behind_messages_on_reliable_datagrams_is_reported_after_the_last_run() {
+    a_close_held_behind_messages_is_reported_after_the_last_run(
+        harness::rdm_config("tcp;ofi_rxm"),
+        false,
+    );
+}
+
+#[test]
+fn on_busy_polling_loops_a_close_held_behind_messages_on_reliable_datagrams_is_reported_after_the_last_run(
+) {
+    a_close_held_behind_messages_is_reported_after_the_last_run(harness::rdm_config("shm"), true);
 }

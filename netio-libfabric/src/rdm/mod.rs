@@ -2441,13 +2441,7 @@ impl RdmInner {
                 None => c.held.pop_front().map(|(index, len)| (index, len, None)),
             };
             let Some((index, len, mem)) = next else {
-                c.deliver_queued = false;
-                let pending_close = c.pending_close.take();
-                Self::end_delivering(&mut st, id);
-                if let Some(reason) = pending_close {
-                    self.close_conn(&mut st, id, reason, false);
-                }
-                self.post_dispatch(&mut st);
+                self.end_run(&mut st, id);
                 return st;
             };
             c.delivering = true;
@@ -2508,13 +2502,30 @@ impl RdmInner {
                 break;
             }
         }
+        self.end_run(&mut st, id);
+        st
+    }
+
+    /// Ends a delivery run of `id` (the last message handed out, the
+    /// budget spent, or a handler's panic): what is still held is queued
+    /// for another run; with nothing held, a close that waited for the
+    /// held messages is carried out now (else only the close wait's
+    /// deadline would bring it).
+    fn end_run(&self, st: &mut State, id: ConnId) {
         if let Some(c) = st.conns.get_mut(id) {
             c.deliver_queued = false;
+            let pending_close = if c.held.is_empty() {
+                c.pending_close.take()
+            } else {
+                None
+            };
+            Self::end_delivering(st, id);
+            if let Some(reason) = pending_close {
+                self.close_conn(st, id, reason, false);
+            }
+            self.queue_deliver(st, id);
         }
-        Self::end_delivering(&mut st, id);
-        self.queue_deliver(&mut st, id);
-        self.post_dispatch(&mut st);
-        st
+        self.post_dispatch(st);
     }
 
     /// A handler panicked while `id`'s messages were handed out (in
@@ -2539,21 +2550,9 @@ impl RdmInner {
             None => {}
         }
         self.repost(&mut st, id);
-        let Some(c) = st.conns.get_mut(id) else {
-            return;
-        };
-        c.deliver_queued = false;
-        let pending_close = if c.held.is_empty() {
-            c.pending_close.take()
-        } else {
-            None
-        };
-        Self::end_delivering(&mut st, id);
-        if let Some(reason) = pending_close {
-            self.close_conn(&mut st, id, reason, false);
+        if st.conns.get(id).is_some() {
+            self.end_run(&mut st, id);
         }
-        self.queue_deliver(&mut st, id);
-        self.post_dispatch(&mut st);
     }
 
     /// Ends `deliver`'s run on `id`: sends completed since its last report
