@@ -364,10 +364,10 @@ impl Proc {
         }
     }
 
+    /// Stops it, SIGTERM first ([`crate::stop`]).
     fn kill(&mut self) {
         if self.poll().is_none() {
-            let _ = self.child.kill();
-            self.status = self.child.wait().ok();
+            self.status = crate::stop::stop(&mut self.child, crate::stop::GRACE);
         }
     }
 

@@ -35,6 +35,7 @@ mod provider;
 mod report;
 mod server_proc;
 mod stats;
+mod stop;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! side of the comparison does too. The child is this program with
 //! `--listen 127.0.0.1:0` and the run's provider, fabric, loop and
 //! receive-buffer settings; its first output line names the address it
-//! listens on. The child is killed when the value is dropped, and bounded
+//! listens on. The child is stopped when the value is dropped, and bounded
 //! by `--serve-for` should this process die without dropping it.
 
 use std::io::{BufRead, BufReader};
@@ -130,8 +130,9 @@ impl ServerProc {
 }
 
 impl Drop for ServerProc {
+    /// Stops the child with SIGTERM (then SIGKILL): killed outright, it
+    /// would leave its `shm` endpoint's file in `/dev/shm`.
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::stop::stop(&mut self.child, crate::stop::GRACE);
     }
 }

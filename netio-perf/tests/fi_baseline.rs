@@ -199,3 +199,50 @@ fn a_hanging_fi_pingpong_is_killed_after_the_time_limit() {
     assert!(start.elapsed().as_secs() < 30, "took {:?}", start.elapsed());
     let _ = std::fs::remove_dir_all(Path::new(&dir));
 }
+
+/// The names of netio's `shm` endpoint files in `/dev/shm` whose process
+/// is gone (`netio-<pid>-…`).
+fn orphaned_shm_files() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| {
+            name.strip_prefix("netio-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        })
+        .collect()
+}
+
+/// On `shm`, each run's server process (`netio-perf --listen`) is stopped
+/// with SIGTERM, so that libfabric removes its endpoint's file from
+/// `/dev/shm`; killed outright, every run left one behind (several MiB of
+/// shared memory each, for good).
+#[test]
+fn a_run_on_shm_leaves_no_endpoint_file_of_its_server_behind() {
+    if on_path("fi_pingpong").is_none() {
+        eprintln!(
+            "skipped: fi_pingpong is not on PATH (Debian/Ubuntu: apt-get install libfabric-bin)"
+        );
+        return;
+    }
+    let before = orphaned_shm_files();
+    let out = fi_run(&["--fabric", "shm", "--timeout", "60"], None);
+    assert!(
+        out.status.success(),
+        "failed:\n{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let left: Vec<String> = orphaned_shm_files()
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "files of processes gone, left in /dev/shm by the run: {left:?}"
+    );
+}
