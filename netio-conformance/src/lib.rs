@@ -260,6 +260,7 @@ macro_rules! __behaviours {
             both pausing_receive_stops_delivery_and_pushes_back_on_the_sender_and_resume_delivers_everything_in_order [backpressure],
             both messages_sent_to_a_paused_connection_all_arrive_after_resume [],
             both pause_then_peer_close_reports_the_close_after_the_held_messages [],
+            both pause_then_peer_close_to_a_slow_handler_reports_the_close_after_many_held_messages [],
             // time in handlers
             both set_timer_calls_on_timer_after_the_delay_in_order [],
             both wake_from_another_thread_calls_on_wake_once_per_call [],

@@ -4158,20 +4158,49 @@ pub fn pausing_receive_stops_delivery_and_pushes_back_on_the_sender_and_resume_d
 pub fn pause_then_peer_close_reports_the_close_after_the_held_messages<H: Harness>(
     mode: ThreadSafety,
 ) {
-    const N: u64 = 5;
+    pause_then_peer_close::<H>(mode, 5, Duration::ZERO);
+}
+
+/// The same with 64 messages held and a handler that spends half a
+/// millisecond on each: a provider that hands held messages over in runs
+/// bounded in time (so that its loop's timers keep firing) still reports
+/// the close after the last message, also when the last run ends on its
+/// bound with nothing left held.
+pub fn pause_then_peer_close_to_a_slow_handler_reports_the_close_after_many_held_messages<
+    H: Harness,
+>(
+    mode: ThreadSafety,
+) {
+    pause_then_peer_close::<H>(mode, 64, Duration::from_micros(500));
+}
+
+/// [`pause_then_peer_close_reports_the_close_after_the_held_messages`]
+/// with `n` messages and a server handler that spends `slow` on each.
+fn pause_then_peer_close<H: Harness>(mode: ThreadSafety, n: u64, slow: Duration) {
     let mut c = Ctx::<H>::new(mode);
-    let p = c.pair(full_params(64, 16), full_params(64, 16));
+    let react: Option<React<H::Backend>> = (!slow.is_zero()).then(|| {
+        let react: React<H::Backend> = Box::new(move |_, ev| {
+            if let Event::Data { .. } = ev {
+                std::thread::sleep(slow);
+            }
+        });
+        react
+    });
+    let cfg = c.config();
+    let (server, client) = (c.node_with(cfg, react), c.node());
+    let bufs = (n as usize).max(16);
+    let p = c.pair_of(server, client, full_params(64, bufs), full_params(64, bufs));
     let (to_server, to_client) = (p.to_server, p.to_client);
     // The server's loop is held, so the messages reach it unread.
     c.pause(&p.server);
-    for k in 0..N {
+    for k in 0..n {
         let mut msg = vec![k as u8; 32];
         msg[..8].copy_from_slice(&k.to_le_bytes());
         c.send_buffered_key(&p.client, to_server, msg, k);
     }
     let cl = p.client.log.clone();
     c.wait("the sends complete", || {
-        cl.completed(to_server).len() as u64 == N
+        cl.completed(to_server).len() as u64 == n
     });
     c.settle();
     // Pause receiving first thing when the loop goes on.
@@ -4214,7 +4243,7 @@ pub fn pause_then_peer_close_reports_the_close_after_the_held_messages<H: Harnes
         .collect();
     assert_eq!(
         data,
-        (0..N).collect::<Vec<_>>(),
+        (0..n).collect::<Vec<_>>(),
         "every held message is delivered after resume_receive, in order, exactly once"
     );
     assert!(
