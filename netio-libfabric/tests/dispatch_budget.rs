@@ -106,9 +106,23 @@ impl Handler<LibfabricBackend> for Side {
     }
 }
 
-/// Floods a slow receiver on `lf` with [`MESSAGES`] small messages and
-/// checks that its timer fired while the flood went on.
-fn flood_leaves_timers_firing(lf: LibfabricConfig, busy: bool) {
+/// A receiver whose handler is slow and a sender connected to it, on
+/// `lf`, each backend on a loop of its own (busy-polling with `busy`).
+struct SlowPair {
+    rx: Side,
+    tx: Side,
+    receiver: LibfabricBackend,
+    sender: LibfabricBackend,
+    /// The connection on the receiver's side and on the sender's.
+    rx_conn: ConnId,
+    tx_conn: ConnId,
+    /// The two loops (stopped when dropped, after the backends).
+    _loops: (Running, Running),
+}
+
+/// [`SlowPair`] with `recv_buffers` receive buffers on the receiver's
+/// side, once both sides saw the connection established.
+fn slow_pair(lf: LibfabricConfig, busy: bool, recv_buffers: usize) -> SlowPair {
     let start = if busy {
         Running::start_busy
     } else {
@@ -129,22 +143,48 @@ fn flood_leaves_timers_firing(lf: LibfabricConfig, busy: bool) {
     .unwrap();
     let sender =
         LibfabricBackend::new(&tx_loop.lp, BackendConfig::default(), lf, tx.clone()).unwrap();
-    // Enough receive buffers that one delivery run has hundreds of
-    // messages to hand over.
     let listen = receiver
         .open_listen_endpoint(
             "127.0.0.1:0".parse().unwrap(),
-            ConnectionParams::receive(256, 1024),
+            ConnectionParams::receive(256, recv_buffers),
         )
         .unwrap();
     sender
         .open_active_endpoint(listen, ConnectionParams::default())
         .unwrap();
+    let conn = |side: &Side| side.seen.lock().unwrap().conn;
     assert!(
-        wait_until(|| tx.seen.lock().unwrap().conn.is_some()),
-        "the sender's connection established"
+        wait_until(|| conn(&tx).is_some() && conn(&rx).is_some()),
+        "both sides established"
     );
-    let conn = tx.seen.lock().unwrap().conn.unwrap();
+    let (rx_conn, tx_conn) = (conn(&rx).unwrap(), conn(&tx).unwrap());
+    SlowPair {
+        rx,
+        tx,
+        receiver,
+        sender,
+        rx_conn,
+        tx_conn,
+        _loops: (rx_loop, tx_loop),
+    }
+}
+
+/// Floods a slow receiver on `lf` with [`MESSAGES`] small messages and
+/// checks that its timer fired while the flood went on.
+fn flood_leaves_timers_firing(lf: LibfabricConfig, busy: bool) {
+    // Enough receive buffers that one delivery run has hundreds of
+    // messages to hand over.
+    // Every part bound (a part left out would be dropped at once), the
+    // loops first so that they are dropped last.
+    let SlowPair {
+        _loops,
+        rx,
+        tx,
+        receiver: _receiver,
+        sender,
+        tx_conn: conn,
+        ..
+    } = slow_pair(lf, busy, 1024);
     let payload = [5u8; 64];
     let mut sent = 0;
     let started = Instant::now();
@@ -227,45 +267,15 @@ const HELD_AT_CLOSE: u64 = 64;
 /// event that never comes (connected endpoints), or for the deadline of
 /// the peer's close, 2 s after its CLOSE frame (reliable datagrams).
 fn a_close_held_behind_messages_is_reported_after_the_last_run(lf: LibfabricConfig, busy: bool) {
-    let start = if busy {
-        Running::start_busy
-    } else {
-        Running::start
-    };
-    let (rx_loop, tx_loop) = (start(), start());
-    let rx = Side {
-        slow: true,
-        ..Side::default()
-    };
-    let tx = Side::default();
-    let receiver = LibfabricBackend::new(
-        &rx_loop.lp,
-        BackendConfig::default(),
-        lf.clone(),
-        rx.clone(),
-    )
-    .unwrap();
-    let sender =
-        LibfabricBackend::new(&tx_loop.lp, BackendConfig::default(), lf, tx.clone()).unwrap();
-    let listen = receiver
-        .open_listen_endpoint(
-            "127.0.0.1:0".parse().unwrap(),
-            ConnectionParams::receive(256, HELD_AT_CLOSE as usize),
-        )
-        .unwrap();
-    sender
-        .open_active_endpoint(listen, ConnectionParams::default())
-        .unwrap();
-    assert!(
-        wait_until(
-            || tx.seen.lock().unwrap().conn.is_some() && rx.seen.lock().unwrap().conn.is_some()
-        ),
-        "both sides established"
-    );
-    let (tx_conn, rx_conn) = (
-        tx.seen.lock().unwrap().conn.unwrap(),
-        rx.seen.lock().unwrap().conn.unwrap(),
-    );
+    let SlowPair {
+        _loops,
+        rx,
+        tx,
+        receiver,
+        sender,
+        rx_conn,
+        tx_conn,
+    } = slow_pair(lf, busy, HELD_AT_CLOSE as usize);
     receiver.pause_receive(rx_conn).unwrap();
     let payload = [5u8; 64];
     for key in 0..HELD_AT_CLOSE {

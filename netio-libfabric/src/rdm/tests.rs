@@ -128,6 +128,17 @@ fn complete(lp: &MioLoop, backend: &LibfabricBackend, completion: RdmCompletion)
     });
 }
 
+/// [`complete`] with the end of a receive of `owner`'s (buffer 0) with
+/// error `errno`.
+fn recv_ended(lp: &MioLoop, backend: &LibfabricBackend, owner: u64, errno: i32) {
+    let completion = RdmCompletion::RecvEnded {
+        owner,
+        index: 0,
+        errno,
+    };
+    complete(lp, backend, completion);
+}
+
 /// A server and a client backend on `shm`, connected; returns them with
 /// their logs and the connection ids (server side, client side).
 #[allow(clippy::type_complexity)]
@@ -193,15 +204,7 @@ fn a_receive_that_fails_on_the_fabric_closes_its_connection_with_the_error() {
     let (server_lp, client_lp) = (Running::start(), Running::start());
     let (server, server_log, s, client, client_log, c) = pair(&server_lp, &client_lp);
     let owner = tag_of(&server, s);
-    complete(
-        &server_lp.lp,
-        &server,
-        RdmCompletion::RecvEnded {
-            owner,
-            index: 0,
-            errno: netio_libfabric_sys::FI_EIO,
-        },
-    );
+    recv_ended(&server_lp.lp, &server, owner, netio_libfabric_sys::FI_EIO);
     server_log.wait_for("the server's close", |seen| {
         seen.iter().any(|e| matches!(e, Seen::Closed(..)))
     });
@@ -232,15 +235,7 @@ fn a_cancelled_receive_leaves_its_connection_open() {
         (owner, netio_libfabric_sys::FI_ECANCELED),
         (PROBE_OWNER | owner, netio_libfabric_sys::FI_EIO),
     ] {
-        complete(
-            &server_lp.lp,
-            &server,
-            RdmCompletion::RecvEnded {
-                owner,
-                index: 0,
-                errno,
-            },
-        );
+        recv_ended(&server_lp.lp, &server, owner, errno);
     }
     client
         .send_data_copy(c, &[b"still here"], &[], 1)
