@@ -1735,6 +1735,7 @@ impl Inner {
     }
 
     /// A copy send on established connection `conn`, under the state lock.
+    #[inline]
     fn copy_send(
         &self,
         st: &mut State,

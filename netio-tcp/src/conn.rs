@@ -110,6 +110,7 @@ impl Events {
 
     /// A send of `conn` completed: joins the run before it when that run
     /// is `conn`'s.
+    #[inline]
     pub(crate) fn completed(&mut self, conn: ConnId, key: u64, release: Release<'_>) {
         if !matches!(self.list.last(), Some(Ev::Completed(c, _)) if *c == conn) {
             self.list.push(Ev::Completed(
@@ -559,6 +560,7 @@ impl Conn {
     /// header, application `header`, then `data`, `frame_len` bytes in
     /// all) is copied into the ring. Only a send on a connection with
     /// nothing queued may be partly written.
+    #[inline]
     pub(crate) fn push_copied(
         &mut self,
         frame: &[u8; FRAME_HEADER_LEN],

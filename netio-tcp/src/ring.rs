@@ -35,6 +35,7 @@ impl ByteRing {
     }
 
     /// Makes room for `n` more bytes.
+    #[inline]
     pub(crate) fn reserve(&mut self, n: usize) {
         if self.buf.len() - self.len < n {
             self.grow(self.len + n);
@@ -69,6 +70,42 @@ impl ByteRing {
 
     /// Reallocates to hold at least `need` bytes, the content moved to the
     /// front.
+    /// Appends `frame`, `header` and `data`, `n` bytes in all, for which
+    /// [`reserve`](Self::reserve) made room: into one run of the buffer
+    /// when they fit before its end (its end found once, not per part).
+    #[inline]
+    fn put_parts(&mut self, n: usize, frame: &[u8], header: &[u8], data: &[&[u8]]) {
+        let cap = self.buf.len();
+        debug_assert!(cap - self.len >= n);
+        let mut tail = self.head + self.len;
+        if tail >= cap {
+            tail -= cap;
+        }
+        if cap - tail < n {
+            self.put(frame);
+            self.put(header);
+            for d in data {
+                self.put(d);
+            }
+            return;
+        }
+        let (run, _) = self.buf[tail..].split_at_mut(n);
+        let (to, mut rest) = run.split_at_mut(frame.len());
+        to.copy_from_slice(frame);
+        if !header.is_empty() {
+            let (to, after) = rest.split_at_mut(header.len());
+            to.copy_from_slice(header);
+            rest = after;
+        }
+        for d in data {
+            let (to, after) = rest.split_at_mut(d.len());
+            to.copy_from_slice(d);
+            rest = after;
+        }
+        debug_assert!(rest.is_empty());
+        self.len += n;
+    }
+
     fn grow(&mut self, need: usize) {
         let cap = need.max(self.buf.len() * 2).max(MIN_CAPACITY);
         let mut buf = vec![0u8; cap];
@@ -165,6 +202,7 @@ impl CopyQueue {
     /// Queues a frame of `frame_len` bytes: `frame` (its frame header),
     /// `header`, then `data`; its first `skip` bytes were already written
     /// (only possible when nothing else is queued).
+    #[inline]
     pub(crate) fn push(
         &mut self,
         frame: &[u8],
@@ -177,13 +215,7 @@ impl CopyQueue {
         debug_assert!(skip == 0 || self.frames.is_empty());
         self.ring.reserve(frame_len - skip);
         if skip == 0 {
-            self.ring.put(frame);
-            if !header.is_empty() {
-                self.ring.put(header);
-            }
-            for d in data {
-                self.ring.put(d);
-            }
+            self.ring.put_parts(frame_len, frame, header, data);
         } else {
             let mut skip_left = skip;
             for part in [frame, header].into_iter().chain(data.iter().copied()) {
@@ -379,6 +411,33 @@ mod tests {
         assert_eq!(q.ring().slices(0, 2), (&b"ij"[..], &b""[..]));
         q.consume(2, |k, _| done.push(k));
         assert_eq!(done, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn queued_frames_keep_their_parts_in_order_before_and_across_the_wrap() {
+        let mut q = CopyQueue::default();
+        q.push(&[0xAA; 2500], &[], &[], 0, 2500, 0);
+        q.consume(2400, |_, _| {});
+        q.push(&[0xBB; 1000], &[], &[], 0, 1000, 1);
+        // The ring's content runs from 2400 to 3500 of 4096: frames of 100
+        // bytes fit before the end until the 6th, which wraps; an empty
+        // header and an empty data part add nothing.
+        let mut expected = [vec![0xAA; 100], vec![0xBB; 1000]].concat();
+        for i in 0..8u8 {
+            let frame = [i; 8];
+            let header = vec![i ^ 0x40; usize::from(i % 3) * 4];
+            let a = vec![i ^ 0x80; 30];
+            let b = vec![i ^ 0xC0; 62 - header.len()];
+            q.push(&frame, &header, &[&a, &[], &b], 0, 100, u64::from(i) + 2);
+            expected.extend([&frame[..], &header, &a, &b].concat());
+        }
+        assert_eq!(q.ring().capacity(), MIN_CAPACITY, "no growth");
+        let (x, y) = q.ring().slices(0, 1900);
+        assert!(!y.is_empty(), "the content wraps");
+        assert_eq!([x, y].concat(), expected);
+        let mut done = Vec::new();
+        q.consume(1900, |k, _| done.push(k));
+        assert_eq!(done, (0..=9).collect::<Vec<u64>>());
     }
 
     #[test]

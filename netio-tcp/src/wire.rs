@@ -655,7 +655,7 @@ impl FrameDecoder {
     /// [`next_frame`](Self::next_frame) starts handing it out in parts: a
     /// caller that assembles parts gets its assembly buffer ready first.
     pub fn starts_large_message(&self) -> bool {
-        if self.state != DecodeState::Idle || self.buffered() < FRAME_HEADER_LEN {
+        if !matches!(self.state, DecodeState::Idle) || self.buffered() < FRAME_HEADER_LEN {
             return false;
         }
         let mut hb = [0u8; FRAME_HEADER_LEN];
@@ -700,7 +700,7 @@ impl FrameDecoder {
     /// Bytes the item at the front of the buffer needs contiguously.
     fn needed(&self) -> usize {
         let avail = self.buffered();
-        if self.state != DecodeState::Idle || avail < FRAME_HEADER_LEN {
+        if !matches!(self.state, DecodeState::Idle) || avail < FRAME_HEADER_LEN {
             return MIN_DECODER_BUFFER;
         }
         let len = u32_at(&self.buf[self.start..], 4);
@@ -757,15 +757,16 @@ impl FrameDecoder {
 
     /// The next frame in the buffer, or `Ok(None)` if more bytes are needed.
     pub fn next_frame(&mut self) -> Result<Option<Frame<'_>>, WireError> {
-        match self.state.clone() {
-            DecodeState::Failed(e) => Err(e),
+        // Matched by reference: only a failure's error is cloned.
+        match &self.state {
+            DecodeState::Idle => self.idle_frame(),
+            &DecodeState::LargeData { total, got } => Ok(self.large_part(total, got)),
+            DecodeState::Failed(e) => Err(e.clone()),
             DecodeState::Closed => {
                 self.start = 0;
                 self.end = 0;
                 Ok(None)
             }
-            DecodeState::LargeData { total, got } => Ok(self.large_part(total, got)),
-            DecodeState::Idle => self.idle_frame(),
         }
     }
 
