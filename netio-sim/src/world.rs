@@ -210,6 +210,7 @@ impl Queue {
     /// Events below which the heap becomes a sorted vector again.
     const SMALL: usize = 16;
 
+    #[inline]
     fn push(&mut self, e: Entry) {
         match self {
             Self::Sorted(v) => {
@@ -228,6 +229,7 @@ impl Queue {
         }
     }
 
+    #[inline]
     fn pop(&mut self) -> Option<Entry> {
         match self {
             Self::Sorted(v) => v.pop(),
@@ -347,6 +349,7 @@ pub(crate) struct Sched {
 const SPARE_KEY_LISTS: usize = 16;
 
 impl Sched {
+    #[inline]
     fn schedule(&mut self, at: u64, ev: Ev) {
         debug_assert!(at >= self.now);
         let tie = self.rng.next_u64();
@@ -383,6 +386,7 @@ impl Sched {
 
     /// Queues `ev` for backend `b`'s handler (a message with `from`, the
     /// address the trace names as its sender).
+    #[inline]
     fn emit_from(
         &mut self,
         backends: &[BackendState],
@@ -1036,6 +1040,7 @@ impl World {
     }
 
     /// Takes the next event and advances the clock to it.
+    #[inline]
     pub(crate) fn pop(&mut self) -> Option<Ev> {
         let e = self.sched.queue.pop()?;
         self.sched.now = self.sched.now.max(e.at);
@@ -1324,6 +1329,7 @@ impl World {
     /// callbacks still held, so each host's callbacks keep their order).
     /// Moves the callbacks to run now into `run` (empty: the two lists
     /// trade their memory), those of paused hosts to the hosts.
+    #[inline]
     pub(crate) fn take_calls(&mut self, run: &mut Vec<Call>) {
         debug_assert!(run.is_empty());
         std::mem::swap(&mut self.sched.calls, run);
@@ -1406,6 +1412,7 @@ impl World {
 
     /// Whether `call` runs now, decided just before it would (see
     /// [`Due`]).
+    #[inline]
     pub(crate) fn due(&self, call: &Call) -> Due {
         match call {
             Call::Net { backend, ev, .. } => {
@@ -1772,6 +1779,7 @@ impl World {
     }
 
     /// Makes sure pipe `dir` of `conn` is looked at no later than `at`.
+    #[inline]
     fn kick(sched: &mut Sched, conn: WireId, c: &mut Conn, dir: usize, at: u64) {
         let p = &mut c.pipes[dir];
         if p.wake.is_none_or(|w| at < w) {
@@ -2330,6 +2338,7 @@ impl World {
 
     /// A receive buffer of `pool` is free again: pipes waiting for one
     /// resume.
+    #[inline]
     pub(crate) fn release_recv(&mut self, buf: NetworkBuffer, pool: PoolId) {
         drop(buf);
         let Some(waiting) = self.blocked.remove(&pool) else {
@@ -2348,6 +2357,7 @@ impl World {
 
     /// After `on_data` of backend `b` returned: frees the buffer now, or
     /// after its host's slow-receiver delay.
+    #[inline]
     pub(crate) fn recv_done(&mut self, b: BackendId, buf: NetworkBuffer, pool: PoolId) {
         let h = &self.hosts.list[self.backends[b].hix];
         let slow = h.slow;
@@ -2581,6 +2591,7 @@ impl World {
 
     /// The connection backend `b` names `id` (opening, open or accepted;
     /// still ending after a fault is fine), checking the calling thread.
+    #[inline]
     fn conn_of(&self, b: BackendId, id: ConnId) -> Result<(WireId, usize), Lookup> {
         if !self.thread_ok(b) {
             return Err(Lookup::WrongThread);
@@ -2593,6 +2604,7 @@ impl World {
     }
 
     /// The open side backend `b` names `id` (not one still opening).
+    #[inline]
     fn open_side(&self, b: BackendId, id: ConnId) -> Result<(WireId, usize), Lookup> {
         let (conn, side) = self.conn_of(b, id)?;
         match self.side(conn, side).map(|s| &s.state) {
