@@ -130,6 +130,13 @@ pub struct Cli {
     #[arg(long)]
     pub thread_unsafe: bool,
 
+    /// With --provider sim: the simulator's profile, set through the
+    /// backends' `BackendConfig::mode`: `tcp` (a send completes when the
+    /// connection's window takes it, as a socket's buffer does) or `rdma`
+    /// (a send completes when it is delivered). Default: tcp.
+    #[arg(long, value_enum, value_name = "PROFILE")]
+    pub sim_profile: Option<SimProfile>,
+
     /// Runs of each side per row. With a baseline, runs are made in pairs
     /// in the order A B B A A B B A ... (A: the provider, B: the
     /// baseline; the first pair starts with the provider, the second with
@@ -211,6 +218,26 @@ impl TestKind {
             Self::Bw => "bw",
             Self::Rate => "rate",
             Self::Conns => "conns",
+        }
+    }
+}
+
+/// The simulator's network profile (`--sim-profile`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum SimProfile {
+    /// A send completes when the window takes it.
+    #[default]
+    Tcp,
+    /// A send completes when it is delivered.
+    Rdma,
+}
+
+impl SimProfile {
+    /// The backends' network mode that selects it.
+    pub fn mode(self) -> netio::NetworkMode {
+        match self {
+            Self::Tcp => netio::NetworkMode::Tcp,
+            Self::Rdma => netio::NetworkMode::Rdma,
         }
     }
 }

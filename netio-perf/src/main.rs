@@ -43,7 +43,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde_json::json;
 
-use cli::{Cli, SendMode, SizeLabel, TestKind};
+use cli::{Cli, SendMode, SimProfile, SizeLabel, TestKind};
 use provider::{RunError, Spec};
 use report::{Baseline, Progress, Row, Setup, Side, Status};
 
@@ -140,6 +140,12 @@ fn validate(cli: &Cli) -> Result<(), String> {
     if sim && cli.busy_poll {
         return Err("--busy-poll applies to the real event loop; the simulator runs on virtual time, driven on one thread".into());
     }
+    if cli.sim_profile.is_some() && !sim {
+        return Err(format!(
+            "--sim-profile chooses the simulator's profile: use it with --provider sim (not `{}`)",
+            cli.provider
+        ));
+    }
     if cli.thread_unsafe && sim {
         return Err("--thread-unsafe applies to the socket providers' backends".into());
     }
@@ -211,7 +217,13 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     let busy_poll = cli.busy_poll || fi.is_some();
     let layout = match cli.connect {
         Some(a) => format!("client only, server at {a}"),
-        None if sim => "two virtual hosts of one simulated world".into(),
+        None if sim => format!(
+            "two virtual hosts of one simulated world, {} profile",
+            match cli.sim_profile.unwrap_or_default() {
+                SimProfile::Tcp => "TCP (a send completes when the window takes it)",
+                SimProfile::Rdma => "RDMA (a send completes when it is delivered)",
+            }
+        ),
         None if fi.is_some() => "client in this process, server in a second one (`netio-perf --listen`, as fi_pingpong runs) over 127.0.0.1".into(),
         None => {
             "server and client in this process on separate loops and threads over 127.0.0.1".into()
@@ -281,6 +293,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     duration,
                     busy_poll,
                     thread_unsafe: cli.thread_unsafe,
+                    network_mode: cli.sim_profile.unwrap_or_default().mode(),
                     timeout,
                     socket_buffers: cli.socket_buffers,
                     plain_write_buffer: cli

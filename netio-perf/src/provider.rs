@@ -16,7 +16,7 @@ use netio::sim::Sim;
 use netio::{
     AnyLoop, Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams,
     CopyMessage, EndpointAddress, EventLoop, Features, Handler, MemoryRegion, NetworkBuffer,
-    RefuseReason, SendError, ThreadSafety,
+    NetworkMode, RefuseReason, SendError, ThreadSafety,
 };
 
 use crate::cli::{SendMode, TestKind};
@@ -42,6 +42,8 @@ pub struct Spec {
     pub busy_poll: bool,
     /// Backends in thread-unsafe mode (every call on the loop thread).
     pub thread_unsafe: bool,
+    /// The backends' network mode (the simulator's profile).
+    pub network_mode: NetworkMode,
     /// Bound of the whole run.
     pub timeout: Duration,
     /// `SO_SNDBUF` and `SO_RCVBUF` of every socket (netio's tcp provider
@@ -109,6 +111,7 @@ fn client_config(spec: &Spec) -> BackendConfig {
 /// A backend's configuration: the thread mode the run asks for.
 fn backend_config(spec: &Spec) -> BackendConfig {
     BackendConfig {
+        mode: spec.network_mode,
         thread_safety: if spec.thread_unsafe {
             ThreadSafety::Unsafe
         } else {
@@ -1047,7 +1050,7 @@ pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
         let server = netio::create_backend(
             "sim",
             &AnyLoop::Sim(hs.event_loop().clone()),
-            BackendConfig::default(),
+            backend_config(spec),
             Server::new(region.clone(), true),
         )
         .map_err(|e| failed("cannot create the server backend", e))?;

@@ -181,6 +181,8 @@ fn bad_input_is_rejected_clearly() {
     );
     rejects(&["--provider", "nope"], "unknown provider `nope`");
     rejects(&["--provider", "sim", "--busy-poll"], "virtual time");
+    rejects(&["--sim-profile", "rdma"], "use it with --provider sim");
+    rejects(&["--provider", "sim", "--sim-profile", "ib"], "ib");
     rejects(
         &["--listen", "127.0.0.1:0", "--connect", "127.0.0.1:1"],
         "cannot be used with",
@@ -302,6 +304,56 @@ fn async_mode_runs_every_test_with_the_callback_path_as_its_baseline() {
     let copy_row = table.split("pingpong 64 B, copy").nth(1).expect(&table);
     let copy_row = copy_row.split("pingpong 64 B, async").next().unwrap();
     assert!(copy_row.contains("plain TCP"), "{table}");
+}
+
+/// The virtual-time message rate of a 64 B `rate` run on the simulator
+/// under `profile`, and the run's layout line.
+fn sim_rate(profile: &str) -> (f64, String) {
+    let args = [
+        "rate",
+        "--provider",
+        "sim",
+        "--sim-profile",
+        profile,
+        "--json",
+        "-",
+        "--mode",
+        "copy",
+        // More messages than the client keeps in flight (1,024), so that
+        // when a send completes matters.
+        "--count",
+        "5000",
+        "--warmup",
+        "10",
+        "--runs",
+        "1",
+    ];
+    let doc = json_of(&perf(&args));
+    let rate = &results(&doc)[0];
+    let virtual_rate = rate["figures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["unit"] == "per_virtual_s")
+        .map(|f| f["provider"]["median"].as_f64().unwrap())
+        .expect("a virtual-time rate");
+    let layout = doc["layout"].as_str().unwrap().to_string();
+    (virtual_rate, layout)
+}
+
+#[test]
+fn the_simulators_profile_is_chosen_with_sim_profile() {
+    let (tcp, tcp_layout) = sim_rate("tcp");
+    let (rdma, rdma_layout) = sim_rate("rdma");
+    assert!(tcp_layout.contains("TCP"), "{tcp_layout}");
+    assert!(rdma_layout.contains("RDMA"), "{rdma_layout}");
+    // The same seed and sends: only the profile differs, and under it a
+    // send completes (freeing its slot of the window) only on delivery,
+    // so the same window carries fewer messages per virtual second.
+    assert!(
+        rdma < tcp,
+        "rdma {rdma} against tcp {tcp} messages per virtual s"
+    );
 }
 
 #[test]
