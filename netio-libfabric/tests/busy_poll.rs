@@ -107,24 +107,14 @@ fn on_busy_polling_loops_a_local_close_waits_for_its_sends_and_no_longer() {
         ..LibfabricConfig::provider("tcp")
     };
     let (rx, tx) = (Tally::default(), Tally::default());
-    let receiver = LibfabricBackend::new(
+    let (receiver, sender) = common::receiver_and_sender(
         &rx_loop.lp,
-        BackendConfig::default(),
-        lf.clone(),
+        &tx_loop.lp,
+        lf,
         rx.clone(),
-    )
-    .unwrap();
-    let sender =
-        LibfabricBackend::new(&tx_loop.lp, BackendConfig::default(), lf, tx.clone()).unwrap();
-    let listen = receiver
-        .open_listen_endpoint(
-            "127.0.0.1:0".parse().unwrap(),
-            ConnectionParams::receive(64 * 1024, 8),
-        )
-        .unwrap();
-    let conn = sender
-        .open_active_endpoint(listen, ConnectionParams::default())
-        .unwrap();
+        tx.clone(),
+        ConnectionParams::receive(64 * 1024, 8),
+    );
     assert!(
         wait_until(
             || rx.established.lock().unwrap().is_some() && tx.established.lock().unwrap().is_some()
@@ -132,6 +122,7 @@ fn on_busy_polling_loops_a_local_close_waits_for_its_sends_and_no_longer() {
         "both sides established"
     );
     let accepted = rx.established.lock().unwrap().unwrap();
+    let conn = tx.established.lock().unwrap().unwrap();
     // The receiver stops reading: the sender's messages pile up in the
     // sockets' buffers and then in the fabric provider.
     receiver.pause_receive(accepted).unwrap();

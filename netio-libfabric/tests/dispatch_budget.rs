@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::{wait_until, Running};
 use netio_core::{
-    Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
-    Handler, SendError,
+    Backend, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress, Handler,
+    SendError,
 };
 use netio_libfabric::{LibfabricBackend, LibfabricConfig};
 
@@ -134,24 +134,14 @@ fn slow_pair(lf: LibfabricConfig, busy: bool, recv_buffers: usize) -> SlowPair {
         ..Side::default()
     };
     let tx = Side::default();
-    let receiver = LibfabricBackend::new(
+    let (receiver, sender) = common::receiver_and_sender(
         &rx_loop.lp,
-        BackendConfig::default(),
-        lf.clone(),
+        &tx_loop.lp,
+        lf,
         rx.clone(),
-    )
-    .unwrap();
-    let sender =
-        LibfabricBackend::new(&tx_loop.lp, BackendConfig::default(), lf, tx.clone()).unwrap();
-    let listen = receiver
-        .open_listen_endpoint(
-            "127.0.0.1:0".parse().unwrap(),
-            ConnectionParams::receive(256, recv_buffers),
-        )
-        .unwrap();
-    sender
-        .open_active_endpoint(listen, ConnectionParams::default())
-        .unwrap();
+        tx.clone(),
+        ConnectionParams::receive(256, recv_buffers),
+    );
     let conn = |side: &Side| side.seen.lock().unwrap().conn;
     assert!(
         wait_until(|| conn(&tx).is_some() && conn(&rx).is_some()),

@@ -92,24 +92,14 @@ impl Drop for Restarting {
 fn messages_after_a_panic_arrive(lf: LibfabricConfig, busy: bool) {
     let (rx_loop, tx_loop) = (Restarting::start(busy), Restarting::start(busy));
     let (rx, tx) = (Side::default(), Side::default());
-    let receiver = LibfabricBackend::new(
+    let (receiver, sender) = common::receiver_and_sender(
         &rx_loop.lp,
-        BackendConfig::default(),
-        lf.clone(),
+        &tx_loop.lp,
+        lf,
         rx.clone(),
-    )
-    .expect("receiver");
-    let sender = LibfabricBackend::new(&tx_loop.lp, BackendConfig::default(), lf, tx.clone())
-        .expect("sender");
-    let listen = receiver
-        .open_listen_endpoint(
-            "127.0.0.1:0".parse().unwrap(),
-            ConnectionParams::receive(64, 8),
-        )
-        .expect("listen");
-    sender
-        .open_active_endpoint(listen, ConnectionParams::default())
-        .expect("connect");
+        tx.clone(),
+        ConnectionParams::receive(64, 8),
+    );
     assert!(
         wait_until(|| tx.conn.lock().unwrap().is_some()),
         "the sender's connection established"

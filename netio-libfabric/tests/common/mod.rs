@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use netio_core::mio_loop::MioLoop;
 use netio_core::{
-    Backend, Capabilities, CloseReason, ConnId, EndpointAddress, EventLoop, Handler, RefuseReason,
+    Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
+    EventLoop, Handler, RefuseReason,
 };
+use netio_libfabric::{LibfabricBackend, LibfabricConfig};
 
 /// Wall time a condition gets on a loaded machine.
 pub const DEADLINE: Duration = Duration::from_secs(20);
@@ -152,6 +154,31 @@ impl Drop for Running {
             let _ = t.join();
         }
     }
+}
+
+/// A receiving and a sending backend made with `lf` on loops `rx` and
+/// `tx` (handlers `r` and `t`), and the sender connecting (with default
+/// parameters) to the receiver's listener on 127.0.0.1, which takes
+/// `recv` for the connections it accepts. The connection is not yet
+/// established when this returns.
+pub fn receiver_and_sender(
+    rx: &MioLoop,
+    tx: &MioLoop,
+    lf: LibfabricConfig,
+    r: impl Handler<LibfabricBackend> + 'static,
+    t: impl Handler<LibfabricBackend> + 'static,
+    recv: ConnectionParams,
+) -> (LibfabricBackend, LibfabricBackend) {
+    let receiver =
+        LibfabricBackend::new(rx, BackendConfig::default(), lf.clone(), r).expect("receiver");
+    let sender = LibfabricBackend::new(tx, BackendConfig::default(), lf, t).expect("sender");
+    let listen = receiver
+        .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), recv)
+        .expect("listening");
+    sender
+        .open_active_endpoint(listen, ConnectionParams::default())
+        .expect("connecting");
+    (receiver, sender)
 }
 
 /// Waits (bounded by [`DEADLINE`]) until `cond` holds; `false` if it never did.
