@@ -1271,6 +1271,8 @@ impl Inner {
             reader.dec = dec;
         }
         let pool = own_pool.as_ref().or(pool);
+        // The messages of this pass are counted once, when it ends.
+        let mut tally = reader.received.tally();
         let mut h = None;
         loop {
             // Closed meanwhile (by a handler, or by another thread): no
@@ -1316,7 +1318,7 @@ impl Inner {
             };
             match frame {
                 Frame::Data(msg) => {
-                    reader.received.add(1, msg.len() as u64);
+                    tally.count(msg.len());
                     let hd = h.get_or_insert_with(|| self.handler.lock());
                     hd.on_data(backend, id, msg);
                 }
@@ -1345,7 +1347,7 @@ impl Inner {
                         reader.partial_deadline = None;
                         if let Some(buf) = reader.assembling.take() {
                             let hd = h.get_or_insert_with(|| self.handler.lock());
-                            reader.received.add(1, buf.len() as u64);
+                            tally.count(buf.len());
                             hd.on_data(backend, id, buf.as_slice());
                             drop(buf);
                             let mut st = self.state.lock();

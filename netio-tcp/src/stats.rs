@@ -12,7 +12,10 @@ pub struct ConnStats {
     pub messages_sent: u64,
     /// Bytes of the sends accepted (headers included).
     pub bytes_sent: u64,
-    /// Messages handed to the handler.
+    /// Messages handed to the handler. A read's messages are counted
+    /// when the read's pass over them ends (one pair of atomic additions
+    /// per read rather than per message), so a handler that reads the
+    /// counters in `on_data` may not yet see the messages of its own read.
     pub messages_received: u64,
     /// Bytes of those messages.
     pub bytes_received: u64,
@@ -87,10 +90,42 @@ impl RecvCounters {
         }
     }
 
+    /// A tally of one pass over a reader's buffer, added to these
+    /// counters when the pass ends (however it ends): two atomic additions
+    /// a pass instead of two a message.
+    pub(crate) fn tally(&self) -> RecvTally<'_> {
+        RecvTally {
+            counters: self,
+            messages: 0,
+            bytes: 0,
+        }
+    }
+
     pub(crate) fn get(&self) -> (u64, u64) {
         (
             self.messages.load(Ordering::Relaxed),
             self.bytes.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// Messages received in one pass (see [`RecvCounters::tally`]).
+pub(crate) struct RecvTally<'a> {
+    counters: &'a RecvCounters,
+    messages: u64,
+    bytes: u64,
+}
+
+impl RecvTally<'_> {
+    /// One message of `bytes` bytes was handed out.
+    pub(crate) fn count(&mut self, bytes: usize) {
+        self.messages += 1;
+        self.bytes += bytes as u64;
+    }
+}
+
+impl Drop for RecvTally<'_> {
+    fn drop(&mut self) {
+        self.counters.add(self.messages, self.bytes);
     }
 }

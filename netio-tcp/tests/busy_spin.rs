@@ -179,6 +179,18 @@ fn later_messages_arrive_after_a_panic_in_on_data(lp: MioLoop) {
         assert_eq!(echo, raw::data_frame(m), "the echo of {m:?}");
     }
     assert_eq!(panics.try_iter().count(), 0, "one panic only");
+    // Every message handed out is counted, the one whose handler panicked
+    // too (a read's counts are added when it ends, however it ends).
+    let received = || {
+        let t = backend.stats().expect("stats").traffic;
+        (t.messages_received, t.bytes_received)
+    };
+    let want = (6, [3, 4, 5, 2, 5, 2].iter().sum());
+    assert!(
+        common::wait_until(|| received() == want),
+        "received {:?}, {want:?} sent",
+        received()
+    );
 
     lp.stop();
     runner.join().expect("loop thread");

@@ -805,8 +805,14 @@ fn stats_count_traffic_push_backs_and_connection_outcomes() {
     assert_eq!((c.messages_sent, c.bytes_sent), (3, 10 + 24 + 7));
     assert_eq!((c.no_resources, c.max_in_flight), (1, 2));
     assert_eq!((c.messages_received, c.bytes_received), (0, 0));
+    // A read's messages are counted when the read ends, after their
+    // `on_data`.
+    let received = || {
+        let s = server.b.connection_stats(s_conn).unwrap();
+        (s.messages_received, s.bytes_received)
+    };
+    assert!(wait_until(|| received() == (3, 41)), "{:?}", received());
     let s = server.b.connection_stats(s_conn).unwrap();
-    assert_eq!((s.messages_received, s.bytes_received), (3, 41));
     assert_eq!(s.messages_sent, 0);
 
     client.b.close_active_endpoint(conn).unwrap();
