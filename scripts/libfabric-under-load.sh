@@ -35,6 +35,10 @@ for suite in $SUITES; do
     BINS+=("$OUT/bin/$suite")
 done
 CORES="$(nproc)"
+# A test the watchdog finds stuck leaves every thread's stack here (when
+# gdb is installed).
+export NETIO_CONFORMANCE_STACKS="$OUT/stacks"
+mkdir -p "$NETIO_CONFORMANCE_STACKS"
 
 failed=0
 for run in $(seq 1 "$RUNS"); do

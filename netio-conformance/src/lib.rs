@@ -39,7 +39,10 @@
 //! not return; it never hangs. Each behaviour runs on a thread of its own,
 //! so a test whose own thread is stuck (a simulator driven by it) fails
 //! with the watchdog's message under plain `cargo test` and is left
-//! behind while the rest of the suite runs.
+//! behind while the rest of the suite runs. With
+//! `NETIO_CONFORMANCE_STACKS=DIR` the watchdog also has `gdb` write every
+//! thread's stack to a file in `DIR` when it finds a thread stuck, and
+//! names the file in its message.
 //!
 //! Providers on [`MioLoop`](netio_core::mio_loop::MioLoop) use the
 //! ready-made [`mio::MioHarness`] and write no loop-thread code.

@@ -1363,6 +1363,70 @@ fn child_b_after_the_deadlocked_test() {
     });
 }
 
+/// With `NETIO_CONFORMANCE_STACKS` naming a directory, the watchdog that
+/// finds a thread stuck writes every thread's stack there (taken by
+/// `gdb`) and names the file in its message: the stack of the deadlocked
+/// test shows the handler call it is stuck in. Without `gdb` on the path
+/// the message names no file.
+#[test]
+fn a_stuck_test_leaves_every_threads_stack_where_netio_conformance_stacks_says() {
+    let dir = std::env::temp_dir().join(format!("netio-stacks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a directory for the stacks");
+    let out = Command::new(std::env::current_exe().expect("this test binary"))
+        .args(["--ignored", "--exact", "child_a_handler_under_lock"])
+        .env(CHILD_MODE, "unsafe")
+        .env("NETIO_CONFORMANCE_STACKS", &dir)
+        .output()
+        .expect("running the child test");
+    let all = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(101), "the stuck test fails: {all}");
+    assert!(
+        all.contains("inside a handler call"),
+        "the watchdog's cause: {all}"
+    );
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("the stacks directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    let gdb = Command::new("gdb")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if gdb {
+        assert_eq!(
+            files.len(),
+            1,
+            "one stack file per stuck find: {files:?}\n{all}"
+        );
+        let stacks = std::fs::read_to_string(&files[0]).expect("the stack file");
+        assert!(
+            all.contains(&format!("every thread's stack: {}", files[0].display())),
+            "the message names the file: {all}"
+        );
+        assert!(
+            stacks.contains("Thread ") && stacks.contains("child_a_handler_under_lock"),
+            "the file holds every thread's stack, the stuck test's among them: {stacks}"
+        );
+        println!(
+            "{} lines of stacks in {}",
+            stacks.lines().count(),
+            files[0].display()
+        );
+    } else {
+        assert!(
+            !all.contains("every thread's stack"),
+            "without gdb no file is named: {all}"
+        );
+        println!("gdb is not on the path: the watchdog named no stack file");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A provider that calls its handler under its own lock deadlocks the
 /// loop (here the test thread, which drives the simulator). Under plain
 /// `cargo test` (output captured), the stuck test fails within seconds
