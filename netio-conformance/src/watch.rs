@@ -12,7 +12,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -70,10 +70,67 @@ thread_local! {
     static IN_BACKEND_CALL: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Where a stuck thread is.
+/// How often the watchdog looks.
+const TICK: Duration = Duration::from_millis(20);
+
+/// A watchdog tick that came this much later than asked is counted as
+/// time in which the process did not run (see [`Lost`]); shorter delays
+/// are ordinary scheduling on a loaded machine.
+const STALL_SLACK: Duration = Duration::from_millis(100);
+
+/// The time, in nanoseconds, in which the watchdog found that it had not
+/// run: its tick came late by more than [`STALL_SLACK`]. On a loaded
+/// virtual machine the whole process (or the machine) can be held still
+/// for a second or more; a call that was running then is not stuck for
+/// that time, so the clocks do not count it.
+#[derive(Default)]
+pub(crate) struct Lost(AtomicU64);
+
+impl Lost {
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Counts a tick that came `late` after it was due.
+    fn tick_late(&self, late: Duration) {
+        if late > STALL_SLACK {
+            let ns = u64::try_from(late.as_nanos()).unwrap_or(u64::MAX);
+            self.0.fetch_add(ns, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Where a stuck thread is: since when, doing what, and the [`Lost`] time
+/// counted when it started.
 #[derive(Default)]
 struct Clock {
-    since: Option<(Instant, String)>,
+    since: Option<(Instant, String, u64)>,
+}
+
+impl Clock {
+    fn start(&mut self, what: &str, lost: &Lost) {
+        self.since = Some((Instant::now(), what.to_string(), lost.now()));
+    }
+
+    /// What the thread is doing, if it has been at it for `limit` of the
+    /// time the process ran; with the time it did not run meanwhile.
+    fn overdue(&self, lost: &Lost, limit: Duration) -> Option<(String, Duration)> {
+        let (since, what, lost_then) = self.since.as_ref()?;
+        let lost = Duration::from_nanos(lost.now().saturating_sub(*lost_then));
+        (since.elapsed().saturating_sub(lost) >= limit).then(|| (what.clone(), lost))
+    }
+}
+
+/// " (not counting …)" for a stuck find that discounted `lost` time.
+fn not_counting(lost: Duration) -> String {
+    if lost.is_zero() {
+        String::new()
+    } else {
+        format!(
+            " (not counting {:.1} s in which this process did not run, its watchdog included)",
+            lost.as_secs_f64()
+        )
+    }
 }
 
 /// Shared by a test's context, its recorders and its watchdog thread.
@@ -84,6 +141,7 @@ pub(crate) struct Watch {
     violations: Mutex<Vec<String>>,
     handler_clocks: Mutex<Vec<Arc<Mutex<Clock>>>>,
     call_clock: Arc<Mutex<Clock>>,
+    lost: Arc<Lost>,
     stuck: Mutex<Option<String>>,
     done: AtomicBool,
     /// The runner of the behaviour, if it runs under [`run_behaviour`].
@@ -134,7 +192,7 @@ impl Watch {
     pub(crate) fn handler_clock(&self) -> HandlerClock {
         let c = Arc::new(Mutex::new(Clock::default()));
         lock(&self.handler_clocks).push(c.clone());
-        HandlerClock(c)
+        HandlerClock(c, self.lost.clone())
     }
 
     /// Runs `f` as a backend call made by the suite: handler calls from
@@ -144,7 +202,7 @@ impl Watch {
         let nested = IN_BACKEND_CALL.with(|c| c.replace(true));
         let outer = !nested && !IN_HANDLER.with(Cell::get);
         if outer {
-            lock(&self.call_clock).since = Some((Instant::now(), what.to_string()));
+            lock(&self.call_clock).start(what, &self.lost);
         }
         let r = f();
         if outer {
@@ -170,7 +228,9 @@ impl Watch {
     fn watchdog(&self) {
         let mut found_at: Option<Instant> = None;
         while !self.done.load(Ordering::SeqCst) {
-            thread::sleep(Duration::from_millis(20));
+            let asleep = Instant::now();
+            thread::sleep(TICK);
+            self.lost.tick_late(asleep.elapsed().saturating_sub(TICK));
             if let Some(at) = found_at {
                 if at.elapsed() >= GRACE.mul_f64(time_scale()) && !self.done.load(Ordering::SeqCst)
                 {
@@ -200,30 +260,28 @@ impl Watch {
                 continue;
             }
             let stuck = stuck_limit();
-            let stuck_handler = lock(&self.handler_clocks).iter().find_map(|c| {
-                let c = lock(c);
-                let (since, what) = c.since.as_ref()?;
-                (since.elapsed() >= stuck).then(|| what.clone())
-            });
-            let msg = if let Some(what) = stuck_handler {
+            let stuck_handler = lock(&self.handler_clocks)
+                .iter()
+                .find_map(|c| lock(c).overdue(&self.lost, stuck));
+            let msg = if let Some((what, lost)) = stuck_handler {
                 Some(format!(
-                    "the loop thread has been inside a handler call ({what}) for {} s: a handler \
-                     calling the backend deadlocked (is the provider calling the handler while \
-                     holding its own lock?), or the provider called the handler from inside a \
-                     backend call that holds it",
-                    stuck.as_secs()
+                    "the loop thread has been inside a handler call ({what}) for {} s{}: a \
+                     handler calling the backend deadlocked (is the provider calling the handler \
+                     while holding its own lock?), or the provider called the handler from \
+                     inside a backend call that holds it",
+                    stuck.as_secs(),
+                    not_counting(lost)
                 ))
             } else {
-                let c = lock(&self.call_clock);
-                c.since.as_ref().and_then(|(since, what)| {
-                    (since.elapsed() >= stuck).then(|| {
-                        format!(
-                            "the backend call `{what}` has not returned for {} s: the provider \
-                             deadlocked inside it (a lock held by its loop thread, or a call \
-                             blocking on the loop)",
-                            stuck.as_secs()
-                        )
-                    })
+                let c = lock(&self.call_clock).overdue(&self.lost, stuck);
+                c.map(|(what, lost)| {
+                    format!(
+                        "the backend call `{what}` has not returned for {} s{}: the provider \
+                         deadlocked inside it (a lock held by its loop thread, or a call \
+                         blocking on the loop)",
+                        stuck.as_secs(),
+                        not_counting(lost)
+                    )
                 })
             };
             if let Some(mut m) = msg {
@@ -280,7 +338,7 @@ impl Drop for WatchdogGuard {
 
 /// Measures how long one recorder's current handler call has run, and
 /// flags nested calls.
-pub(crate) struct HandlerClock(Arc<Mutex<Clock>>);
+pub(crate) struct HandlerClock(Arc<Mutex<Clock>>, Arc<Lost>);
 
 impl HandlerClock {
     /// Marks the start of a handler call. Returns whether it is nested in
@@ -291,7 +349,7 @@ impl HandlerClock {
         let in_call = IN_BACKEND_CALL.with(Cell::get);
         let mut c = lock(&self.0);
         if !nested {
-            c.since = Some((Instant::now(), what.to_string()));
+            c.start(what, &self.1);
         }
         let v = if nested {
             Some(format!(
@@ -398,7 +456,36 @@ pub fn run_behaviour(f: fn()) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_scale;
+    use super::{parse_scale, Clock, Lost};
+    use std::time::{Duration, Instant};
+
+    /// A call that has run for 6 s, 2 s of which the process did not run,
+    /// has run 4 s: under a 5 s limit it is not overdue; without the lost
+    /// time it is. Lost time counted before the call started does not
+    /// count for it, nor does a late tick within the slack.
+    #[test]
+    fn time_in_which_the_process_did_not_run_is_not_counted_against_a_call() {
+        let lost = Lost::default();
+        lost.tick_late(Duration::from_secs(3));
+        let started = Instant::now() - Duration::from_secs(6);
+        let clock = Clock {
+            since: Some((started, "a call".into(), lost.now())),
+        };
+        let limit = Duration::from_secs(5);
+        assert_eq!(
+            clock.overdue(&lost, limit),
+            Some(("a call".to_string(), Duration::ZERO))
+        );
+        lost.tick_late(Duration::from_millis(90));
+        assert!(
+            clock.overdue(&lost, limit).is_some(),
+            "90 ms late is on time"
+        );
+        lost.tick_late(Duration::from_secs(2));
+        assert_eq!(clock.overdue(&lost, limit), None);
+        let idle = Clock::default();
+        assert_eq!(idle.overdue(&lost, Duration::ZERO), None);
+    }
 
     #[test]
     fn the_time_scale_is_a_number_of_at_least_one_else_one() {

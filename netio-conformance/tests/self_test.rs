@@ -1363,6 +1363,92 @@ fn child_b_after_the_deadlocked_test() {
     });
 }
 
+#[test]
+#[ignore = "run in a child process by a_process_held_still_during_a_call_does_not_fail_its_test"]
+fn call_held_still_in_another_process() {
+    let _selected = select(NONE);
+    netio_conformance::__private::run_behaviour(|| {
+        let mut c = netio_conformance::Ctx::<Broken>::new(ThreadSafety::Safe);
+        c.direct(|| {
+            use std::io::Write;
+            println!("inside the call");
+            let _ = std::io::stdout().flush();
+            // 3 s of the process's time, whatever happens in between.
+            for _ in 0..300 {
+                thread::sleep(Duration::from_millis(10));
+            }
+        });
+        c.wait("the watchdog's verdict", || true);
+    });
+}
+
+/// A process held still (here by `SIGSTOP`, on a loaded virtual machine by
+/// the hypervisor) for longer than the watchdog's limit while a backend
+/// call runs does not fail its test: the watchdog does not count the time
+/// in which it did not run itself.
+#[test]
+fn a_process_held_still_during_a_call_does_not_fail_its_test() {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = Command::new(std::env::current_exe().expect("this test binary"))
+        .args([
+            "--ignored",
+            "--exact",
+            "call_held_still_in_another_process",
+            "--nocapture",
+        ])
+        .env_remove("NETIO_CONFORMANCE_TIME_SCALE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running the child test");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let mut seen = String::new();
+    while !line.contains("inside the call") {
+        line.clear();
+        if out.read_line(&mut line).expect("the child's output") == 0 {
+            let _ = child.kill();
+            panic!("the child ended before its call: {seen}");
+        }
+        seen.push_str(&line);
+    }
+    let pid = child.id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    thread::sleep(netio_conformance::stuck_limit() + Duration::from_secs(1));
+    signal("-CONT");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("waiting for the child") {
+            break s;
+        }
+        if start.elapsed() > LIMIT {
+            let _ = child.kill();
+            panic!("the child did not end within {LIMIT:?} after it went on");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let mut rest = String::new();
+    let _ = out.read_to_string(&mut rest);
+    let mut err = String::new();
+    let _ = child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err);
+    assert!(
+        status.success(),
+        "held still for longer than the limit during a call, the test failed: \
+         {status:?}\n{seen}{rest}\n{err}"
+    );
+}
+
 /// With `NETIO_CONFORMANCE_STACKS` naming a directory, the watchdog that
 /// finds a thread stuck writes every thread's stack there (taken by
 /// `gdb`) and names the file in its message: the stack of the deadlocked
