@@ -159,13 +159,16 @@ struct Listener {
     held: usize,
 }
 
-/// Runs [`Inner::end_spin`] when dropped, so that a spin ends (its
-/// sends flushed) even when a handler panics.
-struct SpinEnd<'a>(&'a Arc<Inner>);
+/// Ends a run of the loop thread that writes what its handlers sent when
+/// it ends ([`Inner::begin_run`]): runs [`Inner::end_run`] when dropped,
+/// also when a handler panics, if this run set `State::flush_at_end`.
+struct RunEnd<'a>(&'a Arc<Inner>, bool);
 
-impl Drop for SpinEnd<'_> {
+impl Drop for RunEnd<'_> {
     fn drop(&mut self) {
-        self.0.end_spin();
+        if self.1 {
+            self.0.end_run();
+        }
     }
 }
 
@@ -202,10 +205,11 @@ struct State {
     dispatching: bool,
     dirty: Vec<ConnId>,
     flush_posted: bool,
-    /// A busy-polling spin is under way on the loop thread and flushes the
-    /// connections marked dirty when it ends ([`Inner::spin`]): a send
-    /// meanwhile posts no flush of its own.
-    spin_flushes: bool,
+    /// A run of the loop thread that hands messages or events to the
+    /// handler (a readiness event, a spin, a posted dispatch, a timer) is
+    /// under way and writes the connections marked dirty when it ends
+    /// ([`Inner::begin_run`]): a send meanwhile posts no flush of its own.
+    flush_at_end: bool,
     /// Connections waiting for a receive-pool buffer.
     pool_waiters: Vec<ConnId>,
     /// The connection that delivered data last: where a busy-polling loop
@@ -583,10 +587,27 @@ impl Inner {
         let w = self.weak.clone();
         self.lp.post(move || {
             if let Some(i) = w.upgrade() {
-                i.state.lock().dispatch_posted = false;
+                let end = {
+                    let mut st = i.state.lock();
+                    st.dispatch_posted = false;
+                    i.begin_run(&mut st)
+                };
                 i.dispatch();
+                drop(end);
             }
         });
+    }
+
+    /// Begins a run of the loop thread that calls the handler: what the
+    /// handlers send meanwhile (on the loop thread or another) is written
+    /// when the returned guard drops, in one flush per connection, instead
+    /// of by a flush posted for the loop's next turn (a boxed closure per
+    /// send, and a turn's wait). A run begun inside another one leaves the
+    /// writing to the outer run.
+    fn begin_run<'a>(self: &'a Arc<Self>, st: &mut State) -> RunEnd<'a> {
+        let outer = !st.flush_at_end;
+        st.flush_at_end = true;
+        RunEnd(self, outer)
     }
 
     /// Marks a connection for flushing by the next posted flush task.
@@ -597,7 +618,7 @@ impl Inner {
                 st.dirty.push(id);
             }
         }
-        if !st.flush_posted && !st.spin_flushes {
+        if !st.flush_posted && !st.flush_at_end {
             st.flush_posted = true;
             let w = self.weak.clone();
             self.lp.post(move || {
@@ -840,11 +861,14 @@ impl Inner {
     fn on_conn_event(self: &Arc<Self>, id: ConnId, ev: &Event) {
         // A handle lookup first: the connection's own events need no
         // hashing; only those of a closed one's lingering socket do.
-        let (lingering, connecting) = {
-            let st = self.state.lock();
+        let (lingering, connecting, end) = {
+            let mut st = self.state.lock();
             match st.conns.get(id) {
-                Some(c) => (false, c.phase == Phase::Connecting),
-                None => (st.lingering.contains_key(&id), false),
+                Some(c) => {
+                    let connecting = c.phase == Phase::Connecting;
+                    (false, connecting, Some(self.begin_run(&mut st)))
+                }
+                None => (st.lingering.contains_key(&id), false, None),
             }
         };
         if lingering {
@@ -873,37 +897,35 @@ impl Inner {
             self.read_conn(id, data_only);
         }
         self.dispatch();
+        drop(end);
     }
 
     /// The spin callback of a busy-polling loop: reads the connection that
     /// delivered data last, as its readiness event would. `true` when it
     /// read something.
     fn spin(self: &Arc<Self>) -> bool {
-        let hot = {
+        let (hot, end) = {
             let mut st = self.state.lock();
-            if st.hot.is_some() {
-                st.spin_flushes = true;
-            }
-            st.hot
-        };
-        let Some(id) = hot else {
-            return false;
+            let Some(hot) = st.hot else {
+                return false;
+            };
+            (hot, self.begin_run(&mut st))
         };
         // What the handlers send leaves when the spin ends, not with a
         // flush posted for the loop's next turn; a panicking handler still
         // leaves it to a posted flush.
-        let ending = SpinEnd(self);
-        let found = self.read_conn(id, true);
+        let found = self.read_conn(hot, true);
         self.dispatch();
-        drop(ending);
+        drop(end);
         found
     }
 
-    /// Ends a spin: the connections marked dirty meanwhile are written
-    /// now, or, when unwinding, by a posted flush.
-    fn end_spin(self: &Arc<Self>) {
+    /// Ends a run begun by [`begin_run`](Self::begin_run): the connections
+    /// marked dirty meanwhile are written now, or, when unwinding, by a
+    /// posted flush.
+    fn end_run(self: &Arc<Self>) {
         let mut st = self.state.lock();
-        st.spin_flushes = false;
+        st.flush_at_end = false;
         if st.dirty.is_empty() {
             return;
         }
@@ -1701,8 +1723,10 @@ impl Inner {
         for token in due {
             st.events.push(Ev::Timer(token));
         }
+        let end = self.begin_run(&mut st);
         drop(st);
         self.dispatch();
+        drop(end);
     }
 
     /// A buffered send on established connection `conn`, under the state
@@ -2301,8 +2325,13 @@ impl Backend for TcpBackend {
             }
             // Thread-unsafe mode, off the loop thread: the loop queues it.
             None => inner.post_with(move |i| {
-                i.state.lock().events.push(Ev::Wake(token));
+                let end = {
+                    let mut st = i.state.lock();
+                    st.events.push(Ev::Wake(token));
+                    i.begin_run(&mut st)
+                };
                 i.dispatch();
+                drop(end);
             }),
         }
     }
@@ -2334,6 +2363,71 @@ impl TcpBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc;
+
+    /// Replies to each message from `on_data`, and once more from a timer
+    /// it sets there, recording after each send whether a flush was posted
+    /// for it.
+    struct Replier(mpsc::Sender<(&'static str, bool)>, Option<ConnId>);
+
+    impl Handler<TcpBackend> for Replier {
+        fn on_data(&mut self, b: &TcpBackend, conn: ConnId, data: &[u8]) {
+            b.send_data_copy(conn, &[data], &[], 0).expect("reply");
+            let posted = b.inner.state.lock().flush_posted;
+            let _ = self.0.send(("on_data", posted));
+            self.1 = Some(conn);
+            b.set_timer(Duration::from_millis(1), 1);
+        }
+        fn on_timer(&mut self, b: &TcpBackend, _token: u64) {
+            let conn = self.1.expect("a connection");
+            b.send_data_copy(conn, &[b"timer"], &[], 1).expect("reply");
+            let posted = b.inner.state.lock().flush_posted;
+            let _ = self.0.send(("on_timer", posted));
+        }
+    }
+
+    /// Reports what it receives.
+    struct Receiver(mpsc::Sender<Vec<u8>>);
+
+    impl Handler<TcpBackend> for Receiver {
+        fn on_data(&mut self, _b: &TcpBackend, _conn: ConnId, data: &[u8]) {
+            let _ = self.0.send(data.to_vec());
+        }
+    }
+
+    /// What a handler sends from a readiness event's messages or from a
+    /// timer is written when that run of the loop ends: no flush is posted
+    /// for the loop's next turn (a boxed closure and a turn's wait per
+    /// reply), and the replies arrive.
+    #[test]
+    fn a_reply_from_a_handler_is_written_when_its_run_ends_with_no_flush_posted() {
+        let lp = MioLoop::new().expect("loop");
+        let (sent_tx, sent) = mpsc::channel();
+        let (got_tx, got) = mpsc::channel();
+        let server =
+            TcpBackend::new(&lp, BackendConfig::default(), Replier(sent_tx, None)).expect("server");
+        let client =
+            TcpBackend::new(&lp, BackendConfig::default(), Receiver(got_tx)).expect("client");
+        let params = ConnectionParams::receive(64, 4);
+        let addr = server
+            .open_listen_endpoint(EndpointAddress::localhost(0), params.clone())
+            .expect("listen");
+        let conn = client.open_active_endpoint(addr, params).expect("connect");
+        let l2 = lp.clone();
+        let runner = std::thread::spawn(move || l2.run(|| {}));
+        let wait = Duration::from_secs(10);
+        let start = Instant::now();
+        while client.send_data_copy(conn, &[b"ping"], &[], 0).is_err() {
+            assert!(start.elapsed() < wait, "the connection did not open");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(got.recv_timeout(wait).expect("the reply"), b"ping");
+        assert_eq!(got.recv_timeout(wait).expect("the timer's"), b"timer");
+        let seen: Vec<_> = sent.try_iter().collect();
+        assert_eq!(seen, [("on_data", false), ("on_timer", false)]);
+        lp.stop();
+        runner.join().expect("loop thread");
+    }
 
     #[test]
     fn the_kernel_giving_up_on_a_peer_closes_with_timed_out_and_other_errors_with_reset() {
