@@ -106,9 +106,11 @@
 //! (a [spin callback](netio_core::mio_loop::MioLoop::add_spin)), and the
 //! loop asks epoll about the rest every few turns: a ping-pong's reply is
 //! found by the read that returns it. What handlers send while the spin
-//! hands messages over is written when the spin ends, in the same turn
-//! (elsewhere, small copy sends are written by a flush posted to the loop,
-//! after the turn's events).
+//! hands messages over is written when the spin ends, in the same turn,
+//! as on any loop what they send from a readiness event, a timer, a wake or
+//! a dispatched completion is written when that callback's run ends (small
+//! copy sends made outside such a run, from another thread or a posted
+//! closure, are written by a flush posted to the loop).
 //!
 //! ```
 //! use std::thread;
