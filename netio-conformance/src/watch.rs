@@ -112,12 +112,15 @@ impl Clock {
         self.since = Some((Instant::now(), what.to_string(), lost.now()));
     }
 
-    /// What the thread is doing, if it has been at it for `limit` of the
-    /// time the process ran; with the time it did not run meanwhile.
-    fn overdue(&self, lost: &Lost, limit: Duration) -> Option<(String, Duration)> {
+    /// What the thread is doing, if at `at` it had been at it for `limit`
+    /// of the time the process ran; with the time it did not run
+    /// meanwhile. `at` is when the watchdog last counted [`Lost`] time, so
+    /// that a hold that begins after it is not counted as running time.
+    fn overdue(&self, lost: &Lost, at: Instant, limit: Duration) -> Option<(String, Duration)> {
         let (since, what, lost_then) = self.since.as_ref()?;
         let lost = Duration::from_nanos(lost.now().saturating_sub(*lost_then));
-        (since.elapsed().saturating_sub(lost) >= limit).then(|| (what.clone(), lost))
+        let ran = at.saturating_duration_since(*since).saturating_sub(lost);
+        (ran >= limit).then(|| (what.clone(), lost))
     }
 }
 
@@ -230,7 +233,9 @@ impl Watch {
         while !self.done.load(Ordering::SeqCst) {
             let asleep = Instant::now();
             thread::sleep(TICK);
-            self.lost.tick_late(asleep.elapsed().saturating_sub(TICK));
+            let woke = Instant::now();
+            self.lost
+                .tick_late(woke.duration_since(asleep).saturating_sub(TICK));
             if let Some(at) = found_at {
                 if at.elapsed() >= GRACE.mul_f64(time_scale()) && !self.done.load(Ordering::SeqCst)
                 {
@@ -262,7 +267,7 @@ impl Watch {
             let stuck = stuck_limit();
             let stuck_handler = lock(&self.handler_clocks)
                 .iter()
-                .find_map(|c| lock(c).overdue(&self.lost, stuck));
+                .find_map(|c| lock(c).overdue(&self.lost, woke, stuck));
             let msg = if let Some((what, lost)) = stuck_handler {
                 Some(format!(
                     "the loop thread has been inside a handler call ({what}) for {} s{}: a \
@@ -273,7 +278,7 @@ impl Watch {
                     not_counting(lost)
                 ))
             } else {
-                let c = lock(&self.call_clock).overdue(&self.lost, stuck);
+                let c = lock(&self.call_clock).overdue(&self.lost, woke, stuck);
                 c.map(|(what, lost)| {
                     format!(
                         "the backend call `{what}` has not returned for {} s{}: the provider \
@@ -472,19 +477,23 @@ mod tests {
             since: Some((started, "a call".into(), lost.now())),
         };
         let limit = Duration::from_secs(5);
+        let now = Instant::now();
         assert_eq!(
-            clock.overdue(&lost, limit),
+            clock.overdue(&lost, now, limit),
             Some(("a call".to_string(), Duration::ZERO))
         );
         lost.tick_late(Duration::from_millis(90));
         assert!(
-            clock.overdue(&lost, limit).is_some(),
+            clock.overdue(&lost, now, limit).is_some(),
             "90 ms late is on time"
         );
+        // Seen as of 2 s after it started, it has not run for the limit.
+        let early = started + Duration::from_secs(2);
+        assert_eq!(clock.overdue(&lost, early, limit), None);
         lost.tick_late(Duration::from_secs(2));
-        assert_eq!(clock.overdue(&lost, limit), None);
+        assert_eq!(clock.overdue(&lost, now, limit), None);
         let idle = Clock::default();
-        assert_eq!(idle.overdue(&lost, Duration::ZERO), None);
+        assert_eq!(idle.overdue(&lost, now, Duration::ZERO), None);
     }
 
     #[test]
