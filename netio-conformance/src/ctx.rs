@@ -834,6 +834,12 @@ impl<H: Harness> Ctx<H> {
                     return filled;
                 }
                 self.settle();
+                // And once the sender's loop has run a turn since: on a
+                // loaded machine the settle can pass with the loop thread
+                // never scheduled (or the whole process held still), its
+                // completions unread, and a push-back that was only the
+                // loop falling behind taken for the peer's.
+                self.on_loop(from, |_| ());
                 settled = true;
             } else {
                 settled = false;
