@@ -1334,6 +1334,25 @@ fn leaked_send_buffers_fail_in_seconds_with_a_message() {
     );
 }
 
+/// Waits for `child`, started at `start`, to end; kills it and fails the
+/// test when it runs past [`LIMIT`].
+fn wait_child(
+    child: &mut std::process::Child,
+    start: Instant,
+    what: &str,
+) -> std::process::ExitStatus {
+    loop {
+        if let Some(s) = child.try_wait().expect("waiting for the child") {
+            return s;
+        }
+        if start.elapsed() > LIMIT {
+            let _ = child.kill();
+            panic!("the child test did not end within {LIMIT:?} {what}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The environment variable that makes the ignored child tests run a mode.
 const CHILD_MODE: &str = "NETIO_SELF_TEST_MODE";
 
@@ -1423,17 +1442,7 @@ fn a_process_held_still_during_a_call_does_not_fail_its_test() {
     signal("-STOP");
     thread::sleep(netio_conformance::stuck_limit() + Duration::from_secs(1));
     signal("-CONT");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("waiting for the child") {
-            break s;
-        }
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            panic!("the child did not end within {LIMIT:?} after it went on");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_child(&mut child, Instant::now(), "after it went on");
     let mut rest = String::new();
     let _ = out.read_to_string(&mut rest);
     let mut err = String::new();
@@ -1548,16 +1557,11 @@ fn a_deadlocked_provider_fails_its_test_with_the_watchdogs_message_and_the_suite
                 s
             }),
         ];
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("waiting for the child") {
-                break s;
-            }
-            if start.elapsed() > LIMIT {
-                let _ = child.kill();
-                panic!("{mode}: a deadlocked provider hung the test run for {LIMIT:?}");
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
+        let status = wait_child(
+            &mut child,
+            start,
+            &format!("({mode}, a deadlocked provider)"),
+        );
         let elapsed = start.elapsed();
         let [out, err] = readers.map(|r| r.join().expect("reading the child's output"));
         let all = format!("{out}\n{err}");
