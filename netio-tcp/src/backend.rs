@@ -34,7 +34,7 @@ use netio_core::{
 
 use crate::config::TcpConfig;
 use crate::conn::{
-    Conn, Ev, Events, Flushed, LingerStatus, Lingering, Out, Payload, Phase, Reader, Release,
+    Conn, Ev, Events, Flushed, LingerStatus, Lingering, Look, Out, Payload, Phase, Reader, Release,
 };
 use crate::socket;
 use crate::stats::{BackendStats, ConnStats};
@@ -649,23 +649,29 @@ impl Inner {
     /// Dispatches queued events to the handler. Loop thread only; no lock
     /// is held while the handler runs.
     fn dispatch(self: &Arc<Self>) {
-        let mut batch = {
-            let mut st = self.state.lock();
-            // Nothing queued (the common case of a busy-polling spin), or
-            // a dispatch under way further up this thread's stack hands
-            // them over.
-            if st.events.is_empty() || st.dispatching {
-                return;
-            }
-            st.dispatching = true;
-            std::mem::take(&mut st.spare_events)
-        };
+        self.dispatch_locked(self.state.lock());
+    }
+
+    /// [`dispatch`](Self::dispatch), from the state locked by the caller
+    /// (released before the handler runs).
+    fn dispatch_locked(self: &Arc<Self>, mut st: LoopLockGuard<'_, State>) {
+        // Nothing queued (the common case of a busy-polling spin), or a
+        // dispatch under way further up this thread's stack hands them
+        // over.
+        if st.events.is_empty() || st.dispatching {
+            return;
+        }
+        st.dispatching = true;
+        // The first round's events, taken under the caller's lock.
+        let mut batch = std::mem::take(&mut st.spare_events);
+        std::mem::swap(&mut st.events, &mut batch);
+        drop(st);
         let _end = DispatchEnd(self);
         let mut backend = None;
         // Each round dispatches what earlier rounds' callbacks queued;
         // bounded so a handler that queues forever cannot starve the loop.
-        for _ in 0..64 {
-            {
+        for round in 0..64 {
+            if round > 0 {
                 let mut st = self.state.lock();
                 if st.events.is_empty() {
                     // `batch` holds the lists the last round drained
@@ -903,18 +909,72 @@ impl Inner {
     /// The spin callback of a busy-polling loop: reads the connection that
     /// delivered data last, as its readiness event would. `true` when it
     /// read something.
+    ///
+    /// Most spins find nothing, so the first read is a look that begins no
+    /// run: the connection's reader is taken out, read once with no lock
+    /// held, and put back; only when the look found bytes (or an end of
+    /// stream or an error) does a run begin and [`read_conn`](Self::read_conn)
+    /// take over, starting from what the look read.
     fn spin(self: &Arc<Self>) -> bool {
-        let (hot, end) = {
+        let (hot, reader) = {
             let mut st = self.state.lock();
             let Some(hot) = st.hot else {
                 return false;
             };
-            (hot, self.begin_run(&mut st))
+            let reader = match st.conns.get_mut(hot) {
+                Some(c)
+                    if c.phase == Phase::Established
+                        && !c.recv_blocked
+                        && !c.paused.load(Ordering::Acquire)
+                        && c.reader.as_ref().is_some_and(|r| r.is_idle()) =>
+                {
+                    c.reader.take()
+                }
+                _ => None,
+            };
+            match reader {
+                Some(reader) => (hot, reader),
+                // Anything else (bytes or an error held, a message being
+                // assembled, a connection not established, paused or
+                // gone) takes the ordinary path.
+                None => {
+                    let end = self.begin_run(&mut st);
+                    drop(st);
+                    return self.spin_run(hot, None, end);
+                }
+            }
         };
-        // What the handlers send leaves when the spin ends, not with a
-        // flush posted for the loop's next turn; a panicking handler still
-        // leaves it to a posted flush.
-        let found = self.read_conn(hot, true);
+        let mut reader = reader;
+        let look = reader.look();
+        let mut st = self.state.lock();
+        if !reader.open.load(Ordering::Acquire) || !st.conns.contains(hot) {
+            drop(st);
+            self.drop_reader(&mut reader);
+            return false;
+        }
+        self.put_reader(&mut st, hot, reader);
+        let looked = match look {
+            Look::Nothing => return false,
+            Look::Again => None,
+            Look::Found(r) => Some(r),
+        };
+        let end = self.begin_run(&mut st);
+        drop(st);
+        self.spin_run(hot, looked, end)
+    }
+
+    /// The rest of a spin that found something: reads connection `hot`
+    /// (after the bytes the spin's look read, if `looked` says so) and
+    /// hands out what that queued. What the handlers send leaves when the
+    /// run ends (`end` dropped), not with a flush posted for the loop's
+    /// next turn; a panicking handler still leaves it to a posted flush.
+    fn spin_run(
+        self: &Arc<Self>,
+        hot: ConnId,
+        looked: Option<io::Result<bool>>,
+        end: RunEnd<'_>,
+    ) -> bool {
+        let found = self.read_conn_after(hot, true, looked);
         self.dispatch();
         drop(end);
         found
@@ -935,8 +995,10 @@ impl Inner {
             }
             return;
         }
-        drop(st);
-        self.flush_dirty();
+        // Written and handed over under this one lock round (a flush
+        // posted meanwhile still runs, and finds nothing).
+        self.flush_marked(&mut st);
+        self.dispatch_locked(st);
     }
 
     fn on_lingering(self: &Arc<Self>, id: ConnId) {
@@ -1010,24 +1072,27 @@ impl Inner {
 
     /// The posted flush task: writes every connection with new sends.
     fn flush_dirty(self: &Arc<Self>) {
-        {
-            let mut st = self.state.lock();
-            st.flush_posted = false;
-            let dirty = std::mem::take(&mut st.dirty);
-            for &id in &dirty {
-                if let Some(c) = st.conns.get_mut(id) {
-                    c.dirty = false;
-                }
-                self.flush_conn(&mut st, id);
+        let mut st = self.state.lock();
+        st.flush_posted = false;
+        self.flush_marked(&mut st);
+        self.dispatch_locked(st);
+    }
+
+    /// Writes every connection marked dirty.
+    fn flush_marked(&self, st: &mut State) {
+        let dirty = std::mem::take(&mut st.dirty);
+        for &id in &dirty {
+            if let Some(c) = st.conns.get_mut(id) {
+                c.dirty = false;
             }
-            // Keep the allocation for the next batch.
-            if st.dirty.is_empty() {
-                let mut dirty = dirty;
-                dirty.clear();
-                st.dirty = dirty;
-            }
+            self.flush_conn(st, id);
         }
-        self.dispatch();
+        // Keep the allocation for the next batch.
+        if st.dirty.is_empty() {
+            let mut dirty = dirty;
+            dirty.clear();
+            st.dirty = dirty;
+        }
     }
 
     /// Reads connection `id` until the socket is empty (or the budget is
@@ -1047,6 +1112,21 @@ impl Inner {
     /// buffer, saving the read that would find nothing (see
     /// `on_conn_event`). `true` when a read found bytes.
     fn read_conn(self: &Arc<Self>, id: ConnId, stop_short: bool) -> bool {
+        self.read_conn_after(id, stop_short, None)
+    }
+
+    /// [`read_conn`](Self::read_conn) after a read the caller made itself
+    /// (`looked`, see [`Reader::look`]): `Some(Ok(short))` when it put bytes
+    /// into the reader's buffer (`short`: it did not fill the room it had),
+    /// `Some(Err(e))` when it failed. The first round then reads nothing
+    /// and goes on from that read's outcome.
+    fn read_conn_after(
+        self: &Arc<Self>,
+        id: ConnId,
+        stop_short: bool,
+        looked: Option<io::Result<bool>>,
+    ) -> bool {
+        let mut looked = looked;
         // Made when a read needs the handler (not for a read that finds
         // nothing, the common case of a busy-polling spin).
         let mut backend = None;
@@ -1069,28 +1149,45 @@ impl Inner {
                 (reader, c.phase, c.recv_pool.clone(), c.recv_limit)
             };
             let (mut reader, phase, pool, limit) = taken;
-            let r = &mut *reader;
-            let room = r.dec.read_buf();
-            let room_len = room.len();
-            // No room: whole frames wait in the buffer (a connection that
-            // waited for a pool buffer); hand them out before reading.
-            let read = if room.is_empty() {
-                Err(io::ErrorKind::Interrupted.into())
-            } else {
-                (&*r.stream).read(room)
-            };
             let mut drained = false;
+            let read = if let Some(outcome) = looked.take() {
+                // The caller's read, made already.
+                match outcome {
+                    Ok(short) => {
+                        drained = stop_short && short;
+                        got_data = true;
+                        None
+                    }
+                    Err(e) => Some(Err(e)),
+                }
+            } else {
+                let r = &mut *reader;
+                let room = r.dec.read_buf();
+                let room_len = room.len();
+                // No room: whole frames wait in the buffer (a connection
+                // that waited for a pool buffer); hand them out before
+                // reading.
+                Some(if room.is_empty() {
+                    Err(io::ErrorKind::Interrupted.into())
+                } else {
+                    (&*r.stream).read(room).inspect(|&n| {
+                        if n > 0 {
+                            drained = stop_short && n < room_len;
+                        }
+                    })
+                })
+            };
             let mut end = match read {
-                Ok(0) => ReadEnd::Eof,
-                Ok(n) => {
+                None => ReadEnd::Continue,
+                Some(Ok(0)) => ReadEnd::Eof,
+                Some(Ok(n)) => {
                     reader.dec.advance(n);
-                    drained = stop_short && n < room_len;
                     got_data = true;
                     ReadEnd::Continue
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadEnd::WouldBlock,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadEnd::Continue,
-                Err(e) => ReadEnd::Error(e),
+                Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => ReadEnd::WouldBlock,
+                Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => ReadEnd::Continue,
+                Some(Err(e)) => ReadEnd::Error(e),
             };
             // An error read earlier, while messages before it were held,
             // is what ended the stream.

@@ -206,3 +206,49 @@ fn a_connection_whose_handler_panicked_in_on_data_delivers_the_messages_after_it
 fn on_a_busy_polling_loop_a_connection_whose_handler_panicked_delivers_the_messages_after_it() {
     later_messages_arrive_after_a_panic_in_on_data(busy_loop());
 }
+
+/// The spin's first read of the hot connection is a look that begins no
+/// run; when it finds the end of the stream or a reset instead of data,
+/// the connection still ends and its handler hears of it, after the
+/// messages before it.
+#[test]
+fn on_a_busy_polling_loop_the_hot_connections_end_of_stream_and_reset_end_it() {
+    let lp = busy_loop();
+    let side = common::Side::new(&lp, BackendConfig::default());
+    let addr = side
+        .b
+        .open_listen_endpoint(
+            EndpointAddress::localhost(0),
+            ConnectionParams::receive(64, 4),
+        )
+        .expect("listen");
+    let (runner, _panics) = run_restarting(&lp);
+    let closed = |n: usize| side.count(|e| matches!(e, common::Ev::Closed(..))) >= n;
+
+    // Each peer's message makes its connection the one the spin reads;
+    // then the peer ends the stream (a FIN), or resets it.
+    for (i, reset) in [(1, false), (2, true)] {
+        let mut peer = raw::connect_with_handshake(addr, 64);
+        let _their_handshake = raw::read_n(&mut peer, HANDSHAKE_LEN);
+        peer.write_all(&raw::data_frame(b"hot")).unwrap();
+        assert!(
+            common::wait_until(|| side.count(|e| matches!(e, common::Ev::Data(..))) == i),
+            "message {i} handed out: {:?}",
+            side.events()
+        );
+        if reset {
+            raw::reset(peer);
+        } else {
+            peer.shutdown(std::net::Shutdown::Both).unwrap();
+            drop(peer);
+        }
+        assert!(
+            common::wait_until(|| closed(i)),
+            "connection {i} ended (reset: {reset}): {:?}",
+            side.events()
+        );
+    }
+
+    lp.stop();
+    runner.join().expect("loop thread");
+}
