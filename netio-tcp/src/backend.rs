@@ -34,7 +34,7 @@ use netio_core::{
 
 use crate::config::TcpConfig;
 use crate::conn::{
-    Conn, Ev, Events, Flushed, LingerStatus, Lingering, Look, Out, Payload, Phase, Reader, Release,
+    Conn, Ev, Events, Flushed, LingerStatus, Lingering, Out, Payload, Phase, Reader, Release,
 };
 use crate::socket;
 use crate::stats::{BackendStats, ConnStats};
@@ -909,72 +909,18 @@ impl Inner {
     /// The spin callback of a busy-polling loop: reads the connection that
     /// delivered data last, as its readiness event would. `true` when it
     /// read something.
-    ///
-    /// Most spins find nothing, so the first read is a look that begins no
-    /// run: the connection's reader is taken out, read once with no lock
-    /// held, and put back; only when the look found bytes (or an end of
-    /// stream or an error) does a run begin and [`read_conn`](Self::read_conn)
-    /// take over, starting from what the look read.
     fn spin(self: &Arc<Self>) -> bool {
-        let (hot, reader) = {
+        let (hot, end) = {
             let mut st = self.state.lock();
             let Some(hot) = st.hot else {
                 return false;
             };
-            let reader = match st.conns.get_mut(hot) {
-                Some(c)
-                    if c.phase == Phase::Established
-                        && !c.recv_blocked
-                        && !c.paused.load(Ordering::Acquire)
-                        && c.reader.as_ref().is_some_and(|r| r.is_idle()) =>
-                {
-                    c.reader.take()
-                }
-                _ => None,
-            };
-            match reader {
-                Some(reader) => (hot, reader),
-                // Anything else (bytes or an error held, a message being
-                // assembled, a connection not established, paused or
-                // gone) takes the ordinary path.
-                None => {
-                    let end = self.begin_run(&mut st);
-                    drop(st);
-                    return self.spin_run(hot, None, end);
-                }
-            }
+            (hot, self.begin_run(&mut st))
         };
-        let mut reader = reader;
-        let look = reader.look();
-        let mut st = self.state.lock();
-        if !reader.open.load(Ordering::Acquire) || !st.conns.contains(hot) {
-            drop(st);
-            self.drop_reader(&mut reader);
-            return false;
-        }
-        self.put_reader(&mut st, hot, reader);
-        let looked = match look {
-            Look::Nothing => return false,
-            Look::Again => None,
-            Look::Found(r) => Some(r),
-        };
-        let end = self.begin_run(&mut st);
-        drop(st);
-        self.spin_run(hot, looked, end)
-    }
-
-    /// The rest of a spin that found something: reads connection `hot`
-    /// (after the bytes the spin's look read, if `looked` says so) and
-    /// hands out what that queued. What the handlers send leaves when the
-    /// run ends (`end` dropped), not with a flush posted for the loop's
-    /// next turn; a panicking handler still leaves it to a posted flush.
-    fn spin_run(
-        self: &Arc<Self>,
-        hot: ConnId,
-        looked: Option<io::Result<bool>>,
-        end: RunEnd<'_>,
-    ) -> bool {
-        let found = self.read_conn_after(hot, true, looked);
+        // What the handlers send leaves when the spin ends, not with a
+        // flush posted for the loop's next turn; a panicking handler still
+        // leaves it to a posted flush.
+        let found = self.read_conn(hot, true);
         self.dispatch();
         drop(end);
         found
@@ -1112,21 +1058,6 @@ impl Inner {
     /// buffer, saving the read that would find nothing (see
     /// `on_conn_event`). `true` when a read found bytes.
     fn read_conn(self: &Arc<Self>, id: ConnId, stop_short: bool) -> bool {
-        self.read_conn_after(id, stop_short, None)
-    }
-
-    /// [`read_conn`](Self::read_conn) after a read the caller made itself
-    /// (`looked`, see [`Reader::look`]): `Some(Ok(short))` when it put bytes
-    /// into the reader's buffer (`short`: it did not fill the room it had),
-    /// `Some(Err(e))` when it failed. The first round then reads nothing
-    /// and goes on from that read's outcome.
-    fn read_conn_after(
-        self: &Arc<Self>,
-        id: ConnId,
-        stop_short: bool,
-        looked: Option<io::Result<bool>>,
-    ) -> bool {
-        let mut looked = looked;
         // Made when a read needs the handler (not for a read that finds
         // nothing, the common case of a busy-polling spin).
         let mut backend = None;
@@ -1149,45 +1080,28 @@ impl Inner {
                 (reader, c.phase, c.recv_pool.clone(), c.recv_limit)
             };
             let (mut reader, phase, pool, limit) = taken;
-            let mut drained = false;
-            let read = if let Some(outcome) = looked.take() {
-                // The caller's read, made already.
-                match outcome {
-                    Ok(short) => {
-                        drained = stop_short && short;
-                        got_data = true;
-                        None
-                    }
-                    Err(e) => Some(Err(e)),
-                }
+            let r = &mut *reader;
+            let room = r.dec.read_buf();
+            let room_len = room.len();
+            // No room: whole frames wait in the buffer (a connection that
+            // waited for a pool buffer); hand them out before reading.
+            let read = if room.is_empty() {
+                Err(io::ErrorKind::Interrupted.into())
             } else {
-                let r = &mut *reader;
-                let room = r.dec.read_buf();
-                let room_len = room.len();
-                // No room: whole frames wait in the buffer (a connection
-                // that waited for a pool buffer); hand them out before
-                // reading.
-                Some(if room.is_empty() {
-                    Err(io::ErrorKind::Interrupted.into())
-                } else {
-                    (&*r.stream).read(room).inspect(|&n| {
-                        if n > 0 {
-                            drained = stop_short && n < room_len;
-                        }
-                    })
-                })
+                (&*r.stream).read(room)
             };
+            let mut drained = false;
             let mut end = match read {
-                None => ReadEnd::Continue,
-                Some(Ok(0)) => ReadEnd::Eof,
-                Some(Ok(n)) => {
+                Ok(0) => ReadEnd::Eof,
+                Ok(n) => {
                     reader.dec.advance(n);
+                    drained = stop_short && n < room_len;
                     got_data = true;
                     ReadEnd::Continue
                 }
-                Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => ReadEnd::WouldBlock,
-                Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => ReadEnd::Continue,
-                Some(Err(e)) => ReadEnd::Error(e),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadEnd::WouldBlock,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => ReadEnd::Continue,
+                Err(e) => ReadEnd::Error(e),
             };
             // An error read earlier, while messages before it were held,
             // is what ended the stream.

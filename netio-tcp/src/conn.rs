@@ -382,46 +382,7 @@ pub(crate) struct Reader {
     pub(crate) held_error: Option<io::Error>,
 }
 
-/// What [`Reader::look`] found.
-pub(crate) enum Look {
-    /// Nothing to read: the reader holds nothing, as before.
-    Nothing,
-    /// An end of stream, or an interrupted read: read again the ordinary
-    /// way (an end of stream reads as one again).
-    Again,
-    /// Bytes now in the buffer (`Ok(short)`: the read did not fill the
-    /// room it had), or the read's error, which the socket reports once.
-    Found(io::Result<bool>),
-}
-
 impl Reader {
-    /// `true` when the reader holds nothing of the stream: no bytes, no
-    /// decoding error, no message being assembled and no error held. Such
-    /// a reader can [`look`](Self::look).
-    pub(crate) fn is_idle(&self) -> bool {
-        self.dec.buffered() == 0
-            && self.dec.error().is_none()
-            && self.assembling.is_none()
-            && self.held_error.is_none()
-    }
-
-    /// One read of an idle reader's socket into its buffer (a busy-polling
-    /// loop's spin, which usually finds nothing).
-    pub(crate) fn look(&mut self) -> Look {
-        let room = self.dec.read_buf();
-        let room_len = room.len();
-        match (&*self.stream).read(room) {
-            Ok(0) => Look::Again,
-            Ok(n) => {
-                self.dec.advance(n);
-                Look::Found(Ok(n < room_len))
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Look::Nothing,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Look::Again,
-            Err(e) => Look::Found(Err(e)),
-        }
-    }
-
     /// `true` if a message assembled in a shared pool's buffer is still
     /// incomplete at `now`, past its deadline.
     pub(crate) fn partial_overdue(&self, now: Instant) -> bool {

@@ -207,10 +207,9 @@ fn on_a_busy_polling_loop_a_connection_whose_handler_panicked_delivers_the_messa
     later_messages_arrive_after_a_panic_in_on_data(busy_loop());
 }
 
-/// The spin's first read of the hot connection is a look that begins no
-/// run; when it finds the end of the stream or a reset instead of data,
-/// the connection still ends and its handler hears of it, after the
-/// messages before it.
+/// The spin reads the hot connection; when it finds the end of the stream
+/// or a reset instead of data, the connection ends and its handler hears
+/// of it, after the message before it.
 #[test]
 fn on_a_busy_polling_loop_the_hot_connections_end_of_stream_and_reset_end_it() {
     let lp = busy_loop();
