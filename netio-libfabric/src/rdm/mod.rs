@@ -965,6 +965,10 @@ impl RdmInner {
         let Some(c) = st.conns.get_mut(id) else {
             return;
         };
+        // Most calls (one per message delivered) have nothing to write.
+        if c.out.is_empty() && !c.session.frame_due(now) {
+            return;
+        }
         while let Some(f) = c.session.poll_frame(now) {
             f.encode(&mut c.out);
         }
@@ -2219,13 +2223,14 @@ impl RdmInner {
         if c.peer_closing.is_some() {
             return;
         }
-        let Some(mem) = c.recv.clone() else {
+        // Borrowed, not cloned: the posts take their own references.
+        let Some(mem) = c.recv.as_ref() else {
             return;
         };
         let mut failed = None;
         for index in std::mem::take(&mut c.unposted) {
             match ep.post_recv(
-                &mem,
+                mem,
                 index,
                 proto::recv_tag(c.tag),
                 DATA_IGNORE,
@@ -2256,17 +2261,21 @@ impl RdmInner {
             if c.peer_closing.is_some() {
                 return;
             }
-            let Some(mem) = c.recv.clone() else {
+            let Some(mem) = c.recv.as_ref() else {
                 return;
             };
             if let Err(e) = ep.post_recv(
-                &mem,
+                mem,
                 index,
                 proto::recv_tag(c.tag),
                 DATA_IGNORE,
                 c.tag as u64,
             ) {
                 self.close_conn(st, id, CloseReason::Other(e.to_string()), true);
+                return;
+            }
+            // Nothing to write (the usual case): no second lookup.
+            if c.out.is_empty() && !c.session.frame_due(read_at) {
                 return;
             }
         }
@@ -2478,7 +2487,9 @@ impl RdmInner {
                 return st;
             };
             let done = std::mem::take(&mut c.done_pending);
-            self.repost(&mut st, id);
+            if !c.unposted.is_empty() {
+                self.repost(&mut st, id);
+            }
             if done {
                 let Some(c) = st.conns.get_mut(id) else {
                     return st;

@@ -1366,12 +1366,8 @@ impl Session {
     /// heartbeat interval after the last data when this method is called
     /// only at [`Session::next_deadline`].
     pub fn poll_frame(&mut self, now: Duration) -> Option<Frame> {
-        if self.state != State::Open || self.peer_close.is_some() {
+        if !self.frame_due(now) {
             return None;
-        }
-        if self.wrote_data {
-            self.wrote_data = false;
-            self.last_written = self.last_written.max(now);
         }
         if self.pending_grant >= self.grant_threshold() {
             let n = self.pending_grant;
@@ -1380,13 +1376,29 @@ impl Session {
             self.last_written = self.last_written.max(now);
             return Some(Frame::Credit(n));
         }
-        if !self.heartbeat.is_zero() && now.saturating_sub(self.last_written) >= self.heartbeat {
-            self.last_written = now;
-            return Some(Frame::Ping);
-        }
-        None
+        self.last_written = now;
+        Some(Frame::Ping)
     }
 
+    /// Whether [`Session::poll_frame`] has a frame to write at `now`,
+    /// without taking it (a data message sent since the last call counts
+    /// as written from here on, as there). A cheap check for the path of
+    /// each message, which rarely has a frame to write. Does not allocate.
+    #[inline]
+    pub fn frame_due(&mut self, now: Duration) -> bool {
+        if self.state != State::Open || self.peer_close.is_some() {
+            return false;
+        }
+        if self.wrote_data {
+            self.wrote_data = false;
+            self.last_written = self.last_written.max(now);
+        }
+        self.pending_grant >= self.grant_threshold()
+            || (!self.heartbeat.is_zero()
+                && now.saturating_sub(self.last_written) >= self.heartbeat)
+    }
+
+    #[inline]
     fn grant_threshold(&self) -> u32 {
         (self.local_credits / 2).max(1)
     }
@@ -2549,6 +2561,65 @@ mod tests {
         assert_eq!(a.poll_frame(ms(900)), Some(Frame::Credit(2)));
         assert_eq!(a.poll_frame(ms(1000)), None);
         assert_eq!(a.poll_frame(ms(1900)), Some(Frame::Ping));
+    }
+
+    #[test]
+    fn frame_due_answers_as_poll_frame_would_and_takes_nothing() {
+        let (mut a, mut b) = establish(4, 4);
+        let mut now = ms(0);
+        let (mut credits, mut pings) = (0, 0);
+        for step in 0..200u64 {
+            now += ms(37 * (step % 7));
+            // From step 80 to 159 `a` sends nothing: its grants pile up
+            // (CREDIT frames) and, once `b` stops too, its heartbeat runs
+            // out (PING frames).
+            let a_sends = !(80..160).contains(&step);
+            let b_sends = !(120..160).contains(&step);
+            match step % 5 {
+                0 if a_sends => {
+                    if let Some(tag) = a.on_send() {
+                        b.on_received(tag, now).unwrap();
+                        b.on_buffer_freed();
+                    }
+                }
+                1 if b_sends => {
+                    if let Some(tag) = b.on_send() {
+                        a.on_received(tag, now).unwrap();
+                        a.on_buffer_freed();
+                    }
+                }
+                2 => {
+                    if let Some(frame) = b.poll_frame(now) {
+                        a.on_frame(frame, now);
+                    }
+                }
+                _ => {}
+            }
+            let due = a.frame_due(now);
+            // Asked twice, the same answer: nothing was taken.
+            assert_eq!(a.frame_due(now), due, "step {step}");
+            let frame = a.poll_frame(now);
+            assert_eq!(due, frame.is_some(), "step {step}: {frame:?}");
+            if let Some(frame) = frame {
+                match frame {
+                    Frame::Credit(_) => credits += 1,
+                    Frame::Ping => pings += 1,
+                    _ => {}
+                }
+                b.on_frame(frame, now);
+            }
+            assert!(
+                !a.frame_due(now),
+                "step {step}: a frame left after poll_frame"
+            );
+        }
+        assert!(
+            credits > 0 && pings > 0,
+            "the script made {credits} CREDIT and {pings} PING frames"
+        );
+        a.close(CloseCode::Orderly, 0, 0, 0, now);
+        assert!(!a.frame_due(now + secs(100)));
+        assert_eq!(a.poll_frame(now + secs(100)), None);
     }
 
     #[test]
