@@ -1373,6 +1373,9 @@ impl Session {
             let n = self.pending_grant;
             self.pending_grant = 0;
             self.granted += u64::from(n);
+            // Data sent since the last call counts as written now, as the
+            // CREDIT is.
+            self.wrote_data = false;
             self.last_written = self.last_written.max(now);
             return Some(Frame::Credit(n));
         }
@@ -1384,18 +1387,22 @@ impl Session {
     /// without taking it (a data message sent since the last call counts
     /// as written from here on, as there). A cheap check for the path of
     /// each message, which rarely has a frame to write. Does not allocate.
-    #[inline]
+    #[inline(always)]
     pub fn frame_due(&mut self, now: Duration) -> bool {
         if self.state != State::Open || self.peer_close.is_some() {
             return false;
         }
+        if self.pending_grant >= self.grant_threshold() {
+            return true;
+        }
         if self.wrote_data {
+            // Written at `now`: no PING is due (none at all with a zero
+            // heartbeat).
             self.wrote_data = false;
             self.last_written = self.last_written.max(now);
+            return false;
         }
-        self.pending_grant >= self.grant_threshold()
-            || (!self.heartbeat.is_zero()
-                && now.saturating_sub(self.last_written) >= self.heartbeat)
+        !self.heartbeat.is_zero() && now.saturating_sub(self.last_written) >= self.heartbeat
     }
 
     #[inline]
