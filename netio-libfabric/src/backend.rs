@@ -33,6 +33,9 @@ const SENTINEL_RECV: usize = 64;
 /// How many times a queue is read again when `fi_trywait` says events are
 /// pending, before the rest is left to a posted callback.
 const TRYWAIT_ROUNDS: usize = 16;
+/// How many events (messages of a connection, completed sends) a spin
+/// hands over itself before it leaves the rest to a dispatch.
+const SPIN_EVENTS: usize = 4;
 /// How many completion queues besides the hot connection's the spin
 /// callback of a busy-polling loop reads per spin (each read costs a system
 /// call on socket-based fabric providers).
@@ -1064,18 +1067,36 @@ impl Inner {
                 st.dispatching = false;
                 return false;
             }
-            // The messages of one connection and nothing else: handed over
-            // right here, under the lock of the read that found them, with
-            // no event queued and taken again.
-            if let (1, Some(&Ev::Deliver(id))) = (st.events.len(), st.events.front()) {
-                st.events.pop_front();
+            // Messages and completed sends (the usual find of a read: a
+            // reply's completion and the next message): handed over right
+            // here, in order, the messages under the lock of the read that
+            // found them, with no event taken into a dispatch's batch.
+            // Anything else, or more than a few, takes the dispatch.
+            if matches!(st.events.front(), Some(Ev::Deliver(_) | Ev::Completed(..))) {
                 let _unwinding = events::ClearOnUnwind(|| {
                     let mut st = lock(&self.state);
                     st.dispatching = false;
                     self.post_dispatch(&mut st);
                 });
                 let backend = self.backend();
-                guard = self.deliver_locked(&backend, id, guard);
+                for _ in 0..SPIN_EVENTS {
+                    match guard.events.front() {
+                        Some(&Ev::Deliver(id)) => {
+                            guard.events.pop_front();
+                            guard = self.deliver_locked(&backend, id, guard);
+                        }
+                        Some(Ev::Completed(..)) => {
+                            let Some(Ev::Completed(id, keys)) = guard.events.pop_front() else {
+                                unreachable!("the front was a completion report");
+                            };
+                            drop(guard);
+                            lock(&self.handler).on_sends_completed(&backend, id, &keys);
+                            events::give_keys(keys);
+                            guard = lock(&self.state);
+                        }
+                        _ => break,
+                    }
+                }
                 if guard.events.is_empty() {
                     guard.dispatching = false;
                     return true;
