@@ -362,10 +362,19 @@ impl Sched {
         });
     }
 
+    /// Records a trace line, if recording. Inlined, so that the arguments
+    /// are only put together when they are written.
+    #[inline(always)]
     pub(crate) fn log(&mut self, host: IpAddr, args: fmt::Arguments<'_>) {
         if let Some(t) = &mut self.trace {
-            let _ = writeln!(t, "{} {} {}", self.now, host, args);
+            Self::write_line(t, self.now, host, args);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn write_line(t: &mut String, now: u64, host: IpAddr, args: fmt::Arguments<'_>) {
+        let _ = writeln!(t, "{now} {host} {args}");
     }
 
     fn emit(&mut self, backends: &[BackendState], b: BackendId, ev: NetEv) {
@@ -434,6 +443,14 @@ impl Sched {
     /// report if there is one.
     fn key_list(&mut self) -> Vec<u64> {
         self.spare_keys.pop().unwrap_or_default()
+    }
+
+    /// Keeps an empty key list for a later report.
+    fn spare(&mut self, keys: Vec<u64>) {
+        debug_assert!(keys.is_empty());
+        if self.spare_keys.len() < SPARE_KEY_LISTS {
+            self.spare_keys.push(keys);
+        }
     }
 
     /// Takes back the key lists of reports the driver dispatched
@@ -737,9 +754,6 @@ struct Msg {
 /// TCP profile: an accepted send whose completion is not yet reported.
 struct Accepted {
     key: u64,
-    /// The buffer or lent region its bytes were copied from, kept only to
-    /// be dropped when the completion is reported.
-    _held: Option<Body>,
     /// It takes a `send_queue_depth` slot (copy and zero-copy sends).
     slot: bool,
 }
@@ -762,6 +776,9 @@ struct Pipe {
     /// Until then each keeps its buffer, lent region or queue slot, as
     /// the contract says.
     completing: Vec<Accepted>,
+    /// The buffers and lent regions the accepted sends of `completing`
+    /// were copied from, kept only to be dropped when they are reported.
+    copied_from: Vec<Body>,
 }
 
 struct Conn {
@@ -860,15 +877,6 @@ impl std::ops::Index<&WireId> for Wires {
     }
 }
 
-/// The two ends of a pipe, for reporting a delivery.
-struct Delivered {
-    tx_b: BackendId,
-    tx_id: ConnId,
-    rx_b: BackendId,
-    rx_id: ConnId,
-    rx_remote: EndpointAddress,
-}
-
 struct Link {
     cfg: LinkConfig,
     free_at: u64,
@@ -941,11 +949,6 @@ pub(crate) struct World {
     /// host is here (some here may no longer be), so a step with this
     /// empty checks no host.
     held_loops: BTreeSet<IpAddr>,
-    /// Scratch lists (empty, their memory kept between uses): the messages
-    /// one delivery takes into receive buffers, the accepted sends one
-    /// completion reports.
-    scratch_done: Vec<(NetworkBuffer, u64)>,
-    scratch_completing: Vec<Accepted>,
 }
 
 fn pair(a: IpAddr, b: IpAddr) -> (IpAddr, IpAddr) {
@@ -1019,8 +1022,6 @@ impl World {
             foreign_call: None,
             seed,
             held_loops: BTreeSet::new(),
-            scratch_done: Vec::new(),
-            scratch_completing: Vec::new(),
         }
     }
 
@@ -1781,7 +1782,12 @@ impl World {
     /// Makes sure pipe `dir` of `conn` is looked at no later than `at`.
     #[inline]
     fn kick(sched: &mut Sched, conn: WireId, c: &mut Conn, dir: usize, at: u64) {
-        let p = &mut c.pipes[dir];
+        Self::kick_pipe(sched, conn, &mut c.pipes[dir], dir, at);
+    }
+
+    /// [`kick`](Self::kick) with the pipe at hand.
+    #[inline]
+    fn kick_pipe(sched: &mut Sched, conn: WireId, p: &mut Pipe, dir: usize, at: u64) {
         if p.wake.is_none_or(|w| at < w) {
             p.wake = Some(at);
             sched.schedule(at, Ev::Deliver { conn, dir });
@@ -1972,6 +1978,7 @@ impl World {
             .into_iter()
             .map(|a| a.key)
             .collect();
+        p.copied_from.clear();
         let keys: Vec<u64> = if c.tcp {
             p.queue.iter().skip(p.accepted).map(|m| m.key).collect()
         } else {
@@ -2070,30 +2077,40 @@ impl World {
             return; // superseded by an earlier wake-up
         }
         let cut = self.blocked_between(c.hosts[0], c.hosts[1]);
-        let c = self.conns.get_mut(&conn).expect("exists");
+        let World {
+            conns,
+            sched,
+            backends,
+            blocked,
+            ..
+        } = self;
+        let c = conns.get_mut(&conn).expect("exists");
         c.pipes[dir].wake = None;
-        let (Some(tx), Some(rx)) = (c.sides[dir].as_ref(), c.sides[1 - dir].as_ref()) else {
+        let tcp = c.tcp;
+        let rx_host = c.hosts[1 - dir];
+        let (tx_side, rx_side) = if dir == 0 {
+            let [a, b] = &mut c.sides;
+            (a, b)
+        } else {
+            let [a, b] = &mut c.sides;
+            (b, a)
+        };
+        let (Some(tx), Some(rx)) = (tx_side.as_mut(), rx_side.as_ref()) else {
             return;
         };
+        let p = &mut c.pipes[dir];
         // Under the TCP profile what the sender's kernel accepted travels
         // on after the sender closed.
-        let tx_ok = matches!(tx.state, SideState::Open) || (c.tcp && c.pipes[dir].accepted > 0);
+        let tx_ok = matches!(tx.state, SideState::Open) || (tcp && p.accepted > 0);
         if !tx_ok || !matches!(rx.state, SideState::Open) || rx.rx != Rx::Running || cut {
             // Resumed by establishment, heal or resume_receive, or purged
             // by close.
             return;
         }
-        c.pipes[dir].blocked = false;
-        let ends = Delivered {
-            tx_b: tx.backend,
-            tx_id: tx.handle,
-            rx_b: rx.backend,
-            rx_id: rx.handle,
-            rx_remote: rx.remote,
-        };
-        let (rx_b, rx_remote) = (ends.rx_b, ends.rx_remote);
-        let Some(pool) = rx.recv.clone() else {
-            if !c.pipes[dir].queue.is_empty() {
+        p.blocked = false;
+        let (rx_b, rx_id, rx_remote) = (rx.backend, rx.handle, rx.remote);
+        let Some(pool) = rx.recv.as_ref() else {
+            if !p.queue.is_empty() {
                 let reason =
                     CloseReason::Protocol("message on a connection without receive buffers".into());
                 self.begin_end(
@@ -2105,60 +2122,94 @@ impl World {
             }
             return;
         };
-        let tcp = c.tcp;
-        let mut done = std::mem::take(&mut self.scratch_done);
+        // Each message taken is reported at once (`on_data`, in order);
+        // under the RDMA profile their completions follow in one batch.
+        let mut keys = if tcp { None } else { Some(sched.key_list()) };
+        // Where this delivery's trace lines begin, should a message too
+        // large have to be named before them.
+        let mark = sched.trace.as_ref().map(String::len);
         let mut freed = false;
-        while let Some(head) = c.pipes[dir].queue.front() {
-            if tcp && c.pipes[dir].accepted == 0 {
+        let mut too_large = None;
+        while let Some(head) = p.queue.front() {
+            if tcp && p.accepted == 0 {
                 break; // still in the sender's queue: admitted later
             }
             if head.arrival > now {
                 let at = head.arrival;
-                Self::kick(&mut self.sched, conn, c, dir, at);
+                Self::kick_pipe(sched, conn, p, dir, at);
                 break;
             }
             let len = head.body.len();
             if len > pool.pool.buf_size() {
-                let reason = CloseReason::MessageTooLarge {
-                    size: len as u64,
-                    limit: pool.pool.buf_size(),
-                };
-                self.sched.log(
-                    c.hosts[1 - dir],
-                    format_args!("b{rx_b} too large from {rx_remote} len={len}"),
-                );
-                self.emit_delivered(&ends, conn, dir, pool.id, &mut done, tcp);
-                self.scratch_done = done;
-                self.begin_end(
-                    conn,
-                    1 - dir,
-                    Ending::Closed(reason),
-                    Some(CloseReason::PeerClosed),
-                );
-                return;
+                too_large = Some(len);
+                break;
             }
             let Some(mut buf) = pool.pool.get() else {
-                c.pipes[dir].blocked = true;
-                self.blocked.entry(pool.id).or_default().insert((conn, dir));
+                p.blocked = true;
+                blocked.entry(pool.id).or_default().insert((conn, dir));
                 break;
             };
-            let p = &mut c.pipes[dir];
             let msg = p.queue.pop_front().expect("head exists");
             msg.body.write_into(&mut buf);
             if tcp {
                 p.accepted -= 1;
                 p.window -= len;
                 freed = true;
-            } else if !matches!(msg.body, Body::Buffer(_)) {
-                if let Some(tx) = c.sides[dir].as_mut() {
+            } else {
+                if !matches!(msg.body, Body::Buffer(_)) {
                     tx.unbuffered -= 1;
                 }
+                if let Some(keys) = &mut keys {
+                    keys.push(msg.key);
+                }
             }
-            done.push((buf, msg.key));
+            let m = DataMsg {
+                conn: rx_id,
+                buf,
+                pool: pool.id,
+                wire: conn,
+                side: 1 - dir,
+            };
+            sched.emit_data(backends, rx_b, m, rx_remote);
         }
-        let drained = tcp && c.pipes[dir].accepted == 0;
-        self.emit_delivered(&ends, conn, dir, pool.id, &mut done, tcp);
-        self.scratch_done = done;
+        let tx_b = tx.backend;
+        let tx_id = tx.handle;
+        let drained = tcp && p.accepted == 0;
+        let pool_limit = pool.pool.buf_size();
+        if let Some(len) = too_large {
+            // Named before the messages taken at this delivery, as their
+            // report follows the check.
+            if let (Some(mark), Some(t)) = (mark, sched.trace.as_mut()) {
+                let mut line = String::new();
+                Sched::write_line(
+                    &mut line,
+                    now,
+                    rx_host,
+                    format_args!("b{rx_b} too large from {rx_remote} len={len}"),
+                );
+                t.insert_str(mark, &line);
+            }
+        }
+        match keys {
+            Some(keys) if !keys.is_empty() => {
+                sched.emit(backends, tx_b, NetEv::Completed(tx_id, keys));
+            }
+            Some(keys) => sched.spare(keys),
+            None => {}
+        }
+        if let Some(len) = too_large {
+            let reason = CloseReason::MessageTooLarge {
+                size: len as u64,
+                limit: pool_limit,
+            };
+            self.begin_end(
+                conn,
+                1 - dir,
+                Ending::Closed(reason),
+                Some(CloseReason::PeerClosed),
+            );
+            return;
+        }
         if freed {
             self.admit(conn, dir);
         }
@@ -2203,8 +2254,11 @@ impl World {
         {
             return;
         }
-        if c.pipes[dir].queue.len() == c.pipes[dir].accepted {
-            return; // nothing waits to be accepted
+        let p = &c.pipes[dir];
+        match p.queue.get(p.accepted) {
+            None => return, // nothing waits to be accepted
+            Some(m) if p.window > 0 && p.window + m.body.len() > cap => return, // no room
+            Some(_) => {}
         }
         let (src, dst) = (c.hosts[dir], c.hosts[1 - dir]);
         let link = match c.route[dir] {
@@ -2229,25 +2283,18 @@ impl World {
             p.window += len;
             p.accepted += 1;
             let slot = !matches!(m.body, Body::Buffer(_));
-            let held = if matches!(m.body, Body::Copy(_)) {
-                None
-            } else {
+            if !matches!(m.body, Body::Copy(_)) {
                 let copied = m.body.copied();
-                Some(std::mem::replace(&mut m.body, Body::Copy(copied)))
-            };
+                p.copied_from
+                    .push(std::mem::replace(&mut m.body, Body::Copy(copied)));
+            }
             // Bytes cannot leave before they were handed over.
             m.arrival = m.arrival.max(now + base).max(prev);
             prev = m.arrival;
-            p.completing.push(Accepted {
-                key: m.key,
-                _held: held,
-                slot,
-            });
+            p.completing.push(Accepted { key: m.key, slot });
             n += 1;
         }
-        if n == 0 {
-            return;
-        }
+        debug_assert!(n > 0, "the first waiting message fits");
         let first = p.completing.len() == n;
         let at = p.queue.get(p.accepted - n).map(|m| m.arrival);
         if first {
@@ -2266,74 +2313,24 @@ impl World {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        if c.pipes[dir].completing.is_empty() {
+        let p = &mut c.pipes[dir];
+        if p.completing.is_empty() {
             return;
         }
-        // The pipe's list trades its memory with the scratch list.
-        let mut done = std::mem::take(&mut self.scratch_completing);
-        std::mem::swap(&mut done, &mut c.pipes[dir].completing);
+        // Buffers return to their pools, regions are no longer lent.
+        p.copied_from.clear();
         let Some(tx) = c.sides[dir].as_mut() else {
-            done.clear();
-            self.scratch_completing = done;
+            p.completing.clear();
             return;
         };
         let mut keys = self.sched.key_list();
-        for a in &done {
+        for a in p.completing.drain(..) {
             tx.unbuffered -= usize::from(a.slot);
             keys.push(a.key);
         }
         let (b, id) = (tx.backend, tx.handle);
-        // Buffers return to their pools, regions are no longer lent.
-        done.clear();
-        self.scratch_completing = done;
         self.sched
             .emit(&self.backends, b, NetEv::Completed(id, keys));
-    }
-
-    /// Reports messages of pipe `dir` taken into receive buffers at this
-    /// instant (`done`, left empty): `on_data` for each, then, under the
-    /// RDMA profile, their completions in one batch.
-    fn emit_delivered(
-        &mut self,
-        ends: &Delivered,
-        conn: WireId,
-        dir: usize,
-        pool: PoolId,
-        done: &mut Vec<(NetworkBuffer, u64)>,
-        tcp: bool,
-    ) {
-        if done.is_empty() {
-            return;
-        }
-        let mut keys = if tcp {
-            Vec::new() // completed when accepted
-        } else {
-            self.sched.key_list()
-        };
-        // Taken from the back: earliest first.
-        done.reverse();
-        while let Some((buf, key)) = done.pop() {
-            if !tcp {
-                keys.push(key);
-            }
-            let m = DataMsg {
-                conn: ends.rx_id,
-                buf,
-                pool,
-                wire: conn,
-                side: 1 - dir,
-            };
-            self.sched
-                .emit_data(&self.backends, ends.rx_b, m, ends.rx_remote);
-        }
-        if tcp {
-            return; // completed when accepted
-        }
-        self.sched.emit(
-            &self.backends,
-            ends.tx_b,
-            NetEv::Completed(ends.tx_id, keys),
-        );
     }
 
     /// A receive buffer of `pool` is free again: pipes waiting for one
