@@ -341,34 +341,31 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 thread_local! {
-    /// Set while this thread runs simulator callbacks.
-    static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Worlds (by address of their shared state) this thread is driving
-    /// right now: inside `SimLoop::run`, or dispatching callbacks.
+    /// The world (by address of its shared state) whose callbacks this
+    /// thread runs right now, or 0. A callback cannot drive a world, so
+    /// there is at most one.
+    static DISPATCHING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Worlds this thread drives in `SimLoop::run`.
     static DRIVING: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Marks the current thread as running simulator callbacks of `sim`.
-struct CallbackGuard {
-    _driving: DrivingGuard,
-}
+struct CallbackGuard;
 
 impl CallbackGuard {
     fn enter(sim: &Sim) -> Self {
-        IN_CALLBACK.with(|c| c.set(true));
-        Self {
-            _driving: DrivingGuard::enter(sim),
-        }
+        DISPATCHING.with(|c| c.set(sim.id()));
+        Self
     }
 }
 
 impl Drop for CallbackGuard {
     fn drop(&mut self) {
-        IN_CALLBACK.with(|c| c.set(false));
+        DISPATCHING.with(|c| c.set(0));
     }
 }
 
-/// Marks the current thread as driving `sim` (see
+/// Marks the current thread as driving `sim` in `SimLoop::run` (see
 /// [`EventLoop::on_loop_thread`](netio_core::EventLoop::on_loop_thread)).
 pub(crate) struct DrivingGuard(usize);
 
@@ -393,7 +390,7 @@ impl Drop for DrivingGuard {
 
 fn assert_not_in_callback(what: &str) {
     assert!(
-        !IN_CALLBACK.with(|c| c.get()),
+        DISPATCHING.with(|c| c.get()) == 0,
         "{what} called from inside a simulator callback (handler, signal or timer); \
          drive the simulation from outside callbacks, e.g. call SimLoop::stop in the \
          callback and step from the code that called run"
@@ -462,7 +459,7 @@ impl Sim {
     /// [`SimLoop::run`] or a callback dispatched by any driving method.
     pub(crate) fn driving_here(&self) -> bool {
         let id = self.id();
-        DRIVING.with(|d| d.borrow().contains(&id))
+        DISPATCHING.with(|c| c.get()) == id || DRIVING.with(|d| d.borrow().contains(&id))
     }
 
     pub(crate) fn world(&self) -> MutexGuard<'_, World> {
@@ -892,24 +889,25 @@ impl Sim {
         // rest are dropped at the next step.)
         st.calls.reverse();
         loop {
-            if st.calls.is_empty() && read.is_none() {
+            let next = st.calls.pop();
+            if next.is_none() && read.is_none() {
                 break;
             }
             let mut g = w.take().unwrap_or_else(|| self.world());
             if let Some((b, buf, pool)) = read.take() {
                 g.recv_done(b, buf, pool);
             }
-            let Some(call) = st.calls.pop() else {
+            let Some(call) = next else {
                 self.unlock(g);
                 break;
             };
             let handler = match g.due(&call) {
-                Due::Run(handler) => handler,
+                Due::Handler(handler, host) => Some((handler, host)),
+                Due::Run => None,
                 Due::Skip => {
                     if let Call::Net {
                         backend,
                         ev: NetEv::Data(m),
-                        ..
                     } = call
                     {
                         g.recv_done(backend, m.buf, m.pool);
@@ -933,8 +931,8 @@ impl Sim {
             };
             self.unlock(g);
             match call {
-                Call::Net { backend, host, ev } => {
-                    let handler = handler.expect("a handler call has its handler");
+                Call::Net { backend, ev } => {
+                    let (handler, host) = handler.expect("a handler call has its handler");
                     let b = SimBackend::from_parts(SimLoop::new(self.clone(), host), backend);
                     let mut h = lock(&handler);
                     match ev {

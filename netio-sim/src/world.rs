@@ -263,10 +263,9 @@ impl Queue {
 /// A handler or loop callback the driver runs after unlocking the world.
 pub(crate) enum Call {
     /// `ev` for the handler of `backend` (the one it has when the call
-    /// runs), on `host`.
+    /// runs), on the backend's host.
     Net {
         backend: BackendId,
-        host: IpAddr,
         ev: NetEv,
     },
     Timer {
@@ -287,21 +286,21 @@ pub(crate) enum Call {
 
 impl Call {
     /// The host whose loop runs this callback.
-    fn host(&self) -> IpAddr {
+    fn host(&self, backends: &[BackendState]) -> IpAddr {
         match self {
-            Self::Net { host, .. }
-            | Self::Timer { host, .. }
-            | Self::Signal { host, .. }
-            | Self::Post { host, .. } => *host,
+            Self::Net { backend, .. } => backends[*backend].host,
+            Self::Timer { host, .. } | Self::Signal { host, .. } | Self::Post { host, .. } => *host,
         }
     }
 }
 
 /// What the driver does with a callback ([`World::due`]).
 pub(crate) enum Due {
-    /// Run it; a handler call with this handler (the one its backend has
-    /// now).
-    Run(Option<HandlerCell>),
+    /// Run it: a handler call with this handler (the one its backend has
+    /// now), on the loop of this host.
+    Handler(HandlerCell, IpAddr),
+    /// Run it: a loop callback.
+    Run,
     /// Drop it (a message's receive buffer is freed).
     Skip,
     /// A message for a paused side: keep it until the side resumes
@@ -432,11 +431,7 @@ impl Sched {
             };
             self.log(be.host, format_args!("b{b} {text}"));
         }
-        self.calls.push(Call::Net {
-            backend: b,
-            host: be.host,
-            ev,
-        });
+        self.calls.push(Call::Net { backend: b, ev });
     }
 
     /// An empty list for the keys of a report, reusing one of an earlier
@@ -1155,13 +1150,6 @@ impl World {
 
     // -- receive flow control ----------------------------------------------------
 
-    /// `true` while side `side` of `conn` is open but must not be handed
-    /// messages (paused, or resuming with held messages still to report).
-    pub(crate) fn rx_blocked(&self, conn: WireId, side: usize) -> bool {
-        self.side(conn, side)
-            .is_some_and(|s| s.rx != Rx::Running && !matches!(s.state, SideState::Gone))
-    }
-
     /// Keeps a message that reached a paused side until it resumes.
     pub(crate) fn hold(&mut self, m: DataMsg) {
         if let Some(s) = self.side_mut(m.wire, m.side) {
@@ -1346,7 +1334,7 @@ impl World {
             return;
         }
         for call in std::mem::take(run) {
-            match self.hosts.get_mut(&call.host()) {
+            match self.hosts.get_mut(&call.host(&self.backends)) {
                 Some(h) if h.paused || !h.held_calls.is_empty() => h.held_calls.push(call),
                 _ => run.push(call),
             }
@@ -1416,7 +1404,7 @@ impl World {
     #[inline]
     pub(crate) fn due(&self, call: &Call) -> Due {
         match call {
-            Call::Net { backend, ev, .. } => {
+            Call::Net { backend, ev } => {
                 let b = *backend;
                 if !self.backend_alive(b) {
                     return Due::Skip;
@@ -1425,17 +1413,20 @@ impl World {
                     // Nothing is delivered after the connection was closed
                     // (by this side's call, or reported closed); nothing
                     // while it is paused (held until resumed).
-                    if self.app_closed(m.wire, m.side) {
-                        return Due::Skip;
-                    }
-                    if self.rx_blocked(m.wire, m.side) {
-                        return Due::Hold;
+                    if let Some(s) = self.side(m.wire, m.side) {
+                        if s.app_closed {
+                            return Due::Skip;
+                        }
+                        if s.rx != Rx::Running && !matches!(s.state, SideState::Gone) {
+                            return Due::Hold;
+                        }
                     }
                 }
-                Due::Run(Some(Arc::clone(&self.backends[b].handler)))
+                let be = &self.backends[b];
+                Due::Handler(Arc::clone(&be.handler), be.host)
             }
             Call::Timer { id, gen, .. } if !self.timer_live(*id, *gen) => Due::Skip,
-            Call::Timer { .. } | Call::Signal { .. } | Call::Post { .. } => Due::Run(None),
+            Call::Timer { .. } | Call::Signal { .. } | Call::Post { .. } => Due::Run,
         }
     }
 
@@ -2799,12 +2790,6 @@ impl World {
         } else if !p.blocked {
             Self::kick(&mut self.sched, conn, c, side, arrival);
         }
-    }
-
-    /// `true` if the application closed side `side` of `conn`: messages
-    /// not yet delivered to it are dropped.
-    pub(crate) fn app_closed(&self, conn: WireId, side: usize) -> bool {
-        self.side(conn, side).is_some_and(|s| s.app_closed)
     }
 
     /// Marks a side closed by the application and drops the messages its
