@@ -678,6 +678,31 @@ impl Copied {
         }
     }
 
+    /// `header` followed by `data`.
+    #[inline]
+    fn of(header: &[u8], data: &[&[u8]]) -> Copied {
+        let len = header.len() + data.iter().map(|d| d.len()).sum::<usize>();
+        if len > INLINE {
+            let mut v = Vec::with_capacity(len);
+            v.extend_from_slice(header);
+            for d in data {
+                v.extend_from_slice(d);
+            }
+            return Copied::Heap(v);
+        }
+        let mut bytes = [0; INLINE];
+        bytes[..header.len()].copy_from_slice(header);
+        let mut at = header.len();
+        for d in data {
+            bytes[at..at + d.len()].copy_from_slice(d);
+            at += d.len();
+        }
+        Copied::Inline {
+            len: at as u8,
+            bytes,
+        }
+    }
+
     fn as_slice(&self) -> &[u8] {
         match self {
             Copied::Inline { len, bytes } => &bytes[..usize::from(*len)],
@@ -796,12 +821,19 @@ struct Conn {
 }
 
 /// Where one direction of a connection sends: indices of its link and of
-/// the sender's and the receiver's network cards.
+/// the sender's and the receiver's network cards; and the serialisation
+/// times of its last message's length on each of them, while the models
+/// are those of [`World::model_gen`] `gen`.
 #[derive(Clone, Copy)]
 struct Route {
     link: usize,
     out: usize,
     inc: usize,
+    gen: u64,
+    len: usize,
+    link_tx: u64,
+    nic_tx: u64,
+    nic_rx: u64,
 }
 
 impl Conn {
@@ -875,6 +907,27 @@ impl std::ops::Index<&WireId> for Wires {
 struct Link {
     cfg: LinkConfig,
     free_at: u64,
+    /// `cfg`'s latency and jitter in nanoseconds.
+    latency: u64,
+    jitter: u64,
+}
+
+impl Link {
+    fn new(cfg: LinkConfig) -> Self {
+        Self {
+            cfg,
+            free_at: 0,
+            latency: nanos(cfg.latency),
+            jitter: nanos(cfg.jitter),
+        }
+    }
+
+    fn set(&mut self, cfg: LinkConfig) {
+        *self = Self {
+            free_at: self.free_at,
+            ..Self::new(cfg)
+        };
+    }
 }
 
 /// A host's network card: bandwidth each way, and until when each way is
@@ -919,6 +972,9 @@ pub(crate) struct World {
     link_at: FastMap<(IpAddr, IpAddr), usize>,
     nics: Vec<Nic>,
     nic_at: FastMap<IpAddr, usize>,
+    /// Bumped when a link or card model changes (serialisation times a
+    /// [`Route`] keeps are then computed again).
+    model_gen: u64,
     /// TCP profile: bytes one direction of a connection accepts before the
     /// receiver takes them (the sockets' buffers).
     pub(crate) tcp_window: usize,
@@ -1003,6 +1059,7 @@ impl World {
             link_at: FastMap::default(),
             nics: Vec::new(),
             nic_at: FastMap::default(),
+            model_gen: 0,
             tcp_window: crate::DEFAULT_TCP_WINDOW,
             partitions: BTreeMap::new(),
             holds: BTreeSet::new(),
@@ -1683,10 +1740,7 @@ impl World {
     fn link_index(&mut self, src: IpAddr, dst: IpAddr) -> usize {
         let links = &mut self.links;
         *self.link_at.entry((src, dst)).or_insert_with(|| {
-            links.push(Link {
-                cfg: LinkConfig::default(),
-                free_at: 0,
-            });
+            links.push(Link::new(LinkConfig::default()));
             links.len() - 1
         })
     }
@@ -1703,8 +1757,9 @@ impl World {
     pub(crate) fn set_link(&mut self, a: IpAddr, b: IpAddr, cfg: LinkConfig) {
         for (src, dst) in [(a, b), (b, a)] {
             let i = self.link_index(src, dst);
-            self.links[i].cfg = cfg;
+            self.links[i].set(cfg);
         }
+        self.model_gen += 1;
         self.sched.log(
             a,
             format_args!(
@@ -1717,6 +1772,7 @@ impl World {
     pub(crate) fn set_nic(&mut self, host: IpAddr, cfg: NicConfig) {
         let i = self.nic_index(host);
         self.nics[i].cfg = cfg;
+        self.model_gen += 1;
         self.sched.log(
             host,
             format_args!(
@@ -2256,9 +2312,9 @@ impl World {
             Some(r) => Some(r.link),
             None => link_at.get(&(src, dst)).copied(),
         };
-        let base = nanos(
-            link.map_or_else(LinkConfig::default, |i| links[i].cfg)
-                .latency,
+        let base = link.map_or_else(
+            || nanos(LinkConfig::default().latency),
+            |i| links[i].latency,
         );
         let p = &mut c.pipes[dir];
         let mut n = 0;
@@ -2315,10 +2371,11 @@ impl World {
             return;
         };
         let mut keys = self.sched.key_list();
-        for a in p.completing.drain(..) {
+        for a in &p.completing {
             tx.unbuffered -= usize::from(a.slot);
             keys.push(a.key);
         }
+        p.completing.clear();
         let (b, id) = (tx.backend, tx.handle);
         self.sched
             .emit(&self.backends, b, NetEv::Completed(id, keys));
@@ -2719,9 +2776,7 @@ impl World {
         if s.unbuffered >= self.backends[b].config.send_queue_depth {
             return Err(SendError::NoResources);
         }
-        let len = header.len() + data.iter().map(|d| d.len()).sum::<usize>();
-        let copied = Copied::gather(len, std::iter::once(header).chain(data.iter().copied()));
-        self.enqueue(conn, side, key, Body::Copy(copied));
+        self.enqueue(conn, side, key, Body::Copy(Copied::of(header, data)));
         Ok(())
     }
 
@@ -2732,45 +2787,44 @@ impl World {
     /// arrives before earlier messages of the same connection. Under the
     /// TCP profile it then waits for room in the window (see `admit`).
     fn enqueue(&mut self, conn: WireId, side: usize, key: u64, body: Body) {
-        let c = &self.conns[&conn];
-        let (src, dst) = (c.hosts[side], c.hosts[1 - side]);
-        let route = match c.route[side] {
-            Some(r) => r,
-            None => {
-                let r = Route {
-                    link: self.link_index(src, dst),
-                    out: self.nic_index(src),
-                    inc: self.nic_index(dst),
-                };
-                if let Some(c) = self.conns.get_mut(&conn) {
-                    c.route[side] = Some(r);
-                }
-                r
-            }
-        };
+        if self.conns[&conn].route[side].is_none() {
+            self.make_route(conn, side);
+        }
         let len = body.len();
         let now = self.sched.now;
-        let serialise = |bw: u64| serialise_ns(len, bw);
-        let link = &mut self.links[route.link];
+        let gen = self.model_gen;
+        let World {
+            conns,
+            links,
+            nics,
+            sched,
+            ..
+        } = self;
+        let c = conns.get_mut(&conn).expect("a live connection");
+        let route = c.route[side].as_mut().expect("made above");
+        let link = &mut links[route.link];
         // The packet's latency, jitter included (as `latency` draws it).
-        let lat = nanos(link.cfg.latency) + self.sched.rng.below(nanos(link.cfg.jitter) + 1);
-        let link_tx = serialise(link.cfg.bandwidth_bytes_per_sec);
-        let link_free = link.free_at;
-        let out = &mut self.nics[route.out];
-        let nic_tx = serialise(out.cfg.send_bytes_per_sec);
-        let start = now.max(link_free).max(out.tx_free_at);
+        let lat = link.latency + sched.rng.below(link.jitter + 1);
+        if route.gen != gen || route.len != len {
+            route.link_tx = serialise_ns(len, link.cfg.bandwidth_bytes_per_sec);
+            route.nic_tx = serialise_ns(len, nics[route.out].cfg.send_bytes_per_sec);
+            route.nic_rx = serialise_ns(len, nics[route.inc].cfg.receive_bytes_per_sec);
+            route.gen = gen;
+            route.len = len;
+        }
+        let (link_tx, nic_tx, nic_rx) = (route.link_tx, route.nic_tx, route.nic_rx);
+        let out = &mut nics[route.out];
+        let start = now.max(link.free_at).max(out.tx_free_at);
         let sent = start.saturating_add(link_tx.max(nic_tx));
         out.tx_free_at = start.saturating_add(nic_tx);
         link.free_at = start.saturating_add(link_tx);
-        let inc = &mut self.nics[route.inc];
-        let nic_rx = serialise(inc.cfg.receive_bytes_per_sec);
+        let inc = &mut nics[route.inc];
         let first_bit = start.saturating_add(lat);
         let rx_start = first_bit.max(inc.rx_free_at);
         let arrived = rx_start
             .saturating_add(nic_rx)
             .max(sent.saturating_add(lat));
         inc.rx_free_at = rx_start.saturating_add(nic_rx);
-        let c = self.conns.get_mut(&conn).expect("exists");
         let s = c.sides[side].as_mut().expect("open side");
         if !matches!(body, Body::Buffer(_)) {
             s.unbuffered += 1;
@@ -2781,14 +2835,37 @@ impl World {
         let arrival = arrived.max(p.last_arrival);
         p.last_arrival = arrival;
         p.queue.push_back(Msg { key, arrival, body });
-        self.sched.log(
-            host,
-            format_args!("b{b} send {id} key={key} len={len} arrives={arrival}"),
-        );
+        if sched.trace.is_some() {
+            sched.log(
+                host,
+                format_args!("b{b} send {id} key={key} len={len} arrives={arrival}"),
+            );
+        }
         if tcp {
             self.admit(conn, side);
         } else if !p.blocked {
-            Self::kick(&mut self.sched, conn, c, side, arrival);
+            Self::kick_pipe(sched, conn, p, side, arrival);
+        }
+    }
+
+    /// Looks up the link and network cards of direction `side` of `conn`
+    /// (made with the default models if new) for its sends.
+    #[cold]
+    fn make_route(&mut self, conn: WireId, side: usize) {
+        let c = &self.conns[&conn];
+        let (src, dst) = (c.hosts[side], c.hosts[1 - side]);
+        let r = Route {
+            link: self.link_index(src, dst),
+            out: self.nic_index(src),
+            inc: self.nic_index(dst),
+            gen: u64::MAX,
+            len: 0,
+            link_tx: 0,
+            nic_tx: 0,
+            nic_rx: 0,
+        };
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.route[side] = Some(r);
         }
     }
 
