@@ -888,19 +888,11 @@ impl Sim {
         // Taken from the back: in their order. (If a callback panics, the
         // rest are dropped at the next step.)
         st.calls.reverse();
-        loop {
-            let next = st.calls.pop();
-            if next.is_none() && read.is_none() {
-                break;
-            }
+        while let Some(call) = st.calls.pop() {
             let mut g = w.take().unwrap_or_else(|| self.world());
             if let Some((b, buf, pool)) = read.take() {
                 g.recv_done(b, buf, pool);
             }
-            let Some(call) = next else {
-                self.unlock(g);
-                break;
-            };
             let handler = match g.due(&call) {
                 Due::Handler(handler, host) => Some((handler, host)),
                 Due::Run => None,
@@ -959,6 +951,11 @@ impl Sim {
                 Call::Timer { f, .. } | Call::Signal { f, .. } => (lock(&f))(),
                 Call::Post { f, .. } => f(),
             }
+        }
+        if let Some((b, buf, pool)) = read {
+            let mut g = self.world();
+            g.recv_done(b, buf, pool);
+            self.unlock(g);
         }
     }
 }
