@@ -222,8 +222,13 @@ impl Queue {
                 }
                 let k = e.key();
                 // After every later event: usually at or near the end.
-                let i = v.iter().rposition(|o| o.key() > k).map_or(0, |i| i + 1);
-                v.insert(i, e);
+                match v.last() {
+                    Some(last) if last.key() < k => {
+                        let i = v.iter().rposition(|o| o.key() > k).map_or(0, |i| i + 1);
+                        v.insert(i, e);
+                    }
+                    _ => v.push(e),
+                }
             }
             Self::Heap(h) => h.push(e),
         }
