@@ -407,36 +407,48 @@ impl Sched {
         ev: NetEv,
         from: Option<EndpointAddress>,
     ) {
-        let be = &backends[b];
         if self.trace.is_some() {
-            let text = match &ev {
-                NetEv::Established(id, r, c) => format!(
-                    "established {id} {r} caps={}{}{}{}",
-                    if c.receive { 'r' } else { '-' },
-                    if c.send_buffered { 'b' } else { '-' },
-                    if c.send_zero_copy { 'z' } else { '-' },
-                    if c.send_copy { 'c' } else { '-' },
-                ),
-                NetEv::Refused(id, r, why) => format!("refused {id} {r} ({why})"),
-                NetEv::Closed(id, r, why, keys) => {
-                    format!("closed {id} {r} ({why}) cancelled={keys:?}")
-                }
-                NetEv::Data(m) => {
-                    format!(
-                        "data {} from {} len={} fnv={:016x}",
-                        m.conn,
-                        from.expect("a message is reported with its sender"),
-                        m.buf.len(),
-                        fnv(m.buf.as_slice())
-                    )
-                }
-                NetEv::Completed(id, keys) => format!("completed {id} keys={keys:?}"),
-                NetEv::Timer(t) => format!("on_timer {t}"),
-                NetEv::Wake(t) => format!("on_wake {t}"),
-            };
-            self.log(be.host, format_args!("b{b} {text}"));
+            self.log_call(backends, b, &ev, from);
         }
         self.calls.push(Call::Net { backend: b, ev });
+    }
+
+    /// The trace line of a handler call.
+    #[cold]
+    #[inline(never)]
+    fn log_call(
+        &mut self,
+        backends: &[BackendState],
+        b: BackendId,
+        ev: &NetEv,
+        from: Option<EndpointAddress>,
+    ) {
+        let text = match ev {
+            NetEv::Established(id, r, c) => format!(
+                "established {id} {r} caps={}{}{}{}",
+                if c.receive { 'r' } else { '-' },
+                if c.send_buffered { 'b' } else { '-' },
+                if c.send_zero_copy { 'z' } else { '-' },
+                if c.send_copy { 'c' } else { '-' },
+            ),
+            NetEv::Refused(id, r, why) => format!("refused {id} {r} ({why})"),
+            NetEv::Closed(id, r, why, keys) => {
+                format!("closed {id} {r} ({why}) cancelled={keys:?}")
+            }
+            NetEv::Data(m) => {
+                format!(
+                    "data {} from {} len={} fnv={:016x}",
+                    m.conn,
+                    from.expect("a message is reported with its sender"),
+                    m.buf.len(),
+                    fnv(m.buf.as_slice())
+                )
+            }
+            NetEv::Completed(id, keys) => format!("completed {id} keys={keys:?}"),
+            NetEv::Timer(t) => format!("on_timer {t}"),
+            NetEv::Wake(t) => format!("on_wake {t}"),
+        };
+        self.log(backends[b].host, format_args!("b{b} {text}"));
     }
 
     /// An empty list for the keys of a report, reusing one of an earlier
@@ -2370,7 +2382,9 @@ impl World {
             return;
         }
         // Buffers return to their pools, regions are no longer lent.
-        p.copied_from.clear();
+        if !p.copied_from.is_empty() {
+            p.copied_from.clear();
+        }
         let Some(tx) = c.sides[dir].as_mut() else {
             p.completing.clear();
             return;
