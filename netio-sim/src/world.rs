@@ -2213,18 +2213,20 @@ impl World {
                 blocked.entry(pool.id).or_default().insert((conn, dir));
                 break;
             };
-            let msg = p.queue.pop_front().expect("head exists");
-            msg.body.write_into(&mut buf);
+            head.body.write_into(&mut buf);
+            let (key, slot) = (head.key, !matches!(head.body, Body::Buffer(_)));
+            // Taken: what it was sent from (under RDMA) is free again.
+            p.queue.pop_front();
             if tcp {
                 p.accepted -= 1;
                 p.window -= len;
                 freed = true;
             } else {
-                if !matches!(msg.body, Body::Buffer(_)) {
+                if slot {
                     tx.unbuffered -= 1;
                 }
                 if let Some(keys) = &mut keys {
-                    keys.push(msg.key);
+                    keys.push(key);
                 }
             }
             let m = DataMsg {
