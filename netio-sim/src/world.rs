@@ -698,7 +698,11 @@ impl Copied {
     /// `header` followed by `data`.
     #[inline]
     fn of(header: &[u8], data: &[&[u8]]) -> Copied {
-        let len = header.len() + data.iter().map(|d| d.len()).sum::<usize>();
+        let len = header.len()
+            + match data {
+                [d] => d.len(),
+                _ => data.iter().map(|d| d.len()).sum::<usize>(),
+            };
         if len > INLINE {
             let mut v = Vec::with_capacity(len);
             v.extend_from_slice(header);
