@@ -454,7 +454,9 @@ impl Sched {
     /// An empty list for the keys of a report, reusing one of an earlier
     /// report if there is one.
     fn key_list(&mut self) -> Vec<u64> {
-        self.spare_keys.pop().unwrap_or_default()
+        let mut keys = self.spare_keys.pop().unwrap_or_default();
+        keys.clear();
+        keys
     }
 
     /// Keeps an empty key list for a later report.
@@ -468,6 +470,12 @@ impl Sched {
     /// Takes back the key lists of reports the driver dispatched
     /// (`spent`, left empty), keeping a few for [`key_list`](Self::key_list).
     pub(crate) fn reuse_keys(&mut self, spent: &mut Vec<Vec<u64>>) {
+        if self.spare_keys.is_empty() && spent.len() <= SPARE_KEY_LISTS {
+            // The two lists trade places; the spent ones are emptied when
+            // they are taken again.
+            std::mem::swap(&mut self.spare_keys, spent);
+            return;
+        }
         while let Some(mut keys) = spent.pop() {
             if self.spare_keys.len() < SPARE_KEY_LISTS {
                 keys.clear();
