@@ -469,6 +469,7 @@ impl Sched {
 
     /// Takes back the key lists of reports the driver dispatched
     /// (`spent`, left empty), keeping a few for [`key_list`](Self::key_list).
+    #[inline]
     pub(crate) fn reuse_keys(&mut self, spent: &mut Vec<Vec<u64>>) {
         if self.spare_keys.is_empty() && spent.len() <= SPARE_KEY_LISTS {
             // The two lists trade places; the spent ones are emptied when
