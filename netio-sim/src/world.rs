@@ -381,12 +381,14 @@ impl Sched {
         let _ = writeln!(t, "{now} {host} {args}");
     }
 
+    #[inline]
     fn emit(&mut self, backends: &[BackendState], b: BackendId, ev: NetEv) {
         debug_assert!(!matches!(ev, NetEv::Data(_)), "messages go to emit_data");
         self.emit_from(backends, b, ev, None);
     }
 
     /// Reports message `m`, from the sender at `from`, to backend `b`.
+    #[inline]
     fn emit_data(
         &mut self,
         backends: &[BackendState],
