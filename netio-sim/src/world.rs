@@ -210,7 +210,7 @@ impl Queue {
     /// Events below which the heap becomes a sorted vector again.
     const SMALL: usize = 16;
 
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, e: Entry) {
         match self {
             Self::Sorted(v) => {
@@ -1865,7 +1865,7 @@ impl World {
     }
 
     /// [`kick`](Self::kick) with the pipe at hand.
-    #[inline]
+    #[inline(always)]
     fn kick_pipe(sched: &mut Sched, conn: WireId, p: &mut Pipe, dir: usize, at: u64) {
         if p.wake.is_none_or(|w| at < w) {
             p.wake = Some(at);
