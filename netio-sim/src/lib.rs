@@ -467,6 +467,7 @@ impl Sim {
     }
 
     /// Runs `f` on the locked world, then wakes threads waiting for work.
+    #[inline]
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut World) -> R) -> R {
         let mut w = self.world();
         let r = f(&mut w);
