@@ -2,7 +2,7 @@
 //! on TCP over 127.0.0.1: where they are polled and dropped, how a message
 //! wakes one, their outputs, and a thread-unsafe backend serving them.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
@@ -297,14 +297,21 @@ fn over_tcp_a_task_whose_handle_is_dropped_is_dropped_on_the_loop_thread() {
 
 #[test]
 fn over_tcp_a_task_that_keeps_waking_itself_does_not_hold_the_loop() {
+    // The spinning task stops when the sleep has resolved, or after
+    // LIMIT polls (seconds of them): a loop held by the spinner would run
+    // the sleep's timer only after the spinner ended, at LIMIT. (A fixed
+    // small count raced the sleep: on a fast machine 100,000 polls fit in
+    // its 5 ms.)
+    const LIMIT: usize = 50_000_000;
     with_loop(|lp, _| {
         let wakes = Arc::new(AtomicUsize::new(0));
         let b = tcp_backend(lp, ThreadSafety::Safe, &wakes);
         let spins = Arc::new(AtomicUsize::new(0));
-        let s = Arc::clone(&spins);
+        let slept = Arc::new(AtomicBool::new(false));
+        let (s, done) = (Arc::clone(&spins), Arc::clone(&slept));
         let spinner = b.spawn(async move {
-            // Wakes itself at every poll, 100,000 times.
-            for _ in 0..100_000 {
+            // Wakes itself at every poll.
+            while s.load(Ordering::SeqCst) < LIMIT && !done.load(Ordering::SeqCst) {
                 s.fetch_add(1, Ordering::SeqCst);
                 let mut yielded = false;
                 futures::future::poll_fn(|cx| {
@@ -321,15 +328,21 @@ fn over_tcp_a_task_that_keeps_waking_itself_does_not_hold_the_loop() {
         });
         // Meanwhile a sleep on the same loop resolves.
         let b2 = Arc::clone(&b);
+        let done = Arc::clone(&slept);
         block_on(b.spawn(async move {
             b2.sleep(Duration::from_millis(5)).await;
+            done.store(true, Ordering::SeqCst);
         }));
+        let at_sleep = spins.load(Ordering::SeqCst);
         assert!(
-            spins.load(Ordering::SeqCst) < 100_000,
-            "the sleep resolved while the spinning task still ran"
+            at_sleep < LIMIT,
+            "the sleep resolved after {at_sleep} polls of the spinning task (limit {LIMIT})"
         );
         block_on(spinner);
-        assert_eq!(spins.load(Ordering::SeqCst), 100_000);
+        assert!(
+            spins.load(Ordering::SeqCst) < LIMIT,
+            "the spinner saw the sleep end"
+        );
     });
 }
 
