@@ -48,9 +48,14 @@ struct PoolInner {
 }
 
 impl PoolInner {
-    /// Notes that `left` buffers are free after a take.
+    /// Notes that `left` buffers are free after a take. The mark only
+    /// falls, so a take that does not lower it writes nothing (no locked
+    /// read-modify-write on the common path).
+    #[inline]
     fn note_low(&self, left: usize) {
-        self.low_water.fetch_min(left, Ordering::Relaxed);
+        if left < self.low_water.load(Ordering::Relaxed) {
+            self.low_water.fetch_min(left, Ordering::Relaxed);
+        }
     }
 }
 

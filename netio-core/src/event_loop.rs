@@ -98,6 +98,7 @@ pub trait Timer: Send + Sync + 'static {
 /// to compare than [`std::thread::ThreadId`]. Loops record the token of the
 /// thread running them so backends can check the caller in thread-unsafe
 /// mode.
+#[inline]
 pub fn thread_token() -> u64 {
     use std::cell::Cell;
     use std::sync::atomic::{AtomicU64, Ordering};
