@@ -221,8 +221,7 @@ pub use backend::{SimBackend, SimProvider};
 pub use event_loop::{SimLoop, SimSignal, SimTimer};
 pub use netio_core;
 
-use netio_core::NetworkBuffer;
-use world::{BackendId, Call, Due, NetEv, PoolId, World};
+use world::{BackendId, Call, DataMsg, Due, NetEv, World};
 
 /// How long a connection attempt waits for an answer before it is refused
 /// with [`RefuseReason::Unreachable`](netio_core::RefuseReason::Unreachable)
@@ -885,14 +884,14 @@ impl Sim {
         let mut w = Some(w);
         // The receive buffer the last `on_data` read, freed at the next
         // lock.
-        let mut read: Option<(BackendId, NetworkBuffer, PoolId)> = None;
+        let mut read: Option<(BackendId, DataMsg)> = None;
         // Taken from the back: in their order. (If a callback panics, the
         // rest are dropped at the next step.)
         st.calls.reverse();
         while let Some(call) = st.calls.pop() {
             let mut g = w.take().unwrap_or_else(|| self.world());
-            if let Some((b, buf, pool)) = read.take() {
-                g.recv_done(b, buf, pool);
+            if let Some((b, m)) = read.take() {
+                g.recv_done(b, m);
             }
             let handler = match g.due(&call) {
                 Due::Handler(handler, host) => Some((handler, host)),
@@ -903,7 +902,7 @@ impl Sim {
                         ev: NetEv::Data(m),
                     } = call
                     {
-                        g.recv_done(backend, m.buf, m.pool);
+                        g.recv_done(backend, m);
                     }
                     // What the call holds is dropped with the world
                     // unlocked (a stopped timer's callback may own handles
@@ -931,7 +930,7 @@ impl Sim {
                     match ev {
                         NetEv::Data(m) => {
                             h.on_data(&b, m.conn, m.buf.as_slice());
-                            read = Some((backend, m.buf, m.pool));
+                            read = Some((backend, m));
                         }
                         NetEv::Established(c, r, caps) => {
                             h.on_connection_established(&b, c, r, caps)
@@ -953,9 +952,9 @@ impl Sim {
                 Call::Post { f, .. } => f(),
             }
         }
-        if let Some((b, buf, pool)) = read {
+        if let Some((b, m)) = read {
             let mut g = self.world();
-            g.recv_done(b, buf, pool);
+            g.recv_done(b, m);
             self.unlock(g);
         }
     }

@@ -663,6 +663,13 @@ struct Side {
     peer_lost: Option<u64>,
     caps: Capabilities,
     recv: Option<Pool>,
+    /// `recv` is this side's own pool (not a listener's or a backend's
+    /// shared one).
+    recv_own: bool,
+    /// A free buffer of its own `recv` pool, emptied, kept for the next
+    /// message instead of going back to the pool: the pool is this side's
+    /// alone, so which of its free buffers is where changes nothing.
+    spare: Option<NetworkBuffer>,
     send: Option<Pool>,
     region: Option<MemoryRegion>,
     /// Copy and zero-copy sends in flight (bounded by `send_queue_depth`).
@@ -1717,9 +1724,10 @@ impl World {
         params: &ConnectionParams,
         listener_pool: Option<Pool>,
     ) -> Side {
+        let recv_own = !params.recv.use_shared_pool && params.recv.num_buf > 0;
         let recv = if params.recv.use_shared_pool {
             listener_pool.or_else(|| self.backends[b].shared_recv.clone())
-        } else if params.recv.num_buf > 0 {
+        } else if recv_own {
             Some(self.new_pool(params.recv.buf_size, params.recv.num_buf))
         } else {
             None
@@ -1748,6 +1756,8 @@ impl World {
             peer_lost: None,
             caps: params.capabilities(&be.config, true),
             recv,
+            recv_own,
+            spare: None,
             send,
             region: params.send_zero_copy.clone(),
             unbuffered: 0,
@@ -2174,7 +2184,7 @@ impl World {
             let [a, b] = &mut c.sides;
             (b, a)
         };
-        let (Some(tx), Some(rx)) = (tx_side.as_mut(), rx_side.as_ref()) else {
+        let (Some(tx), Some(rx)) = (tx_side.as_mut(), rx_side.as_mut()) else {
             return;
         };
         let p = &mut c.pipes[dir];
@@ -2223,7 +2233,8 @@ impl World {
                 too_large = Some(len);
                 break;
             }
-            let Some(mut buf) = pool.pool.get() else {
+            let spare = if rx.recv_own { rx.spare.take() } else { None };
+            let Some(mut buf) = spare.or_else(|| pool.pool.get()) else {
                 p.blocked = true;
                 blocked.entry(pool.id).or_default().insert((conn, dir));
                 break;
@@ -2422,6 +2433,12 @@ impl World {
     #[inline]
     pub(crate) fn release_recv(&mut self, buf: NetworkBuffer, pool: PoolId) {
         drop(buf);
+        self.recv_freed(pool);
+    }
+
+    /// Pipes waiting for a receive buffer of `pool` resume.
+    #[inline]
+    fn recv_freed(&mut self, pool: PoolId) {
         let Some(waiting) = self.blocked.remove(&pool) else {
             return;
         };
@@ -2436,10 +2453,11 @@ impl World {
         }
     }
 
-    /// After `on_data` of backend `b` returned: frees the buffer now, or
-    /// after its host's slow-receiver delay.
+    /// After `on_data` of backend `b` returned: frees message `m`'s buffer
+    /// now, or after its host's slow-receiver delay. A buffer of its side's
+    /// own pool freed now is kept by the side for its next message.
     #[inline]
-    pub(crate) fn recv_done(&mut self, b: BackendId, buf: NetworkBuffer, pool: PoolId) {
+    pub(crate) fn recv_done(&mut self, b: BackendId, m: DataMsg) {
         let h = &self.hosts.list[self.backends[b].hix];
         let slow = h.slow;
         if slow > 0 && !h.crashed {
@@ -2447,12 +2465,28 @@ impl World {
             self.sched.schedule(
                 at,
                 Ev::Release {
-                    buf: Box::new(buf),
-                    pool,
+                    buf: Box::new(m.buf),
+                    pool: m.pool,
                 },
             );
-        } else {
-            self.release_recv(buf, pool);
+            return;
+        }
+        let DataMsg {
+            buf,
+            pool,
+            wire,
+            side,
+            ..
+        } = m;
+        match self.side_mut(wire, side) {
+            Some(s) if s.recv_own && s.spare.is_none() => {
+                debug_assert!(s.recv.as_ref().is_some_and(|p| p.id == pool));
+                let mut buf = buf;
+                buf.clear();
+                s.spare = Some(buf);
+                self.recv_freed(pool);
+            }
+            _ => self.release_recv(buf, pool),
         }
     }
 
