@@ -2863,6 +2863,7 @@ impl World {
         let len = body.len();
         let now = self.sched.now;
         let gen = self.model_gen;
+        let cap = self.tcp_window;
         let World {
             conns,
             links,
@@ -2912,7 +2913,15 @@ impl World {
             );
         }
         if tcp {
-            self.admit(conn, side);
+            // `admit` takes nothing while the first message waiting for
+            // the window does not fit (usually one sent earlier).
+            let full = p
+                .queue
+                .get(p.accepted)
+                .is_some_and(|m| p.window > 0 && p.window + m.body.len() > cap);
+            if !full {
+                self.admit(conn, side);
+            }
         } else if !p.blocked {
             Self::kick_pipe(sched, conn, p, side, arrival);
         }
