@@ -2835,15 +2835,24 @@ impl World {
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError> {
-        let (conn, side) = self.open_side(b, id)?;
+        // `open_side` with one look at the side.
+        if !self.thread_ok(b) {
+            return Err(SendError::WrongThread);
+        }
+        let be = &self.backends[b];
+        let e = be.conns.get(id).ok_or(SendError::UnknownConnection(id))?;
+        let (conn, side) = (e.wire, e.side);
+        let s = match self.side(conn, side) {
+            Some(s) if matches!(s.state, SideState::Open) => s,
+            _ => return Err(SendError::UnknownConnection(id)),
+        };
         if header.len() > MAX_HEADER_LEN {
             return Err(SendError::HeaderTooLong {
                 len: header.len(),
                 max: MAX_HEADER_LEN,
             });
         }
-        let s = self.side(conn, side).expect("open side");
-        if s.unbuffered >= self.backends[b].config.send_queue_depth {
+        if s.unbuffered >= be.config.send_queue_depth {
             return Err(SendError::NoResources);
         }
         self.enqueue(conn, side, key, Body::Copy(Copied::of(header, data)));
