@@ -3957,6 +3957,13 @@ pub fn completions_of_one_connection_come_in_send_order<H: Harness>(mode: Thread
                 log.completed(conn).len() >= n
             });
         }
+        // A completion may come before the delivery (a TCP send completes
+        // when the kernel takes it): wait for the messages, not a while.
+        let server_log = s.log.clone();
+        let (server, n) = (both.server, sent.len());
+        c.wait("every message reaches the server", || {
+            server_log.data_on(server).len() >= n
+        });
         c.settle();
         let got = node.log.completed(conn);
         assert_eq!(
