@@ -840,6 +840,18 @@ struct Pipe {
     copied_from: Vec<Body>,
 }
 
+impl Pipe {
+    /// TCP profile: the first message waiting for the window does not fit
+    /// in a window of `cap` bytes beside what is in flight (a message
+    /// larger than the window fits an empty one).
+    #[inline]
+    fn next_waits_for_room(&self, cap: usize) -> bool {
+        self.queue
+            .get(self.accepted)
+            .is_some_and(|m| self.window > 0 && self.window + m.body.len() > cap)
+    }
+}
+
 struct Conn {
     /// Initiator's host and the target's address.
     hosts: [IpAddr; 2],
@@ -2347,10 +2359,9 @@ impl World {
             return;
         }
         let p = &c.pipes[dir];
-        match p.queue.get(p.accepted) {
-            None => return, // nothing waits to be accepted
-            Some(m) if p.window > 0 && p.window + m.body.len() > cap => return, // no room
-            Some(_) => {}
+        // Nothing waits to be accepted, or the next does not fit.
+        if p.queue.len() <= p.accepted || p.next_waits_for_room(cap) {
+            return;
         }
         let (src, dst) = (c.hosts[dir], c.hosts[1 - dir]);
         let link = match c.route[dir] {
@@ -2721,9 +2732,20 @@ impl World {
     /// The open side backend `b` names `id` (not one still opening).
     #[inline]
     fn open_side(&self, b: BackendId, id: ConnId) -> Result<(WireId, usize), Lookup> {
-        let (conn, side) = self.conn_of(b, id)?;
-        match self.side(conn, side).map(|s| &s.state) {
-            Some(SideState::Open) => Ok((conn, side)),
+        self.open_side_ref(b, id)
+            .map(|(conn, side, _)| (conn, side))
+    }
+
+    /// [`open_side`](Self::open_side) with the side itself (one lookup of
+    /// it). An open side is named, so `conn_of`'s check is implied.
+    #[inline]
+    fn open_side_ref(&self, b: BackendId, id: ConnId) -> Result<(WireId, usize, &Side), Lookup> {
+        if !self.thread_ok(b) {
+            return Err(Lookup::WrongThread);
+        }
+        let e = self.backends[b].conns.get(id).ok_or(Lookup::Unknown(id))?;
+        match self.side(e.wire, e.side) {
+            Some(s) if matches!(s.state, SideState::Open) => Ok((e.wire, e.side, s)),
             _ => Err(Lookup::Unknown(id)),
         }
     }
@@ -2835,24 +2857,14 @@ impl World {
         header: &[u8],
         key: u64,
     ) -> Result<(), SendError> {
-        // `open_side` with one look at the side.
-        if !self.thread_ok(b) {
-            return Err(SendError::WrongThread);
-        }
-        let be = &self.backends[b];
-        let e = be.conns.get(id).ok_or(SendError::UnknownConnection(id))?;
-        let (conn, side) = (e.wire, e.side);
-        let s = match self.side(conn, side) {
-            Some(s) if matches!(s.state, SideState::Open) => s,
-            _ => return Err(SendError::UnknownConnection(id)),
-        };
+        let (conn, side, s) = self.open_side_ref(b, id)?;
         if header.len() > MAX_HEADER_LEN {
             return Err(SendError::HeaderTooLong {
                 len: header.len(),
                 max: MAX_HEADER_LEN,
             });
         }
-        if s.unbuffered >= be.config.send_queue_depth {
+        if s.unbuffered >= self.backends[b].config.send_queue_depth {
             return Err(SendError::NoResources);
         }
         self.enqueue(conn, side, key, Body::Copy(Copied::of(header, data)));
@@ -2924,11 +2936,7 @@ impl World {
         if tcp {
             // `admit` takes nothing while the first message waiting for
             // the window does not fit (usually one sent earlier).
-            let full = p
-                .queue
-                .get(p.accepted)
-                .is_some_and(|m| p.window > 0 && p.window + m.body.len() > cap);
-            if !full {
+            if !p.next_waits_for_room(cap) {
                 self.admit(conn, side);
             }
         } else if !p.blocked {
