@@ -69,6 +69,17 @@ doc_rc=0
 cargo test --workspace "$@" --doc || doc_rc=$?
 
 if [ -s "$work/failed" ]; then
+    # A failing binary's report was printed when it ended, possibly far
+    # above; its failures are repeated here so that the end of the log,
+    # which is what a truncated log keeps, says which tests failed and why.
+    while read -r name; do
+        printf '\n     Failures of %s, repeated\n' "$name"
+        if grep -q '^failures:$' "$work/$name.out"; then
+            sed -n '/^failures:$/,$p' "$work/$name.out" | tail -n 150
+        else
+            tail -n 60 "$work/$name.out"
+        fi
+    done <"$work/failed"
     echo "error: failed test binaries: $(tr '\n' ' ' <"$work/failed")" >&2
     exit 1
 fi

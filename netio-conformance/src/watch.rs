@@ -91,6 +91,16 @@ impl Lost {
         self.0.load(Ordering::SeqCst)
     }
 
+    /// Counts the watchdog's tick at `woke`, the previous one having been
+    /// at `*last`: the time between them beyond one [`TICK`] came late.
+    /// The whole period counts, not only the sleep in it, so that a hold
+    /// that begins while the watchdog is awake between two sleeps is
+    /// counted too.
+    fn tick(&self, last: &mut Instant, woke: Instant) {
+        self.tick_late(woke.saturating_duration_since(*last).saturating_sub(TICK));
+        *last = woke;
+    }
+
     /// Counts a tick that came `late` after it was due.
     fn tick_late(&self, late: Duration) {
         if late > STALL_SLACK {
@@ -218,9 +228,12 @@ impl Watch {
     /// Starts the watchdog thread; it ends when the returned guard drops.
     pub(crate) fn start_watchdog(self: &Arc<Self>) -> WatchdogGuard {
         let w = self.clone();
+        // Taken here, not in the new thread: on a loaded machine the thread
+        // may first run after a hold that began once this call returned.
+        let started = Instant::now();
         let thread = thread::Builder::new()
             .name(format!("watchdog {}", self.name))
-            .spawn(move || w.watchdog())
+            .spawn(move || w.watchdog(started))
             .expect("starting the watchdog thread");
         WatchdogGuard {
             watch: self.clone(),
@@ -228,14 +241,14 @@ impl Watch {
         }
     }
 
-    fn watchdog(&self) {
+    /// The watchdog thread's loop; `started` is when it was asked for.
+    fn watchdog(&self, started: Instant) {
         let mut found_at: Option<Instant> = None;
+        let mut last = started;
         while !self.done.load(Ordering::SeqCst) {
-            let asleep = Instant::now();
             thread::sleep(TICK);
             let woke = Instant::now();
-            self.lost
-                .tick_late(woke.duration_since(asleep).saturating_sub(TICK));
+            self.lost.tick(&mut last, woke);
             if let Some(at) = found_at {
                 if at.elapsed() >= GRACE.mul_f64(time_scale()) && !self.done.load(Ordering::SeqCst)
                 {
@@ -461,7 +474,7 @@ pub fn run_behaviour(f: fn()) {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_scale, Clock, Lost};
+    use super::{parse_scale, Clock, Lost, TICK};
     use std::time::{Duration, Instant};
 
     /// A call that has run for 6 s, 2 s of which the process did not run,
@@ -494,6 +507,26 @@ mod tests {
         assert_eq!(clock.overdue(&lost, now, limit), None);
         let idle = Clock::default();
         assert_eq!(idle.overdue(&lost, now, Duration::ZERO), None);
+    }
+
+    /// A hold that begins after one tick woke and ends before the next
+    /// sleep begins is counted: the period from wake to wake counts, not
+    /// only the sleep in it. A period of one tick is on time.
+    #[test]
+    fn a_hold_between_two_sleeps_of_the_watchdog_is_counted() {
+        let lost = Lost::default();
+        let mut last = Instant::now();
+        let start = last;
+        lost.tick(&mut last, start + TICK);
+        assert_eq!(lost.now(), 0, "a tick on time");
+        assert_eq!(last, start + TICK);
+        // Held for 6 s while awake, then a sleep of one tick.
+        lost.tick(&mut last, start + TICK + Duration::from_secs(6) + TICK);
+        assert_eq!(
+            Duration::from_nanos(lost.now()),
+            Duration::from_secs(6),
+            "the hold is lost time"
+        );
     }
 
     #[test]

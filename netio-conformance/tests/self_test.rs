@@ -1392,9 +1392,19 @@ fn call_held_still_in_another_process() {
             use std::io::Write;
             println!("inside the call");
             let _ = std::io::stdout().flush();
-            // 3 s of the process's time, whatever happens in between.
-            for _ in 0..300 {
+            // Until the process has been held still (a step that took
+            // over a second), and 200 ms after: the call runs for little
+            // of the process's own time however loaded the machine is.
+            // Never held, it runs until the watchdog fails it.
+            let mut held = false;
+            let mut after = 0;
+            while after < 20 {
+                let step = Instant::now();
                 thread::sleep(Duration::from_millis(10));
+                held |= step.elapsed() > Duration::from_secs(1);
+                if held {
+                    after += 1;
+                }
             }
         });
         c.wait("the watchdog's verdict", || true);
