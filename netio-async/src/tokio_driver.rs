@@ -38,12 +38,13 @@
 //! });
 //! ```
 
+use std::future::{poll_fn, Future};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::task::{Context, Waker};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use futures::future::{select, Either};
 use netio_core::mio_loop::MioLoop;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -69,14 +70,24 @@ impl AsRawFd for LoopFd {
 /// thread that polls this future, one turn at a time; while a turn runs
 /// that thread is the loop thread. The loop must not be
 /// [`run`](netio_core::EventLoop::run) elsewhere meanwhile.
+///
+/// Work that tokio tasks give the loop between its turns (a send, which
+/// the provider writes from a closure posted to the loop) wakes this
+/// task, not the loop's eventfd ([`MioLoop::set_driver_waker`]): the
+/// task then runs what waits without asking epoll, and neither side makes
+/// a system call for the hand-over.
 pub async fn drive(lp: MioLoop) -> io::Result<()> {
     // SAFETY: `LoopFd` holds a handle of the loop for as long as the
     // `AsyncFd` lives, so the descriptor stays open, and it returns the
     // loop's one epoll descriptor every time.
     let fd = unsafe { AsyncFd::register_with_interest(LoopFd(lp.clone()), Interest::READABLE) }
         .map_err(|e| e.into_parts().1)?;
+    let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+    lp.set_driver_waker(Some(waker));
+    let _eventfd_again = DriverGone(&lp);
     // Whether epoll may have something new: not after a yield for work
-    // that was waiting already, unless tokio saw the descriptor readable.
+    // that was waiting already, nor when only announced work woke this
+    // task, unless tokio saw the descriptor readable.
     let mut look = true;
     loop {
         let wait = if look {
@@ -86,27 +97,62 @@ pub async fn drive(lp: MioLoop) -> io::Result<()> {
         };
         if wait == Some(Duration::ZERO) {
             // Work waits already: let tokio's other tasks run first.
-            tokio::task::yield_now().await;
+            // (`tokio::task::yield_now` would also make tokio's next
+            // look at its own epoll one of its own, a system call.)
+            requeue().await;
             look = fd
                 .poll_read_ready(&mut Context::from_waker(Waker::noop()))
                 .is_ready();
             continue;
         }
-        look = true;
-        let mut ready = match wait {
-            None => fd.readable().await?,
-            Some(d) => {
-                let readable = std::pin::pin!(fd.readable());
-                let timer = std::pin::pin!(tokio::time::sleep(d));
-                match select(readable, timer).await {
-                    Either::Left((ready, _)) => ready?,
-                    // A timer is due.
-                    Either::Right(_) => continue,
-                }
-            }
-        };
+        let mut timer = std::pin::pin!(wait.map(tokio::time::sleep));
+        look = poll_fn(|cx| wake_reason(&lp, &fd, timer.as_mut().as_pin_mut(), cx)).await?;
+    }
+}
+
+/// What the driver waits for after a turn: its descriptor readable
+/// (`true`: the next turn looks at epoll), work announced to the loop or
+/// the loop's next timer due (`false`: the next turn runs what waits).
+fn wake_reason(
+    lp: &MioLoop,
+    fd: &AsyncFd<LoopFd>,
+    timer: Option<Pin<&mut tokio::time::Sleep>>,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<bool>> {
+    if let Poll::Ready(ready) = fd.poll_read_ready(cx) {
         // Cleared before the turn: what becomes ready after the turn's
         // look at epoll makes the descriptor readable again.
-        ready.clear_ready();
+        ready?.clear_ready();
+        return Poll::Ready(Ok(true));
+    }
+    // Checked after this task's waker was left with the loop (and with
+    // tokio): an announcement after the check wakes it again.
+    if lp.work_announced() || timer.is_some_and(|t| t.poll(cx).is_ready()) {
+        return Poll::Ready(Ok(false));
+    }
+    Poll::Pending
+}
+
+/// Pending once, with this task woken at once: it goes behind the tasks
+/// that are ready now.
+async fn requeue() {
+    let mut again = false;
+    poll_fn(|cx| {
+        if again {
+            return Poll::Ready(());
+        }
+        again = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
+/// Gives the loop back its eventfd wake-ups when the driver stops.
+struct DriverGone<'a>(&'a MioLoop);
+
+impl Drop for DriverGone<'_> {
+    fn drop(&mut self) {
+        self.0.set_driver_waker(None);
     }
 }

@@ -143,3 +143,37 @@ fn a_driver_aborted_leaves_a_loop_that_runs_on_a_thread_again() {
     netio_core::EventLoop::stop(&lp);
     t.join().unwrap();
 }
+
+/// A driver that stops gives the loop back its own wake-ups: a closure
+/// posted from another thread to the loop, now run on a thread and asleep
+/// in epoll, runs (the waker of the driver's task, gone, would wake
+/// nothing).
+#[test]
+fn a_loop_run_on_a_thread_after_its_driver_stopped_is_woken_by_posts() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let lp = MioLoop::new().unwrap();
+    rt.block_on(async {
+        let driver = tokio::spawn(tokio_driver::drive(lp.clone()));
+        // The driver has run and waits.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        driver.abort();
+        assert!(driver.await.unwrap_err().is_cancelled());
+    });
+    let runner = lp.clone();
+    let t = thread::spawn(move || netio_core::EventLoop::run(&runner, || {}));
+    // Asleep in epoll by now.
+    thread::sleep(Duration::from_millis(50));
+    let (tx, rx) = std::sync::mpsc::channel();
+    lp.post(move || {
+        let _ = tx.send(());
+    });
+    let ran = rx.recv_timeout(Duration::from_secs(10)).is_ok();
+    netio_core::EventLoop::stop(&lp);
+    if ran {
+        t.join().unwrap();
+    }
+    assert!(ran, "the posted closure ran within 10 s");
+}

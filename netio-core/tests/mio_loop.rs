@@ -1145,6 +1145,74 @@ fn a_loop_driven_by_turns_dispatches_what_is_ready_and_says_when_to_turn_again()
     assert_eq!(count(&posted), 1);
 }
 
+/// Counts its wake-ups: a driver task's waker, as `set_driver_waker`
+/// takes it.
+struct CountingWaker(AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// With a driver waker set, work announced from outside a turn wakes it,
+/// once per look of the loop, and leaves the loop's descriptor alone;
+/// `work_announced` says there is work until a turn runs it. Cleared, the
+/// descriptor turns readable again.
+#[test]
+fn a_driver_waker_takes_the_wake_ups_of_the_loops_descriptor_until_cleared() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let fd = el.as_raw_fd();
+    let woken = Arc::new(CountingWaker(AtomicUsize::new(0)));
+    el.set_driver_waker(Some(std::task::Waker::from(Arc::clone(&woken))));
+    assert!(!el.work_announced());
+
+    let ran = Arc::new(AtomicUsize::new(0));
+    let post = |from_another_thread: bool| {
+        let (el2, ran) = (el.clone(), Arc::clone(&ran));
+        let f = move || {
+            el2.post(move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        if from_another_thread {
+            thread::spawn(f).join().unwrap();
+        } else {
+            f();
+        }
+    };
+    post(false);
+    assert_eq!(count(&woken.0), 1, "the post woke the driver");
+    assert!(el.work_announced());
+    post(true);
+    assert_eq!(
+        count(&woken.0),
+        1,
+        "the driver was told already: the second post wakes nothing"
+    );
+    assert!(
+        !readable_within(fd, 10),
+        "the descriptor stays quiet: the driver, not epoll, was told"
+    );
+    assert_eq!(el.run_pending(), None, "both ran, nothing left to wait for");
+    assert_eq!(count(&ran), 2);
+    assert!(!el.work_announced());
+    post(true);
+    assert_eq!(count(&woken.0), 2, "a post after the look wakes it again");
+    el.run_pending();
+
+    el.set_driver_waker(None);
+    post(true);
+    assert_eq!(count(&woken.0), 2, "a cleared waker is not woken");
+    assert!(
+        readable_within(fd, 2_000),
+        "without a driver waker a post wakes the descriptor"
+    );
+    el.turn(Duration::ZERO);
+    assert_eq!(count(&ran), 4);
+}
+
 #[test]
 fn turn_waits_at_most_its_bound_and_refuses_a_loop_running_elsewhere() {
     let _fds = fds_shared();

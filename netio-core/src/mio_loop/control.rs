@@ -120,6 +120,12 @@ impl Control {
         self.wake.clear()
     }
 
+    /// `true` when work was announced since the last
+    /// [`begin_look`](Self::begin_look).
+    pub(crate) fn work_announced(&self) -> bool {
+        self.wake.is_raised()
+    }
+
     /// How long the poller may sleep at the end of a turn: `Some(ZERO)`
     /// (poll without sleeping) on a busy-polling loop, when work was
     /// announced since [`begin_look`](Self::begin_look), when a stop is

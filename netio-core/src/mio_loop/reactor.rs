@@ -179,6 +179,37 @@ struct Inner {
     /// The loop's time (nanoseconds since `created`) as of this turn's
     /// timer check ([`MioLoop::turn_now`]).
     turn_nanos: AtomicU64,
+    /// The task that drives the loop, woken instead of the eventfd
+    /// ([`MioLoop::set_driver_waker`]).
+    driver: DriverWaker,
+}
+
+/// The waker of an async task that drives a loop turn by turn
+/// ([`MioLoop::set_driver_waker`]); `set` spares the lock when there is
+/// none, as on every loop that `run` drives.
+#[derive(Default)]
+struct DriverWaker {
+    set: AtomicBool,
+    waker: Mutex<Option<std::task::Waker>>,
+}
+
+/// How an announcement wakes a loop that may be asleep: its driver task
+/// if it has one, else the eventfd that wakes epoll.
+struct Wakers<'a> {
+    eventfd: &'a Waker,
+    driver: &'a DriverWaker,
+}
+
+impl PollWaker for Wakers<'_> {
+    fn wake_poller(&self) {
+        if self.driver.set.load(Ordering::Acquire) {
+            if let Some(w) = lock(&self.driver.waker).as_ref() {
+                w.wake_by_ref();
+                return;
+            }
+        }
+        self.eventfd.wake_poller();
+    }
 }
 
 impl MioLoop {
@@ -223,6 +254,7 @@ impl MioLoop {
             timers: SharedTimers::with_base(created),
             created,
             turn_nanos: AtomicU64::new(0),
+            driver: DriverWaker::default(),
         };
         Ok(Self {
             handle: Arc::new(Handle {
@@ -450,6 +482,33 @@ impl MioLoop {
         }
     }
 
+    /// For a driver that runs the loop turn by turn from an async task
+    /// (netio-async's tokio driver): while `waker` is set, work announced
+    /// to the loop from outside a turn (a post, a signal, a timer started,
+    /// a stop) wakes `waker` instead of writing the loop's eventfd, so that
+    /// what the other tasks of the driver's executor give the loop costs
+    /// no system call and the loop's descriptor does not turn readable for
+    /// it. A task woken so should [`run_pending`](Self::run_pending) (no
+    /// look at epoll needed) once [`work_announced`](Self::work_announced)
+    /// says so; readiness of sockets still comes through the descriptor.
+    ///
+    /// `None` goes back to the eventfd: set it when the driver stops, as
+    /// a loop later [`run`](EventLoop::run) on a thread sleeps in epoll
+    /// and would not see announcements made to a task that is gone.
+    pub fn set_driver_waker(&self, waker: Option<std::task::Waker>) {
+        let d = &self.inner().driver;
+        let mut slot = lock(&d.waker);
+        d.set.store(waker.is_some(), Ordering::Release);
+        *slot = waker;
+    }
+
+    /// `true` when work was announced to the loop since its last turn
+    /// looked at its queues: the turn a driver's task runs when its
+    /// [driver waker](Self::set_driver_waker) woke it.
+    pub fn work_announced(&self) -> bool {
+        self.inner().control.work_announced()
+    }
+
     /// `true` while a thread is inside [`run`](EventLoop::run).
     pub fn is_running(&self) -> bool {
         self.inner().running_on.load(Ordering::Acquire) != 0
@@ -627,7 +686,11 @@ impl Inner {
     /// flag before it sleeps), not in busy-poll mode, and only for the first
     /// announcement since the loop last looked ([`Control::announce`]).
     fn wake(&self) {
-        self.control.announce(&self.waker, || self.on_loop_thread());
+        let wakers = Wakers {
+            eventfd: &self.waker,
+            driver: &self.driver,
+        };
+        self.control.announce(&wakers, || self.on_loop_thread());
     }
 
     /// One turn of the loop. Returns early (leaving the rest for the next
