@@ -203,8 +203,11 @@ struct Wakers<'a> {
 impl PollWaker for Wakers<'_> {
     fn wake_poller(&self) {
         if self.driver.set.load(Ordering::Acquire) {
-            if let Some(w) = lock(&self.driver.waker).as_ref() {
-                w.wake_by_ref();
+            // Woken with no lock held: an executor may poll the task
+            // from inside `wake`.
+            let waker = lock(&self.driver.waker).clone();
+            if let Some(w) = waker {
+                w.wake();
                 return;
             }
         }
