@@ -19,15 +19,40 @@
 
 use std::time::{Duration, Instant};
 
-use netio_async::{tokio_driver, AsyncBackend};
+use netio_async::{tokio_driver, AsyncBackend, AsyncConn};
 use netio_core::mio_loop::MioLoop;
 use netio_core::{BackendConfig, ConnectionParams, EndpointAddress, Provider};
-use netio_tcp::TcpProvider;
+use netio_tcp::{TcpBackend, TcpProvider};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const MSG: [u8; 64] = [7; 64];
 const ROUND_TRIPS: u32 = 5_000;
+
+/// The echo server's side: every message back, until the connection ends.
+async fn echo_all(conn: AsyncConn<TcpBackend>) {
+    let mut m = Vec::new();
+    while conn.recv_into(&mut m).await {
+        if conn.send(&m).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// The client's side: `ROUND_TRIPS` round trips, then a close; the mean
+/// round trip.
+async fn ping_all(conn: AsyncConn<TcpBackend>) -> Duration {
+    let mut back = Vec::new();
+    let t = Instant::now();
+    for _ in 0..ROUND_TRIPS {
+        conn.send(&MSG).await.expect("completed");
+        assert!(conn.recv_into(&mut back).await, "an echo");
+        assert_eq!(back.len(), MSG.len());
+    }
+    let rtt = t.elapsed() / ROUND_TRIPS;
+    conn.close().expect("close");
+    rtt
+}
 
 /// netio ping-pong, both sides tokio tasks: mean round trip.
 async fn netio_pingpong(lp: &MioLoop) -> Duration {
@@ -40,29 +65,10 @@ async fn netio_pingpong(lp: &MioLoop) -> Duration {
         .listen(EndpointAddress::localhost(0), params.clone())
         .expect("listen");
     let echo = tokio::spawn(async move {
-        let conn = server.accept().await.expect("accepted");
-        let mut m = Vec::new();
-        while conn.recv_into(&mut m).await {
-            if conn.send(&m).await.is_err() {
-                break;
-            }
-        }
+        echo_all(server.accept().await.expect("accepted")).await;
     });
     let conn = client.connect(addr, params).await.expect("connected");
-    let rtt = tokio::spawn(async move {
-        let mut back = Vec::new();
-        let t = Instant::now();
-        for _ in 0..ROUND_TRIPS {
-            conn.send(&MSG).await.expect("completed");
-            assert!(conn.recv_into(&mut back).await, "an echo");
-            assert_eq!(back.len(), MSG.len());
-        }
-        let rtt = t.elapsed() / ROUND_TRIPS;
-        conn.close().expect("close");
-        rtt
-    })
-    .await
-    .expect("client task");
+    let rtt = tokio::spawn(ping_all(conn)).await.expect("client task");
     echo.await.expect("echo task");
     rtt
 }
@@ -84,29 +90,11 @@ async fn netio_loop_pingpong(lp: &MioLoop) -> Duration {
         .expect("listen");
     let s = server.clone();
     let echo = server.spawn(async move {
-        let conn = s.accept().await.expect("accepted");
-        let mut m = Vec::new();
-        while conn.recv_into(&mut m).await {
-            if conn.send(&m).await.is_err() {
-                break;
-            }
-        }
+        echo_all(s.accept().await.expect("accepted")).await;
     });
     let c = client.clone();
     let rtt = client
-        .spawn(async move {
-            let conn = c.connect(addr, params).await.expect("connected");
-            let mut back = Vec::new();
-            let t = Instant::now();
-            for _ in 0..ROUND_TRIPS {
-                conn.send(&MSG).await.expect("completed");
-                assert!(conn.recv_into(&mut back).await, "an echo");
-                assert_eq!(back.len(), MSG.len());
-            }
-            let rtt = t.elapsed() / ROUND_TRIPS;
-            conn.close().expect("close");
-            rtt
-        })
+        .spawn(async move { ping_all(c.connect(addr, params).await.expect("connected")).await })
         .await;
     echo.await;
     rtt

@@ -19,6 +19,19 @@ fn backend(lp: &MioLoop) -> Arc<AsyncBackend<TcpBackend>> {
     )
 }
 
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `lp` on a thread of its own until it is stopped.
+fn run_on_a_thread(lp: &MioLoop) -> thread::JoinHandle<()> {
+    let runner = lp.clone();
+    thread::spawn(move || netio_core::EventLoop::run(&runner, || {}))
+}
+
 fn msg(i: usize) -> Vec<u8> {
     format!("message {i:04}").into_bytes()
 }
@@ -54,10 +67,7 @@ async fn echo(lp: &MioLoop, n: usize) -> Vec<ThreadId> {
 
 #[test]
 fn on_a_current_thread_runtime_the_loop_runs_on_the_runtimes_own_thread() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread_runtime();
     let me = thread::current().id();
     rt.block_on(async {
         let lp = MioLoop::new().unwrap();
@@ -113,10 +123,7 @@ fn on_a_multi_thread_runtime_tokio_and_loop_tasks_share_the_loop_and_its_timers(
 
 #[test]
 fn a_driver_aborted_leaves_a_loop_that_runs_on_a_thread_again() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread_runtime();
     let lp = MioLoop::new().unwrap();
     rt.block_on(async {
         let driver = tokio::spawn(tokio_driver::drive(lp.clone()));
@@ -127,8 +134,7 @@ fn a_driver_aborted_leaves_a_loop_that_runs_on_a_thread_again() {
         assert!(driver.await.unwrap_err().is_cancelled());
     });
     // The same loop, now on a thread of its own.
-    let runner = lp.clone();
-    let t = thread::spawn(move || netio_core::EventLoop::run(&runner, || {}));
+    let t = run_on_a_thread(&lp);
     let served = futures::executor::block_on(async {
         let (server, client) = (backend(&lp), backend(&lp));
         let params = ConnectionParams::receive(256, 8);
@@ -150,10 +156,7 @@ fn a_driver_aborted_leaves_a_loop_that_runs_on_a_thread_again() {
 /// nothing).
 #[test]
 fn a_loop_run_on_a_thread_after_its_driver_stopped_is_woken_by_posts() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread_runtime();
     let lp = MioLoop::new().unwrap();
     rt.block_on(async {
         let driver = tokio::spawn(tokio_driver::drive(lp.clone()));
@@ -162,8 +165,7 @@ fn a_loop_run_on_a_thread_after_its_driver_stopped_is_woken_by_posts() {
         driver.abort();
         assert!(driver.await.unwrap_err().is_cancelled());
     });
-    let runner = lp.clone();
-    let t = thread::spawn(move || netio_core::EventLoop::run(&runner, || {}));
+    let t = run_on_a_thread(&lp);
     // Asleep in epoll by now.
     thread::sleep(Duration::from_millis(50));
     let (tx, rx) = std::sync::mpsc::channel();
