@@ -179,3 +179,82 @@ fn a_loop_run_on_a_thread_after_its_driver_stopped_is_woken_by_posts() {
     }
     assert!(ran, "the posted closure ran within 10 s");
 }
+
+/// `n` round trips of an echo between two tokio tasks over loopback TCP
+/// (`loop_tasks`: two tasks of the netio loop instead), on a
+/// current-thread runtime; the times the runtime parked its thread in its
+/// reactor meanwhile.
+fn parks_during_an_echo(n: usize, loop_tasks: bool) -> u64 {
+    let rt = current_thread_runtime();
+    let metrics = rt.metrics();
+    rt.block_on(async {
+        let lp = MioLoop::new().unwrap();
+        let driver = tokio::spawn(tokio_driver::drive(lp.clone()));
+        let (server, client) = (backend(&lp), backend(&lp));
+        let params = ConnectionParams::receive(256, 8);
+        let addr = server
+            .listen(EndpointAddress::localhost(0), params.clone())
+            .unwrap();
+        let s = Arc::clone(&server);
+        let serve = async move {
+            let conn = s.accept().await.expect("accepted");
+            while let Some(m) = conn.recv().await {
+                if conn.send(&m).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let c = Arc::clone(&client);
+        let ping = async move {
+            let conn = c.connect(addr, params).await.expect("connected");
+            // Connected and one round trip made before counting.
+            conn.send(&msg(0)).await.expect("sent");
+            assert_eq!(conn.recv().await.expect("an echo"), msg(0));
+            let before = metrics.worker_park_count(0);
+            for i in 1..=n {
+                conn.send(&msg(i)).await.expect("sent");
+                assert_eq!(conn.recv().await.expect("an echo"), msg(i));
+            }
+            let parks = metrics.worker_park_count(0) - before;
+            conn.close().unwrap();
+            parks
+        };
+        let parks = tokio::time::timeout(Duration::from_secs(30), async {
+            if loop_tasks {
+                let served = server.spawn(serve);
+                let parks = client.spawn(ping).await;
+                served.await;
+                parks
+            } else {
+                let served = tokio::spawn(serve);
+                let parks = tokio::spawn(ping).await.unwrap();
+                served.await.unwrap();
+                parks
+            }
+        })
+        .await
+        .expect("the echo finished within 30 s");
+        driver.abort();
+        parks
+    })
+}
+
+/// The peer's answer is usually there as soon as a send is written on
+/// loopback: the driver looks for it right after the turn that wrote it
+/// (and after a turn that handed readiness over, once the tasks it woke
+/// ran), instead of waiting for tokio's reactor, which would park the
+/// runtime's thread twice per round trip.
+#[test]
+fn an_answer_that_is_there_at_once_is_handed_over_without_parking_in_tokios_reactor() {
+    const N: usize = 400;
+    for loop_tasks in [false, true] {
+        let parks = parks_during_an_echo(N, loop_tasks);
+        let tasks = if loop_tasks { "loop" } else { "tokio" };
+        assert!(
+            parks < N as u64 / 2,
+            "{tasks} tasks: the runtime parked {parks} times in {N} round trips \
+             (about {} when each answer waits for tokio's reactor)",
+            2 * N
+        );
+    }
+}

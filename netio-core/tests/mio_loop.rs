@@ -1213,6 +1213,47 @@ fn a_driver_waker_takes_the_wake_ups_of_the_loops_descriptor_until_cleared() {
     assert_eq!(count(&ran), 4);
 }
 
+/// `turn_found_events` says whether the last turn that looked at epoll
+/// found readiness of a source: not for a look that found nothing, nor for
+/// the loop's own wake-up (a post from another thread with no driver
+/// waker), and `run_pending`, which does not look, leaves it as it was.
+#[test]
+fn turn_found_events_reports_whether_the_last_look_found_a_ready_source() {
+    let _fds = fds_shared();
+    let el = MioLoop::new().unwrap();
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    let read = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&read);
+    let id = el
+        .register(&mut b, Interest::READABLE, move |_| {
+            r.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    el.turn(Duration::ZERO);
+    assert!(!el.turn_found_events(), "nothing was ready");
+
+    a.write_all(b"x").unwrap();
+    el.turn(Duration::from_secs(5));
+    assert_eq!(count(&read), 1, "the turn handed the readiness over");
+    assert!(el.turn_found_events(), "the look found the source ready");
+    el.run_pending();
+    assert!(
+        el.turn_found_events(),
+        "run_pending does not look: the answer stays that of the last look"
+    );
+    el.turn(Duration::ZERO);
+    assert!(!el.turn_found_events(), "the next look found nothing new");
+
+    let el2 = el.clone();
+    thread::spawn(move || el2.post(|| {})).join().unwrap();
+    el.turn(Duration::from_secs(5));
+    assert!(
+        !el.turn_found_events(),
+        "the loop's own wake-up is not a source's readiness"
+    );
+    el.deregister(&mut b, id).unwrap();
+}
+
 #[test]
 fn turn_waits_at_most_its_bound_and_refuses_a_loop_running_elsewhere() {
     let _fds = fds_shared();

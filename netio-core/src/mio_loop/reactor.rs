@@ -182,6 +182,9 @@ struct Inner {
     /// The task that drives the loop, woken instead of the eventfd
     /// ([`MioLoop::set_driver_waker`]).
     driver: DriverWaker,
+    /// The last driven turn's look at epoll reported readiness
+    /// ([`MioLoop::turn_found_events`]).
+    turn_found: AtomicBool,
 }
 
 /// The waker of an async task that drives a loop turn by turn
@@ -258,6 +261,7 @@ impl MioLoop {
             created,
             turn_nanos: AtomicU64::new(0),
             driver: DriverWaker::default(),
+            turn_found: AtomicBool::new(false),
         };
         Ok(Self {
             handle: Arc::new(Handle {
@@ -473,6 +477,8 @@ impl MioLoop {
         if inner.work(st) {
             if let Some(max_wait) = poll {
                 inner.poll(st, Some(max_wait));
+                let found = st.events.iter().any(|e| e.token() != WAKER);
+                inner.turn_found.store(found, Ordering::Relaxed);
                 inner.work(st);
             }
         }
@@ -510,6 +516,17 @@ impl MioLoop {
     /// [driver waker](Self::set_driver_waker) woke it.
     pub fn work_announced(&self) -> bool {
         self.inner().control.work_announced()
+    }
+
+    /// `true` when the last [`turn`](Self::turn) that looked at epoll
+    /// (not [`run_pending`](Self::run_pending), not [`run`](EventLoop::run))
+    /// found readiness to hand over. A driver can learn from it whether a
+    /// look right after announced work pays: it does when the work's
+    /// writes are answered at once (a peer in the same process or on the
+    /// same host), and costs a system call that finds nothing when they
+    /// are not.
+    pub fn turn_found_events(&self) -> bool {
+        self.inner().turn_found.load(Ordering::Relaxed)
     }
 
     /// `true` while a thread is inside [`run`](EventLoop::run).
