@@ -500,3 +500,55 @@ fn over_tcp_send_region_sends_region_slices_without_a_copy_resolving_on_completi
         assert_eq!(got, expected);
     });
 }
+
+/// `recv_into` reads each message into the one buffer it is given, sizes
+/// from empty to the receive buffer's, and returns `false` once the peer
+/// closed and everything was read.
+#[test]
+fn over_tcp_recv_into_reads_each_message_into_one_buffer_and_ends_with_the_connection() {
+    with_loop(|lp| {
+        let (server, client) = (backend(lp), backend(lp));
+        let (sconn, conn) = connected(&server, &client);
+        let sizes = [5usize, 0, 256, 1, 17];
+        for (i, n) in sizes.iter().enumerate() {
+            block_on(conn.send(&vec![i as u8; *n])).expect("completed");
+        }
+        conn.close().unwrap();
+        let mut buf = Vec::new();
+        let mut got = Vec::new();
+        while block_on(sconn.recv_into(&mut buf)) {
+            got.push(buf.clone());
+        }
+        let want: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| vec![i as u8; *n])
+            .collect();
+        assert_eq!(got, want);
+    });
+}
+
+/// `feed` waits only for room in the send queue (four sends here), not
+/// for completions; `flush` waits until every send made completed, so a
+/// close right after it cancels none of them: all 100 arrive, in order.
+/// With nothing in flight `flush` resolves at once.
+#[test]
+fn over_tcp_feed_waits_for_room_only_and_flush_for_every_completion() {
+    with_loop(|lp| {
+        let (server, client) = (backend(lp), backend_with_depth(lp, 4));
+        let (sconn, conn) = connected(&server, &client);
+        block_on(async {
+            for i in 0..100 {
+                conn.feed(&msg(i)).await.expect("made");
+            }
+            conn.flush().await.expect("every send completed");
+        });
+        block_on(conn.flush()).expect("nothing in flight");
+        conn.close().unwrap();
+        let mut got = Vec::new();
+        while let Some(m) = block_on(sconn.recv()) {
+            got.push(m);
+        }
+        assert_eq!(got, (0..100).map(msg).collect::<Vec<_>>());
+    });
+}
