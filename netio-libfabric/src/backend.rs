@@ -1272,14 +1272,14 @@ impl Inner {
             pep.reject(req);
             return;
         }
-        if !self.accept(&mut st, addr, params, req, known) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-        }
+        self.accept(&mut st, addr, params, req, known);
     }
 
-    /// Opens and accepts an endpoint for a connection request; `false` if
-    /// that failed (the request is then left to the provider, and the peer
-    /// sees its connection end).
+    /// Opens and accepts an endpoint for a connection request. A failure
+    /// is counted in `refused` before the request or the endpoint is
+    /// dropped (the request is then left to the provider, and the peer
+    /// sees its connection end), so that the listener's count never lags
+    /// what the peer can see.
     fn accept(
         &self,
         st: &mut State,
@@ -1287,17 +1287,23 @@ impl Inner {
         params: ConnectionParams,
         req: ConnRequest,
         known: KnownPeer,
-    ) -> bool {
+    ) {
+        let refused = || self.refused.fetch_add(1, Ordering::Relaxed);
         let Some(remote) = req.peer() else {
-            return false;
+            refused();
+            return;
         };
         let domain = match st.listeners.get(&addr) {
             Some(l) => Arc::clone(&l.domain),
-            None => return false,
+            None => {
+                refused();
+                return;
+            }
         };
         let (spec, receive, limit) = self.link_spec(&params);
         let Ok(mut link) = Link::open(&domain, req.into_info(), spec) else {
-            return false;
+            refused();
+            return;
         };
         if let Some(p) = self.send_pool_for(&params) {
             link.keep_pool(p);
@@ -1331,20 +1337,21 @@ impl Inner {
             _known: Some(known),
         });
         if self.register_conn(st, id).is_err() {
+            refused();
             if let Some(c) = st.conns.remove(id) {
                 let _ = c.link.close();
             }
-            return false;
+            return;
         }
         let c = st.conns.get_mut(id).expect("just inserted");
         if c.link.accept().is_err() {
+            refused();
             let mut c = st.conns.remove(id).expect("just inserted");
             deregister_conn(&self.lp, &mut c);
             let _ = c.link.close();
-            return false;
+            return;
         }
         self.watch_setup(st);
-        true
     }
 
     /// Starts the set-up deadline's timer for a connection just opened
