@@ -110,28 +110,114 @@ impl Lost {
     }
 }
 
-/// Where a stuck thread is: since when, doing what, and the [`Lost`] time
-/// counted when it started.
+/// Where a stuck thread is: since when, doing what, the [`Lost`] time
+/// counted when it started, and the thread's kernel id (see
+/// [`thread_state`]).
 #[derive(Default)]
 struct Clock {
-    since: Option<(Instant, String, u64)>,
+    since: Option<(Instant, String, u64, Option<i64>)>,
+}
+
+/// What [`Clock::overdue`] found: the call, the time the process did not
+/// run meanwhile, and the kernel id of the thread in it.
+#[derive(Debug, PartialEq)]
+struct Overdue {
+    what: String,
+    lost: Duration,
+    tid: Option<i64>,
 }
 
 impl Clock {
     fn start(&mut self, what: &str, lost: &Lost) {
-        self.since = Some((Instant::now(), what.to_string(), lost.now()));
+        self.since = Some((Instant::now(), what.to_string(), lost.now(), current_tid()));
     }
 
     /// What the thread is doing, if at `at` it had been at it for `limit`
     /// of the time the process ran; with the time it did not run
     /// meanwhile. `at` is when the watchdog last counted [`Lost`] time, so
     /// that a hold that begins after it is not counted as running time.
-    fn overdue(&self, lost: &Lost, at: Instant, limit: Duration) -> Option<(String, Duration)> {
-        let (since, what, lost_then) = self.since.as_ref()?;
+    fn overdue(&self, lost: &Lost, at: Instant, limit: Duration) -> Option<Overdue> {
+        let (since, what, lost_then, tid) = self.since.as_ref()?;
         let lost = Duration::from_nanos(lost.now().saturating_sub(*lost_then));
         let ran = at.saturating_duration_since(*since).saturating_sub(lost);
-        (ran >= limit).then(|| (what.clone(), lost))
+        (ran >= limit).then(|| Overdue {
+            what: what.clone(),
+            lost,
+            tid: *tid,
+        })
     }
+}
+
+thread_local! {
+    /// This thread's kernel id, asked for once.
+    static TID: Option<i64> = os_tid();
+}
+
+/// The calling thread's kernel id (Linux), for [`thread_state`].
+fn current_tid() -> Option<i64> {
+    TID.with(|t| *t)
+}
+
+#[cfg(target_os = "linux")]
+fn os_tid() -> Option<i64> {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    Some(unsafe { libc::syscall(libc::SYS_gettid) })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn os_tid() -> Option<i64> {
+    None
+}
+
+/// How long [`thread_state`] watches a stuck thread.
+const WATCH_THREAD: Duration = Duration::from_millis(200);
+
+/// What the kernel says of thread `tid` of this process, watched for
+/// [`WATCH_THREAD`]: its scheduling state and where it sleeps, and how
+/// much of that time it ran and how much it waited for a CPU. This tells
+/// a thread blocked on a lock or a system call (sleeping, neither running
+/// nor waiting) from one starved of a CPU (runnable, waiting) and from one
+/// spinning (running) the moment a stuck call is found, where a stack
+/// taken later by `gdb` may come too late. `None` off Linux, or if the
+/// thread has ended.
+fn thread_state(tid: i64) -> Option<String> {
+    let dir = format!("/proc/self/task/{tid}");
+    let sched = || -> Option<(u64, u64)> {
+        let s = std::fs::read_to_string(format!("{dir}/schedstat")).ok()?;
+        let mut f = s.split_whitespace().map(|v| v.parse::<u64>().ok());
+        Some((f.next()??, f.next()??))
+    };
+    let state = || -> Option<(String, String)> {
+        let stat = std::fs::read_to_string(format!("{dir}/stat")).ok()?;
+        // The state follows the name, which is in parentheses and may
+        // itself hold spaces or parentheses.
+        let state = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .next()?
+            .to_string();
+        let wchan = std::fs::read_to_string(format!("{dir}/wchan")).unwrap_or_default();
+        Some((state, wchan.trim().to_string()))
+    };
+    let (run0, wait0) = sched()?;
+    let (state0, wchan0) = state()?;
+    thread::sleep(WATCH_THREAD);
+    let (run1, wait1) = sched()?;
+    let (state1, _) = state()?;
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let wchan = if wchan0.is_empty() || wchan0 == "0" {
+        String::new()
+    } else {
+        format!(" in {wchan0}")
+    };
+    Some(format!(
+        "thread {tid}: state {state0}{wchan}, then {state1}; in the next {} ms it ran {:.1} ms \
+         and waited {:.1} ms for a CPU",
+        WATCH_THREAD.as_millis(),
+        ms(run1.saturating_sub(run0)),
+        ms(wait1.saturating_sub(wait0)),
+    ))
 }
 
 /// " (not counting …)" for a stuck find that discounted `lost` time.
@@ -281,18 +367,22 @@ impl Watch {
             let stuck_handler = lock(&self.handler_clocks)
                 .iter()
                 .find_map(|c| lock(c).overdue(&self.lost, woke, stuck));
-            let msg = if let Some((what, lost)) = stuck_handler {
-                Some(format!(
-                    "the loop thread has been inside a handler call ({what}) for {} s{}: a \
+            let found = stuck_handler.map(|o| (o, true)).or_else(|| {
+                lock(&self.call_clock)
+                    .overdue(&self.lost, woke, stuck)
+                    .map(|o| (o, false))
+            });
+            let msg = found.map(|(Overdue { what, lost, tid }, handler)| {
+                let mut m = if handler {
+                    format!(
+                        "the loop thread has been inside a handler call ({what}) for {} s{}: a \
                      handler calling the backend deadlocked (is the provider calling the handler \
                      while holding its own lock?), or the provider called the handler from \
                      inside a backend call that holds it",
-                    stuck.as_secs(),
-                    not_counting(lost)
-                ))
-            } else {
-                let c = lock(&self.call_clock).overdue(&self.lost, woke, stuck);
-                c.map(|(what, lost)| {
+                        stuck.as_secs(),
+                        not_counting(lost)
+                    )
+                } else {
                     format!(
                         "the backend call `{what}` has not returned for {} s{}: the provider \
                          deadlocked inside it (a lock held by its loop thread, or a call \
@@ -300,8 +390,12 @@ impl Watch {
                         stuck.as_secs(),
                         not_counting(lost)
                     )
-                })
-            };
+                };
+                if let Some(t) = tid.and_then(thread_state) {
+                    m.push_str(&format!(" [{t}]"));
+                }
+                m
+            });
             if let Some(mut m) = msg {
                 if let Some(path) = dump_stacks(&self.name) {
                     m.push_str(&format!(" (every thread's stack: {})", path.display()));
@@ -474,7 +568,7 @@ pub fn run_behaviour(f: fn()) {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_scale, Clock, Lost, TICK};
+    use super::{parse_scale, Clock, Lost, Overdue, TICK};
     use std::time::{Duration, Instant};
 
     /// A call that has run for 6 s, 2 s of which the process did not run,
@@ -487,13 +581,17 @@ mod tests {
         lost.tick_late(Duration::from_secs(3));
         let started = Instant::now() - Duration::from_secs(6);
         let clock = Clock {
-            since: Some((started, "a call".into(), lost.now())),
+            since: Some((started, "a call".into(), lost.now(), Some(7))),
         };
         let limit = Duration::from_secs(5);
         let now = Instant::now();
         assert_eq!(
             clock.overdue(&lost, now, limit),
-            Some(("a call".to_string(), Duration::ZERO))
+            Some(Overdue {
+                what: "a call".to_string(),
+                lost: Duration::ZERO,
+                tid: Some(7)
+            })
         );
         lost.tick_late(Duration::from_millis(90));
         assert!(
@@ -526,6 +624,60 @@ mod tests {
             Duration::from_nanos(lost.now()),
             Duration::from_secs(6),
             "the hold is lost time"
+        );
+    }
+
+    /// The report on a stuck thread tells one blocked on a lock (sleeping,
+    /// not running) from one spinning (runnable).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_stuck_threads_report_tells_blocked_from_spinning() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let held = Arc::new(Mutex::new(()));
+        let guard = held.lock().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let blocked = {
+            let (held, tx) = (held.clone(), tx.clone());
+            std::thread::spawn(move || {
+                tx.send(super::current_tid()).unwrap();
+                drop(held.lock());
+            })
+        };
+        let spinning = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                tx.send(super::current_tid()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let (a, b) = (rx.recv().unwrap().unwrap(), rx.recv().unwrap().unwrap());
+        // The blocked thread reaches its lock soon after it said its id.
+        std::thread::sleep(Duration::from_millis(100));
+        let reports: Vec<String> = [a, b]
+            .iter()
+            .map(|t| super::thread_state(*t).expect("a live thread of this process"))
+            .collect();
+        stop.store(true, Ordering::Relaxed);
+        drop(guard);
+        blocked.join().unwrap();
+        spinning.join().unwrap();
+        let sleeping: Vec<&String> = reports
+            .iter()
+            .filter(|r| r.contains("state S") && r.contains("it ran 0.0 ms"))
+            .collect();
+        let running: Vec<&String> = reports.iter().filter(|r| r.contains("state R")).collect();
+        assert_eq!(
+            (sleeping.len(), running.len()),
+            (1, 1),
+            "one thread sleeps without running, one is runnable: {reports:?}"
+        );
+        assert!(
+            super::thread_state(i64::from(i32::MAX)).is_none(),
+            "no report on a thread that is not there"
         );
     }
 

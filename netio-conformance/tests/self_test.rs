@@ -1589,6 +1589,11 @@ fn a_deadlocked_provider_fails_its_test_with_the_watchdogs_message_and_the_suite
             "{mode}: libtest's report names the test and the watchdog's cause: {all}"
         );
         assert!(
+            all.contains("state S") && all.contains("for a CPU]"),
+            "{mode}: the watchdog's message says the stuck thread sleeps (blocked on the \
+             lock), as the kernel saw it: {all}"
+        );
+        assert!(
             all.contains("test child_b_after_the_deadlocked_test ... ok")
                 && all.contains("1 passed; 1 failed"),
             "{mode}: the test after the deadlocked one runs and passes: {all}"
