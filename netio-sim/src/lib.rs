@@ -221,7 +221,7 @@ pub use backend::{SimBackend, SimProvider};
 pub use event_loop::{SimLoop, SimSignal, SimTimer};
 pub use netio_core;
 
-use world::{BackendId, Call, DataMsg, Due, NetEv, World};
+use world::{Call, Due, NetEv, World};
 
 /// How long a connection attempt waits for an answer before it is refused
 /// with [`RefuseReason::Unreachable`](netio_core::RefuseReason::Unreachable)
@@ -877,84 +877,78 @@ impl Sim {
     /// Runs the callbacks of a step (`st.calls`, left empty) with the
     /// world unlocked. Whether a callback still runs is decided with the
     /// world locked just before it: under `w` (the step's lock) for the
-    /// first, then under the lock that also frees the receive buffer of the
-    /// `on_data` before it.
+    /// first, then under the lock taken after the callback before it (which
+    /// also frees the receive buffer an `on_data` read).
     fn dispatch(&self, w: MutexGuard<'_, World>, st: &mut Stepping) {
         let _guard = CallbackGuard::enter(self);
-        let mut w = Some(w);
-        // The receive buffer the last `on_data` read, freed at the next
-        // lock.
-        let mut read: Option<(BackendId, DataMsg)> = None;
+        // The world while it is locked (not while a callback runs).
+        let mut locked = Some(w);
         // Taken from the back: in their order. (If a callback panics, the
         // rest are dropped at the next step.)
         st.calls.reverse();
         while let Some(call) = st.calls.pop() {
-            let mut g = w.take().unwrap_or_else(|| self.world());
-            if let Some((b, m)) = read.take() {
-                g.recv_done(b, m);
-            }
-            let handler = match g.due(&call) {
-                Due::Handler(handler, host) => Some((handler, host)),
-                Due::Run => None,
-                Due::Skip => {
-                    if let Call::Net {
-                        backend,
-                        ev: NetEv::Data(m),
-                    } = call
-                    {
-                        g.recv_done(backend, m);
-                    }
+            let mut g = locked.take().unwrap_or_else(|| self.world());
+            let (backend, ev) = match call {
+                Call::Net { backend, ev } => (backend, ev),
+                call => {
+                    let run = g.loop_call_due(&call);
                     // What the call holds is dropped with the world
                     // unlocked (a stopped timer's callback may own handles
                     // that lock it).
                     self.unlock(g);
+                    if run {
+                        match call {
+                            Call::Timer { f, .. } | Call::Signal { f, .. } => (lock(&f))(),
+                            Call::Post { f, .. } => f(),
+                            Call::Net { .. } => unreachable!("handler calls are taken above"),
+                        }
+                    }
+                    continue;
+                }
+            };
+            let (handler, host) = match g.due(backend, &ev) {
+                Due::Handler(handler, host) => (handler, host),
+                Due::Skip => {
+                    if let NetEv::Data(m) = ev {
+                        g.recv_done(backend, m);
+                    }
+                    locked = Some(g);
                     continue;
                 }
                 Due::Hold => {
-                    if let Call::Net {
-                        ev: NetEv::Data(m), ..
-                    } = call
-                    {
+                    if let NetEv::Data(m) = ev {
                         g.hold(m);
                     }
-                    self.unlock(g);
+                    locked = Some(g);
                     continue;
                 }
             };
             self.unlock(g);
-            match call {
-                Call::Net { backend, ev } => {
-                    let (handler, host) = handler.expect("a handler call has its handler");
-                    let b = SimBackend::from_parts(SimLoop::new(self.clone(), host), backend);
-                    let mut h = lock(&handler);
-                    match ev {
-                        NetEv::Data(m) => {
-                            h.on_data(&b, m.conn, m.buf.as_slice());
-                            read = Some((backend, m));
-                        }
-                        NetEv::Established(c, r, caps) => {
-                            h.on_connection_established(&b, c, r, caps)
-                        }
-                        NetEv::Refused(c, r, why) => h.on_connection_refused(&b, c, r, &why),
-                        NetEv::Closed(c, r, why, keys) => {
-                            h.on_connection_closed(&b, c, r, &why, &keys);
-                            st.spent.push(keys);
-                        }
-                        NetEv::Completed(c, keys) => {
-                            h.on_sends_completed(&b, c, &keys);
-                            st.spent.push(keys);
-                        }
-                        NetEv::Timer(token) => h.on_timer(&b, token),
-                        NetEv::Wake(token) => h.on_wake(&b, token),
-                    }
+            let b = SimBackend::from_parts(SimLoop::new(self.clone(), host), backend);
+            let mut h = lock(&handler);
+            match ev {
+                NetEv::Data(m) => {
+                    h.on_data(&b, m.conn, m.buf.as_slice());
+                    drop(h);
+                    let mut g = self.world();
+                    g.recv_done(backend, m);
+                    locked = Some(g);
                 }
-                Call::Timer { f, .. } | Call::Signal { f, .. } => (lock(&f))(),
-                Call::Post { f, .. } => f(),
+                NetEv::Established(c, r, caps) => h.on_connection_established(&b, c, r, caps),
+                NetEv::Refused(c, r, why) => h.on_connection_refused(&b, c, r, &why),
+                NetEv::Closed(c, r, why, keys) => {
+                    h.on_connection_closed(&b, c, r, &why, &keys);
+                    st.spent.push(keys);
+                }
+                NetEv::Completed(c, keys) => {
+                    h.on_sends_completed(&b, c, &keys);
+                    st.spent.push(keys);
+                }
+                NetEv::Timer(token) => h.on_timer(&b, token),
+                NetEv::Wake(token) => h.on_wake(&b, token),
             }
         }
-        if let Some((b, m)) = read {
-            let mut g = self.world();
-            g.recv_done(b, m);
+        if let Some(g) = locked {
             self.unlock(g);
         }
     }

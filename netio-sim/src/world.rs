@@ -299,13 +299,11 @@ impl Call {
     }
 }
 
-/// What the driver does with a callback ([`World::due`]).
+/// What the driver does with a handler call ([`World::due`]).
 pub(crate) enum Due {
-    /// Run it: a handler call with this handler (the one its backend has
-    /// now), on the loop of this host.
+    /// Run it with this handler (the one its backend has now), on the loop
+    /// of this host.
     Handler(HandlerCell, IpAddr),
-    /// Run it: a loop callback.
-    Run,
     /// Drop it (a message's receive buffer is freed).
     Skip,
     /// A message for a paused side: keep it until the side resumes
@@ -1507,34 +1505,36 @@ impl World {
         !h.crashed && h.incarnation == be.incarnation
     }
 
-    /// Whether `call` runs now, decided just before it would (see
-    /// [`Due`]).
+    /// Whether `ev`, a call of backend `b`'s handler, runs now, decided
+    /// just before it would (see [`Due`]).
     #[inline]
-    pub(crate) fn due(&self, call: &Call) -> Due {
-        match call {
-            Call::Net { backend, ev } => {
-                let b = *backend;
-                if !self.backend_alive(b) {
+    pub(crate) fn due(&self, b: BackendId, ev: &NetEv) -> Due {
+        if !self.backend_alive(b) {
+            return Due::Skip;
+        }
+        if let NetEv::Data(m) = ev {
+            // Nothing is delivered after the connection was closed (by this
+            // side's call, or reported closed); nothing while it is paused
+            // (held until resumed).
+            if let Some(s) = self.side(m.wire, m.side) {
+                if s.app_closed {
                     return Due::Skip;
                 }
-                if let NetEv::Data(m) = ev {
-                    // Nothing is delivered after the connection was closed
-                    // (by this side's call, or reported closed); nothing
-                    // while it is paused (held until resumed).
-                    if let Some(s) = self.side(m.wire, m.side) {
-                        if s.app_closed {
-                            return Due::Skip;
-                        }
-                        if s.rx != Rx::Running && !matches!(s.state, SideState::Gone) {
-                            return Due::Hold;
-                        }
-                    }
+                if s.rx != Rx::Running && !matches!(s.state, SideState::Gone) {
+                    return Due::Hold;
                 }
-                let be = &self.backends[b];
-                Due::Handler(Arc::clone(&be.handler), be.host)
             }
-            Call::Timer { id, gen, .. } if !self.timer_live(*id, *gen) => Due::Skip,
-            Call::Timer { .. } | Call::Signal { .. } | Call::Post { .. } => Due::Run,
+        }
+        let be = &self.backends[b];
+        Due::Handler(Arc::clone(&be.handler), be.host)
+    }
+
+    /// Whether `call`, a loop callback (timer, signal, post), runs now: a
+    /// stopped timer's does not.
+    pub(crate) fn loop_call_due(&self, call: &Call) -> bool {
+        match call {
+            Call::Timer { id, gen, .. } => self.timer_live(*id, *gen),
+            _ => true,
         }
     }
 
