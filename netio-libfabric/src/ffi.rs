@@ -353,6 +353,12 @@ impl Info {
         }
     }
 
+    /// The entry's address format (`FI_SOCKADDR_IN`, `FI_ADDR_STR`, ...).
+    pub fn addr_format(&self) -> u32 {
+        // SAFETY: `ptr` is a valid entry.
+        unsafe { (*self.ptr).addr_format }
+    }
+
     /// The transmit queue's gather limit (iovec entries per send).
     pub fn iov_limit(&self) -> usize {
         // SAFETY: `ptr` is a valid entry; tx_attr may be null.

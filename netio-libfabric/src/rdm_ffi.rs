@@ -377,6 +377,8 @@ pub struct RdmEp {
     /// Whether unused addresses leave the address vector ([`av_remove`]).
     av_remove: bool,
     name: Vec<u8>,
+    /// The address format of `name` and of every peer's address.
+    addr_format: u32,
     iov_limit: usize,
     max_msg: usize,
     /// The largest message sent by injection (see [`RdmEp::inject`]).
@@ -524,6 +526,60 @@ fn shm_name() -> std::ffi::CString {
 /// How long dropping an endpoint waits for its operations to end.
 const CLOSE_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// The longest fabric address a peer may announce, in bytes: above every
+/// provider's (a `sockaddr_storage` is 128, `shm`'s names at most 256).
+const ADDR_MAX: usize = 512;
+/// The size of the zeroed buffer a peer's address is copied into for
+/// `fi_av_insert` (see [`padded_addr`]).
+const ADDR_PAD: usize = 2 * ADDR_MAX;
+
+/// Checks a peer's fabric address (`addr`, from the network) against
+/// this endpoint's own (`own`, of address format `format`) before it goes
+/// to `fi_av_insert`, which takes no length and trusts what it is given:
+/// an address of the same length as this endpoint's, and for socket
+/// addresses of the same family; for string names (`shm`), a name of at
+/// most [`ADDR_MAX`] bytes that ends with a NUL. libfabric 1.17's address
+/// vector of socket addresses (`tcp;ofi_rxm`, `udp;ofi_rxd`) takes the
+/// length of the first address inserted for all later ones, so a single
+/// address of an unknown family (length 0) from one hostile HELLO would
+/// make every later insert fail, and no peer could connect again.
+fn check_peer_addr(format: u32, own: &[u8], addr: &[u8]) -> Result<(), FiError> {
+    let bad = |call| {
+        Err(FiError {
+            call,
+            errno: sys::FI_EINVAL,
+        })
+    };
+    if addr.is_empty() || addr.len() > ADDR_MAX {
+        return bad("fi_av_insert (a peer's fabric address must have 1 to 512 bytes)");
+    }
+    match format {
+        sys::FI_ADDR_STR if !addr.contains(&0) => {
+            bad("fi_av_insert (a peer's fabric name must end with a NUL)")
+        }
+        sys::FI_ADDR_STR => Ok(()),
+        _ if addr.len() != own.len() => {
+            bad("fi_av_insert (a peer's fabric address differs in length from this endpoint's)")
+        }
+        // `sa_family` leads every socket address.
+        sys::FI_SOCKADDR | sys::FI_SOCKADDR_IN | sys::FI_SOCKADDR_IN6 | sys::FI_SOCKADDR_IB
+            if addr.get(..2) != own.get(..2) =>
+        {
+            bad("fi_av_insert (a peer's socket address is of another family than this endpoint's)")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A peer's fabric address (`addr`, at most [`ADDR_MAX`] bytes, from the
+/// network) in a zeroed buffer of [`ADDR_PAD`] bytes, for providers that
+/// read a fixed length or up to a NUL from it.
+fn padded_addr(addr: &[u8]) -> Box<[u8; ADDR_PAD]> {
+    let mut padded = Box::new([0u8; ADDR_PAD]);
+    padded[..addr.len()].copy_from_slice(addr);
+    padded
+}
+
 impl RdmEp {
     /// Opens an endpoint for `info` (from [`Info::get_rdm`]) on `domain`
     /// with a completion queue of `cq_size` entries (with a wait fd if
@@ -544,6 +600,7 @@ impl RdmEp {
             peer_uses: HashMap::new(),
             av_remove: av_remove(&info.prov_name()),
             name: Vec::new(),
+            addr_format: info.addr_format(),
             iov_limit: info.iov_limit(),
             max_msg: info.max_msg_size(),
             inject_max: inject_max(&info),
@@ -689,20 +746,20 @@ impl RdmEp {
             }
             return Ok(a);
         }
-        if addr.is_empty() {
-            return Err(FiError {
-                call: "fi_av_insert (empty address)",
-                errno: sys::FI_EINVAL,
-            });
-        }
+        check_peer_addr(self.addr_format, &self.name, addr)?;
+        let padded = padded_addr(addr);
         let mut out: sys::fi_addr_t = sys::FI_ADDR_NOTAVAIL;
-        // SAFETY: the AV is open; `addr` holds one address of the
-        // provider's format (a peer's fi_getname; a malformed one is
-        // rejected by the provider), `out` one handle.
+        // SAFETY: the AV is open and `out` is one handle. `fi_av_insert`
+        // takes no length: the provider reads as many bytes as its
+        // address format has, or up to a NUL (`shm`'s names). `padded`
+        // holds the peer's bytes followed by at least `ADDR_PAD -
+        // ADDR_MAX` zero bytes, more than any provider's address, so the
+        // read stays inside it whatever the peer sent (a short address is
+        // rejected or taken as another address, never read past).
         let rc = unsafe {
             sys::fi_av_insert(
                 self.av,
-                addr.as_ptr().cast::<c_void>(),
+                padded.as_ptr().cast::<c_void>(),
                 1,
                 &mut out,
                 0,
@@ -1185,6 +1242,61 @@ mod tests {
         let (slot, ctx) = t.reserve();
         t.fill(slot, op);
         ctx
+    }
+
+    /// A peer's address of any length up to the limit is followed by
+    /// zeros well past every provider's address size: a one-byte address
+    /// (or a name without its NUL) cannot make the provider read beyond
+    /// the buffer it is handed.
+    #[test]
+    fn a_peer_address_is_handed_over_zero_padded_past_every_providers_address_size() {
+        for addr in [vec![7u8], vec![b'x'; 16], vec![0xffu8; ADDR_MAX]] {
+            let p = padded_addr(&addr);
+            assert_eq!(&p[..addr.len()], &addr[..]);
+            assert!(
+                p[addr.len()..].iter().all(|&b| b == 0),
+                "zeros after the address"
+            );
+            assert!(p.len() - addr.len() >= 512, "at least 512 bytes of padding");
+        }
+    }
+
+    /// A peer's address reaches `fi_av_insert` only when it looks like
+    /// this endpoint's own: a socket address of the same length and
+    /// family, a name that ends with a NUL, any other format's address of
+    /// the same length.
+    #[test]
+    fn a_peer_address_unlike_this_endpoints_own_is_refused_before_the_address_vector() {
+        let mut v4 = vec![0u8; 16];
+        v4[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        let mut v6 = vec![0u8; 28];
+        v6[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        let mut v4_peer = v4.clone();
+        v4_peer[4..8].copy_from_slice(&[127, 0, 0, 2]);
+        for format in [sys::FI_SOCKADDR, sys::FI_SOCKADDR_IN] {
+            assert!(check_peer_addr(format, &v4, &v4_peer).is_ok());
+            for bad in [&b"x"[..], &[0xff; 16][..], &v6[..], &v4[..15], &[][..]] {
+                let e = check_peer_addr(format, &v4, bad).expect_err("refused");
+                assert_eq!(e.errno, sys::FI_EINVAL, "{bad:?}: {}", e.call);
+            }
+        }
+        let mut v6_other_family = v6.clone();
+        v6_other_family[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        assert!(check_peer_addr(sys::FI_SOCKADDR_IN6, &v6, &v6).is_ok());
+        assert!(check_peer_addr(sys::FI_SOCKADDR_IN6, &v6, &v6_other_family).is_err());
+        let own = b"fi_ns://1234:0\0".to_vec();
+        assert!(check_peer_addr(sys::FI_ADDR_STR, &own, b"another, longer name\0").is_ok());
+        assert!(
+            check_peer_addr(sys::FI_ADDR_STR, &own, &[b'x'; 16]).is_err(),
+            "no NUL"
+        );
+        assert!(
+            check_peer_addr(sys::FI_ADDR_STR, &own, &[0; ADDR_MAX + 1]).is_err(),
+            "too long"
+        );
+        let raw = [9u8; 32];
+        assert!(check_peer_addr(sys::FI_ADDR_EFA, &raw, &[1u8; 32]).is_ok());
+        assert!(check_peer_addr(sys::FI_ADDR_EFA, &raw, &[1u8; 31]).is_err());
     }
 
     #[test]

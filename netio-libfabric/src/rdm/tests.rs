@@ -256,3 +256,119 @@ fn a_cancelled_receive_leaves_its_connection_open() {
     );
     drop((server, client));
 }
+
+/// A HELLO whose fabric address is shorter than the fabric's addresses
+/// (one byte, or sixteen bytes of no known family and with no NUL for
+/// `shm`'s names), from a peer that speaks the control channel: the
+/// listener refuses it, and a real client connects afterwards and is
+/// served. On `tcp;ofi_rxm` one such address, handed to libfabric 1.17's
+/// address vector, made every later insert fail: no client could connect
+/// again (`rdm_ffi::check_peer_addr`).
+fn short_fabric_addresses_are_answered_and_others_served(lf: LibfabricConfig) {
+    use std::io::{Read, Write};
+    let (server_lp, client_lp) = (Running::start(), Running::start());
+    let server_log = Log::default();
+    let server = LibfabricBackend::new(
+        &server_lp.lp,
+        BackendConfig::default(),
+        lf.clone(),
+        server_log.clone(),
+    )
+    .expect("server backend");
+    let listen = server
+        .open_listen_endpoint(
+            EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
+            ConnectionParams::receive(64, 2),
+        )
+        .expect("listening");
+    let to = SocketAddr::from((Ipv4Addr::LOCALHOST, listen.port()));
+    let mut peers = Vec::new();
+    for addr in [vec![b'x'], vec![0xffu8; 16]] {
+        let mut out = Vec::new();
+        super::proto::Frame::Hello(super::proto::Hello {
+            tag: 1,
+            buf_size: 64,
+            credits: 2,
+            fabric: lf.provider.clone(),
+            addr,
+        })
+        .encode(&mut out);
+        let mut s = std::net::TcpStream::connect(to).expect("connecting");
+        s.write_all(&out).expect("writing the HELLO");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        peers.push(s);
+    }
+    for s in &mut peers {
+        // The answer: a REFUSE (the address is unlike the listener's own).
+        let mut decoder = super::proto::Decoder::new();
+        let mut buf = [0u8; 256];
+        let answer = loop {
+            match decoder.next() {
+                Ok(Some(f)) => break Some(f),
+                Ok(None) => {}
+                Err(e) => panic!("{}: a malformed answer: {e}", lf.provider),
+            }
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break None,
+                Ok(n) => decoder.push(&buf[..n]),
+            }
+        };
+        assert!(
+            matches!(&answer, Some(super::proto::Frame::Refuse { .. })),
+            "{}: the listener refuses a short address: {answer:?}",
+            lf.provider
+        );
+    }
+    let client_log = Log::default();
+    let client = LibfabricBackend::new(
+        &client_lp.lp,
+        BackendConfig::default(),
+        lf.clone(),
+        client_log.clone(),
+    )
+    .expect("client backend");
+    let c = client
+        .open_active_endpoint(EndpointAddress::from(to), ConnectionParams::receive(64, 2))
+        .expect("connecting");
+    client_log.wait_for("the real client's connection", |s| {
+        s.contains(&Seen::Established(c))
+    });
+    client
+        .send_data_copy(c, &[b"served"], &[], 1)
+        .expect("sending");
+    server_log.wait_for("the real client's message", |seen| {
+        seen.iter()
+            .any(|e| matches!(e, Seen::Data(_, d) if d == b"served"))
+    });
+    drop((peers, client, server));
+}
+
+#[test]
+fn short_fabric_addresses_are_answered_and_others_served_on_shm() {
+    short_fabric_addresses_are_answered_and_others_served(shm());
+}
+
+#[test]
+fn short_fabric_addresses_are_answered_and_others_served_on_tcp_rxm() {
+    short_fabric_addresses_are_answered_and_others_served(LibfabricConfig {
+        endpoint: EndpointType::Rdm,
+        ..LibfabricConfig::provider("tcp;ofi_rxm")
+    });
+}
+
+#[test]
+fn short_fabric_addresses_are_answered_and_others_served_on_udp_rxd() {
+    short_fabric_addresses_are_answered_and_others_served(LibfabricConfig {
+        endpoint: EndpointType::Rdm,
+        ..LibfabricConfig::provider("udp;ofi_rxd")
+    });
+}
+
+#[test]
+fn short_fabric_addresses_are_answered_and_others_served_on_sockets() {
+    short_fabric_addresses_are_answered_and_others_served(LibfabricConfig {
+        endpoint: EndpointType::Rdm,
+        ..LibfabricConfig::provider("sockets")
+    });
+}
