@@ -2358,26 +2358,20 @@ impl World {
         {
             return;
         }
-        let p = &c.pipes[dir];
-        // Nothing waits to be accepted, or the next does not fit.
-        if p.queue.len() <= p.accepted || p.next_waits_for_room(cap) {
-            return;
-        }
-        let (src, dst) = (c.hosts[dir], c.hosts[1 - dir]);
-        let link = match c.route[dir] {
-            Some(r) => Some(r.link),
-            None => link_at.get(&(src, dst)).copied(),
+        let base = match c.route[dir] {
+            Some(r) => links[r.link].latency,
+            None => link_at.get(&(c.hosts[dir], c.hosts[1 - dir])).map_or_else(
+                || nanos(LinkConfig::default().latency),
+                |&i| links[i].latency,
+            ),
         };
-        let base = link.map_or_else(
-            || nanos(LinkConfig::default().latency),
-            |i| links[i].latency,
-        );
         let p = &mut c.pipes[dir];
-        let mut n = 0;
-        let mut prev = p
-            .queue
-            .get(p.accepted.wrapping_sub(1))
-            .map_or(0, |m| m.arrival);
+        let start = p.accepted;
+        // Bytes cannot leave before they were handed over, nor before the
+        // message accepted before them.
+        let mut prev = p.queue.get(start.wrapping_sub(1)).map_or(0, |m| m.arrival);
+        // The arrival of the first message accepted now.
+        let mut first = None;
         while let Some(m) = p.queue.get_mut(p.accepted) {
             let len = m.body.len();
             if p.window > 0 && p.window + len > cap {
@@ -2385,28 +2379,30 @@ impl World {
             }
             p.window += len;
             p.accepted += 1;
-            let slot = !matches!(m.body, Body::Buffer(_));
-            if !matches!(m.body, Body::Copy(_)) {
-                let copied = m.body.copied();
-                p.copied_from
-                    .push(std::mem::replace(&mut m.body, Body::Copy(copied)));
-            }
-            // Bytes cannot leave before they were handed over.
+            let slot = match m.body {
+                Body::Copy(_) => true,
+                Body::Buffer(_) | Body::ZeroCopy { .. } => {
+                    let copied = m.body.copied();
+                    let from = std::mem::replace(&mut m.body, Body::Copy(copied));
+                    let slot = !matches!(from, Body::Buffer(_));
+                    p.copied_from.push(from);
+                    slot
+                }
+            };
             m.arrival = m.arrival.max(now + base).max(prev);
             prev = m.arrival;
+            first.get_or_insert(prev);
             p.completing.push(Accepted { key: m.key, slot });
-            n += 1;
         }
-        debug_assert!(n > 0, "the first waiting message fits");
-        let first = p.completing.len() == n;
-        let at = p.queue.get(p.accepted - n).map(|m| m.arrival);
-        if first {
+        // Nothing waits to be accepted, or the next does not fit.
+        let Some(at) = first else {
+            return;
+        };
+        if p.completing.len() == p.accepted - start {
             sched.schedule(now, Ev::Complete { conn, dir });
         }
-        if let Some(at) = at {
-            if !c.pipes[dir].blocked {
-                Self::kick(sched, conn, c, dir, at);
-            }
+        if !p.blocked {
+            Self::kick_pipe(sched, conn, p, dir, at);
         }
     }
 
