@@ -366,6 +366,14 @@ impl LibfabricBackend {
                  buffers; reliable-datagram endpoints share them)",
             ));
         }
+        if config.peer_timeout.is_some() {
+            return Err(CreateError::NotSupported(
+                "peer_timeout on connected endpoints (libfabric's tcp, sockets and verbs \
+                 endpoints have no keepalive, so a peer that goes silent would never be \
+                 noticed; reliable-datagram endpoints, EndpointType::Rdm, enforce it with \
+                 heartbeats)",
+            ));
+        }
         let shared_send = config
             .shared_send_pool
             .map(|p| BufferPool::new(p.buf_size, p.num_buf));

@@ -10,36 +10,45 @@ pub struct LibfabricConfig {
     /// The domain (for `verbs` the device, e.g. `mlx5_0`; for `tcp` the
     /// interface, e.g. `lo`); `None`: whichever serves the address.
     pub domain: Option<String>,
-    /// Transmit queue size of each endpoint; `None`: the provider's
+    /// Transmit queue size of each connected endpoint; `None`: the
+    /// provider's default. Reliable-datagram endpoints take the provider's
     /// default.
     pub tx_size: Option<usize>,
-    /// Receive queue size of each endpoint; `None`: the provider's default.
-    /// Either way it is raised, per connection, to the connection's number
-    /// of receive buffers (all of them are posted at once); a provider or
-    /// device that cannot hold that many makes the open fail with an error
-    /// that says so.
+    /// Receive queue size of each connected endpoint; `None`: the
+    /// provider's default. Either way it is raised, per connection, to the
+    /// connection's number of receive buffers (all of them are posted at
+    /// once); a provider or device that cannot hold that many makes the
+    /// open fail with an error that says so. On reliable datagrams, the
+    /// size asked for the backend's one endpoint, which holds every
+    /// connection's buffers (`None`: 16,384, or the provider's default
+    /// where it cannot give that many).
     pub rx_size: Option<usize>,
     /// Completion queue size of each connection; raised, per connection,
     /// to hold a completion of every receive buffer and every send that
-    /// may be in flight at once.
+    /// may be in flight at once. On reliable datagrams, the size of the
+    /// backend's one completion queue, at least 1,024.
     pub cq_size: usize,
-    /// How many extra times an empty completion queue is read before the
-    /// loop goes to sleep on its fd (busy polling for latency, spead2's
-    /// `max_poll`); 0 sleeps at once.
+    /// How many extra times an empty completion queue of a connected
+    /// endpoint is read before the loop goes to sleep on its fd (busy
+    /// polling for latency, spead2's `max_poll`); 0 sleeps at once. For
+    /// busy polling on either endpoint type, run the backend on a
+    /// busy-polling loop instead.
     pub max_poll: u32,
     /// `FI_SOCKETS_PE_WAITTIME` (µs the `sockets` provider's progress
     /// thread waits) set in the environment when the first backend is
     /// created, unless the environment already sets it. The default 0 makes
     /// `sockets` progress promptly; `None` leaves the environment alone.
     pub sockets_pe_waittime: Option<u32>,
-    /// How long a local close (`close_active_endpoint`, or closing the
-    /// listener of an accepted connection) waits, on the loop and without
+    /// On connected endpoints, how long a local close
+    /// (`close_active_endpoint`, or closing the listener of an accepted
+    /// connection) waits, on the loop and without
     /// blocking it, for the completions of sends already handed to the
     /// provider before it reports the rest cancelled. A send that completes
     /// meanwhile is reported completed; the close report comes when every
     /// send has ended or this time has passed. Providers with a progress
     /// thread (`sockets`) may still be writing a send some milliseconds
-    /// after it was posted.
+    /// after it was posted. A reliable-datagram close does not wait: a
+    /// send handed to the fabric is reported completed at once.
     pub close_linger: std::time::Duration,
     /// How long a connection may take to be set up: an initiated one not
     /// established by then is refused (`RefuseReason::Unreachable`), an
@@ -47,10 +56,13 @@ pub struct LibfabricConfig {
     /// a listener whose connection request has not arrived whole by then
     /// is shut down (see `max_pending_handshakes`).
     pub handshake_timeout: std::time::Duration,
-    /// On `tcp`: connections one listener holds whose connection request
-    /// has not arrived whole (silent or half-sent). Beyond it the newest
-    /// are shut down, each counted in
+    /// On connected `tcp`: connections one listener holds whose connection
+    /// request has not arrived whole (silent or half-sent). Beyond it the
+    /// newest are shut down, each counted in
     /// [`refused_connections`](crate::LibfabricBackend::refused_connections).
+    /// On reliable datagrams: control channels the backend holds, over all
+    /// its listeners, that have not sent their HELLO yet; one beyond it is
+    /// refused (REFUSE, limit) and counted.
     pub max_pending_handshakes: usize,
     /// Connections one listener holds at once (opening or established);
     /// requests beyond it are rejected (the peer sees a refusal) and

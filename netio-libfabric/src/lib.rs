@@ -21,8 +21,8 @@
 //! receiver grants one credit per receive buffer, so the fabric never
 //! holds a message nobody posted a buffer for; `peer_timeout` is enforced
 //! with heartbeats, and a peer whose control channel ends without a close
-//! is reported as `Reset`. Shared receive pools are not supported on them
-//! yet.
+//! is reported as `Reset`. Shared receive pools (backend-wide and per
+//! listener) are posted on the one endpoint under tags of their own.
 //!
 //! # How connected endpoints work
 //!
@@ -43,12 +43,13 @@
 //!   loop sleeps on them `fi_trywait` is called; when it answers
 //!   `-FI_EAGAIN` the queues are read again instead.
 //! - Receive buffers are one registered allocation per connection
-//!   (`recv.buf_size × recv.num_buf`), all posted. A message is copied out
-//!   of its buffer for `on_data` (so no registered memory is ever lent
-//!   outside the backend's lock), and the buffer is posted again once
-//!   `on_data` returns; the completion queue is then read once more before
-//!   the loop sleeps (a provider may hold a message that waited for a
-//!   buffer without reporting it to `fi_trywait`). `pause_receive` stops
+//!   (`recv.num_buf` buffers of `recv.buf_size + 1` bytes: a message one
+//!   byte too large arrives whole, so its size is known), all posted.
+//!   `on_data` reads a message in place, in its receive buffer, and the
+//!   buffer is posted again once `on_data` returns; the completion queue is
+//!   then read once more before the loop sleeps (a provider may hold a
+//!   message that waited for a buffer without reporting it to
+//!   `fi_trywait`). `pause_receive` stops
 //!   posting buffers again: the provider then stops taking the peer's data
 //!   and the peer's sends back up.
 //! - Messages keep their boundaries (`FI_MSG`): no length prefix. A
@@ -87,10 +88,12 @@
 //! - `sockets` keeps completing sends to a receiver that posts no buffers,
 //!   so pausing a receiver does not push back on the sender (see
 //!   `docs/libfabric.md`); `tcp` pushes back. Use `tcp`.
-//! - Liveness: libfabric 1.17's `tcp` and `sockets` endpoints offer no
-//!   keepalive or user timeout, so a peer that becomes unreachable without
-//!   a reset is not noticed; [`BackendConfig::peer_timeout`] is accepted and
-//!   not enforced.
+//! - Liveness: libfabric 1.17's `tcp`, `sockets` and `verbs` endpoints
+//!   offer no keepalive or user timeout, so a peer that becomes unreachable
+//!   without a reset would not be noticed: a connected backend refuses
+//!   [`BackendConfig::peer_timeout`] at creation
+//!   (`CreateError::NotSupported`). Reliable-datagram endpoints
+//!   ([`EndpointType::Rdm`]) enforce it.
 //!
 //! [`BackendConfig::peer_timeout`]: netio_core::BackendConfig::peer_timeout
 

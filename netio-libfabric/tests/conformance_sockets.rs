@@ -22,13 +22,14 @@ netio_conformance::suite!(
                  cannot tell a reset from the peer's close",
         shared_receive_pool = "libfabric endpoints post their own registered receive buffers; \
                                sharing them needs shared receive contexts, not implemented",
-        partition = "libfabric 1.17 sockets endpoints offer no keepalive or user timeout, so an \
-                     unreachable peer cannot be detected (peer_timeout is not enforced)",
+        partition = "the suite partitions only to test peer_timeout, which connected endpoints \
+                     refuse (see liveness)",
         backpressure = "libfabric 1.17 sockets keeps completing sends to a receiver that posts no \
                         buffers (its progress thread buffers them without bound), so a sender \
                         is never pushed back and no send can be held in flight",
-        liveness = "connected endpoints (FI_EP_MSG) have no netio heartbeat, and libfabric 1.17 \
-                    sockets endpoints no keepalive or user timeout: peer_timeout is not enforced",
+        liveness = "connected endpoints (FI_EP_MSG) refuse BackendConfig::peer_timeout at \
+                    creation (CreateError::NotSupported): libfabric 1.17 sockets endpoints have \
+                    no keepalive or user timeout, and carry no netio heartbeat",
         one_local_port = "netio-libfabric has no setting for the source port of its connections \
                           (the fabric provider picks it), so two connections from one local \
                           port cannot be made",

@@ -24,9 +24,11 @@ netio_conformance::suite!(
         shared_receive_pool = "libfabric endpoints post their own registered receive buffers; \
                                sharing them needs shared receive contexts, not implemented",
         partition = "the harness cannot cut a verbs link in the guest (one device, no second \
-                     host), and peer_timeout is not enforced on libfabric endpoints",
-        liveness = "connected endpoints (FI_EP_MSG) have no netio heartbeat, and libfabric 1.17 \
-                    verbs endpoints no keepalive or user timeout: peer_timeout is not enforced",
+                     host), and the suite partitions only to test peer_timeout, which connected \
+                     endpoints refuse (see liveness)",
+        liveness = "connected endpoints (FI_EP_MSG) refuse BackendConfig::peer_timeout at \
+                    creation (CreateError::NotSupported): libfabric 1.17 verbs endpoints have \
+                    no keepalive or user timeout, and carry no netio heartbeat",
         one_local_port = "netio-libfabric has no setting for the source port of its connections \
                           (rdma_cm picks it), so two connections from one local port cannot be \
                           made"

@@ -49,6 +49,42 @@ fn auto_picks_connected_endpoints_where_offered_and_reliable_datagrams_elsewhere
     }
 }
 
+/// `peer_timeout` asks for something connected endpoints cannot do (they
+/// have no keepalive): a backend on them refuses it at creation, saying
+/// which endpoint type enforces it, rather than accept it and never close
+/// a silent peer's connection. Reliable-datagram backends on the same
+/// fabric providers take it (their heartbeats enforce it; the conformance
+/// suite's `peer_timeout_ends_a_connection_whose_peer_stops_answering_with_timed_out`
+/// runs on them).
+#[test]
+fn peer_timeout_is_refused_on_connected_endpoints_and_taken_on_reliable_datagrams() {
+    let lp = Running::start();
+    let config = BackendConfig {
+        peer_timeout: Some(Duration::from_secs(5)),
+        ..BackendConfig::default()
+    };
+    for (fabric, endpoint) in [("tcp", EndpointType::Auto), ("sockets", EndpointType::Msg)] {
+        let lf = LibfabricConfig {
+            endpoint,
+            ..LibfabricConfig::provider(fabric)
+        };
+        let err = LibfabricBackend::new(&lp.lp, config.clone(), lf, Recorder::new(0))
+            .err()
+            .unwrap_or_else(|| panic!("{fabric}: a connected backend took peer_timeout"));
+        let text = err.to_string();
+        assert!(
+            matches!(err, netio_core::CreateError::NotSupported(_))
+                && text.contains("peer_timeout")
+                && text.contains("EndpointType::Rdm"),
+            "{fabric}: refused as not supported, naming the endpoint type that enforces it: {text}"
+        );
+    }
+    for fabric in ["tcp;ofi_rxm", "shm"] {
+        LibfabricBackend::new(&lp.lp, config.clone(), rdm(fabric), Recorder::new(0))
+            .unwrap_or_else(|e| panic!("{fabric}: {e}"));
+    }
+}
+
 #[test]
 fn a_fabric_without_reliable_datagrams_here_fails_at_creation_and_names_it() {
     let lp = Running::start();

@@ -1,12 +1,17 @@
 //! The conformance harness of the libfabric provider, shared by the suite's
-//! test binaries (`conformance_tcp`, `conformance_sockets`): a
-//! [`MioProvider`] per fabric provider for the suite's ready-made
-//! [`MioHarness`](netio_conformance::mio::MioHarness), on 127.0.0.1.
+//! test binaries (`conformance_tcp`, `conformance_sockets`,
+//! `conformance_busy_poll`, the `conformance_rdm_*` binaries and, in the
+//! verbs guest, `conformance_verbs`): a [`MioProvider`] per fabric provider
+//! and endpoint type (a flavor) for the suite's ready-made
+//! [`MioHarness`](netio_conformance::mio::MioHarness), on 127.0.0.1 (on
+//! `verbs`, the guest's soft-RoCE address).
 //!
-//! Both fabric providers carry messages over kernel TCP sockets, so a
-//! connection is reset the way the TCP provider's harness does it: the
-//! kernel's socket-destroy request (`ss -K`, needs root) aborts the socket
-//! and the peer sees a real TCP reset.
+//! Reliable-datagram flavors over kernel sockets reset a connection the way
+//! the TCP provider's harness does: the kernel's socket-destroy request
+//! (`ss -K`, needs root) aborts the control channel's socket and the peer
+//! sees a real TCP reset; they partition in a private network namespace.
+//! Connected flavors declare `reset` unsupported (libfabric reports a
+//! peer's reset as an orderly shutdown), so their harness never resets.
 #![allow(dead_code)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
@@ -82,12 +87,12 @@ macro_rules! tcp_msg_suite {
                 shared_receive_pool = "libfabric endpoints post their own registered receive \
                                        buffers; sharing them needs shared receive contexts, \
                                        not implemented",
-                partition = "libfabric 1.17 tcp endpoints offer no keepalive or user timeout, \
-                             so an unreachable peer cannot be detected (peer_timeout is not \
-                             enforced)",
-                liveness = "connected endpoints (FI_EP_MSG) have no netio heartbeat, and \
-                            libfabric 1.17 tcp endpoints no keepalive or user timeout: \
-                            peer_timeout is not enforced",
+                partition = "the suite partitions only to test peer_timeout, which connected \
+                             endpoints refuse (see liveness)",
+                liveness = "connected endpoints (FI_EP_MSG) refuse BackendConfig::peer_timeout \
+                            at creation (CreateError::NotSupported): libfabric 1.17 tcp \
+                            endpoints have no keepalive or user timeout, and carry no netio \
+                            heartbeat",
                 one_local_port = "netio-libfabric has no setting for the source port of its \
                                   connections (the fabric provider picks it), so two \
                                   connections from one local port cannot be made"
