@@ -71,28 +71,37 @@ pub fn listening_twice_on_one_address_fails_with_already_exists<H: Harness>(mode
 }
 
 /// Unusable addresses fail at once with `InvalidEndpointAddress`, naming the
-/// address.
+/// address: multicast and broadcast ones to listen on; unspecified, port 0,
+/// multicast and broadcast ones to connect to.
 pub fn bad_addresses_fail_clearly<H: Harness>(mode: ThreadSafety) {
     let mut c = Ctx::<H>::new(mode);
     let s = c.node();
-    let multicast = EndpointAddress::v4(224, 0, 0, 1, 0);
-    let r = c.call(&s, move |b| {
-        b.open_listen_endpoint(multicast, ConnectionParams::receive(64, 4))
-    });
-    match r {
-        Err(e @ OpenListenError::InvalidEndpointAddress { .. }) => {
-            assert!(
-                e.to_string().contains("224.0.0.1"),
-                "error must name the address: {e}"
-            )
+    for (bad, named) in [
+        (EndpointAddress::v4(224, 0, 0, 1, 0), "224.0.0.1"),
+        (
+            EndpointAddress::v4(255, 255, 255, 255, 0),
+            "255.255.255.255",
+        ),
+    ] {
+        let r = c.call(&s, move |b| {
+            b.open_listen_endpoint(bad, ConnectionParams::receive(64, 4))
+        });
+        match r {
+            Err(e @ OpenListenError::InvalidEndpointAddress { .. }) => {
+                assert!(
+                    e.to_string().contains(named),
+                    "error must name the address: {e}"
+                )
+            }
+            other => panic!("listen on {bad}: expected InvalidEndpointAddress, got {other:?}"),
         }
-        other => panic!("listen on {multicast}: expected InvalidEndpointAddress, got {other:?}"),
     }
     let ip = s.ip;
     for bad in [
         EndpointAddress::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 80),
         EndpointAddress::new(ip, 0),
         EndpointAddress::v4(239, 1, 1, 1, 80),
+        EndpointAddress::v4(255, 255, 255, 255, 80),
     ] {
         let r = c.call(&s, move |b| {
             b.open_active_endpoint(bad, ConnectionParams::buffered(64, 4))
