@@ -1241,7 +1241,21 @@ impl RdmInner {
             };
             match p.decoder.next() {
                 Ok(Some(Frame::Hello(h))) => break h,
-                Ok(Some(_)) | Err(_) => {
+                Ok(Some(_)) => {
+                    self.drop_pending(&mut st, key);
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Err(e) => {
+                    // A HELLO of another protocol version is answered with
+                    // a REFUSE that says so (best effort: the socket is
+                    // closed right after); anything else malformed is
+                    // dropped unanswered.
+                    if let Some(refusal) = e.refusal() {
+                        let mut out = Vec::new();
+                        refusal.frame().encode(&mut out);
+                        let _ = p.stream.write(&out);
+                    }
                     self.drop_pending(&mut st, key);
                     self.refused.fetch_add(1, Ordering::Relaxed);
                     return;

@@ -372,3 +372,61 @@ fn short_fabric_addresses_are_answered_and_others_served_on_sockets() {
         ..LibfabricConfig::provider("sockets")
     });
 }
+
+/// A HELLO of another protocol version is answered with a REFUSE that
+/// names the version (the wire format's promise to a newer or older
+/// peer), and the listener serves on.
+#[test]
+fn a_hello_of_another_protocol_version_is_refused_with_reason_version() {
+    use std::io::{Read, Write};
+    let server_lp = Running::start();
+    let server = LibfabricBackend::new(
+        &server_lp.lp,
+        BackendConfig::default(),
+        shm(),
+        Log::default(),
+    )
+    .expect("server backend");
+    let listen = server
+        .open_listen_endpoint(
+            EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
+            ConnectionParams::receive(64, 2),
+        )
+        .expect("listening");
+    let mut out = Vec::new();
+    super::proto::Frame::Hello(super::proto::Hello {
+        tag: 1,
+        buf_size: 64,
+        credits: 2,
+        fabric: "shm".into(),
+        addr: b"fi_shm_peer\0".to_vec(),
+    })
+    .encode(&mut out);
+    // The version follows the 4-byte length, the type and the magic.
+    assert_eq!(&out[5..9], b"NRDM");
+    out[9] = out[9].wrapping_add(1);
+    let mut s =
+        std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, listen.port())).expect("connecting");
+    s.write_all(&out).expect("writing the HELLO");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut decoder = super::proto::Decoder::new();
+    let mut buf = [0u8; 256];
+    let answer = loop {
+        if let Ok(Some(f)) = decoder.next() {
+            break Some(f);
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break None,
+            Ok(n) => decoder.push(&buf[..n]),
+        }
+    };
+    match answer {
+        Some(super::proto::Frame::Refuse { reason, text }) => {
+            assert_eq!(reason, super::proto::RefuseCode::Version, "{text}");
+            assert!(text.contains("version"), "{text}");
+        }
+        other => panic!("expected a REFUSE (version), got {other:?}"),
+    }
+    assert_eq!(server.refused_connections(), 1);
+}
