@@ -1,6 +1,7 @@
 //! Reliable-datagram endpoints beyond the conformance suite: choosing the
-//! endpoint type, a fabric the machine lacks, hostile bytes on a listener's
-//! control channel, a peer process that dies, and injected sends.
+//! endpoint type, `peer_timeout` on each type, a fabric the machine lacks,
+//! a listener's admission limits, hostile bytes on a listener's control
+//! channel, a peer process that dies, and injected sends.
 
 mod common;
 
@@ -203,6 +204,128 @@ fn hostile_bytes_on_the_listener(fabric: &str) {
         "{fabric}: only the real client reached the handler: {:?}",
         server.seen()
     );
+}
+
+/// A reliable-datagram listener's admission limits: connections beyond
+/// `max_connections_per_listener` are refused (the initiator sees a
+/// refusal, the listener counts it, its handler hears nothing), and
+/// control channels beyond `max_pending_handshakes` that have not sent
+/// their HELLO are answered REFUSE at once; when the held ones end, a new
+/// client is served.
+fn rdm_listener_limits(fabric: &str) {
+    let (server_lp, client_lp) = (Running::start(), Running::start());
+    let server = Recorder::new(0);
+    let sb = LibfabricBackend::new(
+        &server_lp.lp,
+        BackendConfig::default(),
+        LibfabricConfig {
+            max_connections_per_listener: 2,
+            max_pending_handshakes: 3,
+            ..rdm(fabric)
+        },
+        server.clone(),
+    )
+    .expect("server backend");
+    let listen = sb
+        .open_listen_endpoint(any_port(), ConnectionParams::receive(64, 2))
+        .expect("listening");
+    let to = EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, listen.port())));
+    let client = Recorder::new(0);
+    let cb = LibfabricBackend::new(
+        &client_lp.lp,
+        BackendConfig::default(),
+        rdm(fabric),
+        client.clone(),
+    )
+    .expect("client backend");
+    let conns: Vec<ConnId> = (0..3)
+        .map(|_| {
+            cb.open_active_endpoint(to, ConnectionParams::receive(64, 2))
+                .expect("connecting")
+        })
+        .collect();
+    assert!(
+        wait_until(|| {
+            client.count(|s| matches!(s, Seen::Established(..)))
+                + client.count(|s| matches!(s, Seen::Refused(..)))
+                == 3
+        }),
+        "{fabric}: every connection is established or refused: {:?}",
+        client.seen()
+    );
+    assert_eq!(
+        (
+            client.count(|s| matches!(s, Seen::Established(..))),
+            client.count(|s| matches!(s, Seen::Refused(..)))
+        ),
+        (2, 1),
+        "{fabric}: two connections are held, the third refused: {:?}",
+        client.seen()
+    );
+    assert_eq!(
+        sb.refused_connections(),
+        1,
+        "{fabric}: the refusal is counted"
+    );
+    assert_eq!(
+        server.count(|s| matches!(s, Seen::Established(..))),
+        2,
+        "{fabric}: the listener's handler hears of the two it holds only"
+    );
+    for c in conns {
+        let _ = cb.close_active_endpoint(c);
+    }
+    assert!(
+        wait_until(|| server.count(|s| matches!(s, Seen::Closed(..))) == 2),
+        "{fabric}: the listener's side of both connections closes"
+    );
+
+    // Three silent control channels fill the pending limit; the fourth is
+    // answered REFUSE at once.
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, listen.port()));
+    let silent: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(addr).expect("connecting"))
+        .collect();
+    // The listener takes the connections in the order they came (one
+    // accept loop), so the fourth meets the three, which stay pending
+    // until the set-up deadline (1 s).
+    let mut fourth = TcpStream::connect(addr).expect("connecting");
+    fourth
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("read timeout");
+    let mut answer = Vec::new();
+    let _ = fourth.read_to_end(&mut answer);
+    // A REFUSE frame: type 3 after the 4-byte length, reason 1 (limit).
+    assert!(
+        answer.len() > 6 && answer[4] == 3 && answer[5] == 1,
+        "{fabric}: the control channel beyond the pending limit is refused (limit): {answer:?}"
+    );
+    drop(silent);
+    let late = Recorder::new(0);
+    let lb = LibfabricBackend::new(
+        &client_lp.lp,
+        BackendConfig::default(),
+        rdm(fabric),
+        late.clone(),
+    )
+    .expect("a late client's backend");
+    lb.open_active_endpoint(to, ConnectionParams::receive(64, 2))
+        .expect("connecting");
+    assert!(
+        wait_until(|| late.count(|s| matches!(s, Seen::Established(..))) == 1),
+        "{fabric}: a client is served once the silent channels are gone: {:?}",
+        late.seen()
+    );
+}
+
+#[test]
+fn rdm_listener_limits_refuse_and_count_on_tcp_rxm() {
+    rdm_listener_limits("tcp;ofi_rxm");
+}
+
+#[test]
+fn rdm_listener_limits_refuse_and_count_on_shm() {
+    rdm_listener_limits("shm");
 }
 
 #[test]
