@@ -84,6 +84,31 @@ fn peer_timeout_is_refused_on_connected_endpoints_and_taken_on_reliable_datagram
         LibfabricBackend::new(&lp.lp, config.clone(), rdm(fabric), Recorder::new(0))
             .unwrap_or_else(|e| panic!("{fabric}: {e}"));
     }
+    // The longest timeout there is sets up connections like any other.
+    let forever = BackendConfig {
+        peer_timeout: Some(Duration::MAX),
+        ..BackendConfig::default()
+    };
+    let (server, client) = (Recorder::new(0), Recorder::new(0));
+    let sb = LibfabricBackend::new(&lp.lp, forever.clone(), rdm("shm"), server.clone())
+        .expect("server backend");
+    let listen = sb
+        .open_listen_endpoint(any_port(), ConnectionParams::receive(64, 2))
+        .expect("listening");
+    let cb =
+        LibfabricBackend::new(&lp.lp, forever, rdm("shm"), client.clone()).expect("client backend");
+    cb.open_active_endpoint(
+        EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, listen.port()))),
+        ConnectionParams::receive(64, 2),
+    )
+    .expect("connecting");
+    assert!(
+        wait_until(|| client.count(|s| matches!(s, Seen::Established(..))) == 1
+            && server.count(|s| matches!(s, Seen::Established(..))) == 1),
+        "a peer_timeout of Duration::MAX: {:?} / {:?}",
+        client.seen(),
+        server.seen()
+    );
 }
 
 #[test]

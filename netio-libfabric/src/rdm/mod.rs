@@ -914,7 +914,7 @@ impl RdmInner {
             peer_timeout: self
                 .config
                 .peer_timeout
-                .map(|t| t + self.heartbeat() + TICK),
+                .map(|t| t.saturating_add(self.heartbeat()).saturating_add(TICK)),
             heartbeat: self.heartbeat(),
         }
     }
