@@ -728,7 +728,10 @@ impl Copied {
             return Copied::Heap(v);
         }
         let mut bytes = [0; INLINE];
-        bytes[..header.len()].copy_from_slice(header);
+        // (Most messages have no header: no copy call for it.)
+        if !header.is_empty() {
+            bytes[..header.len()].copy_from_slice(header);
+        }
         let mut at = header.len();
         for d in data {
             bytes[at..at + d.len()].copy_from_slice(d);
@@ -2446,6 +2449,9 @@ impl World {
     /// Pipes waiting for a receive buffer of `pool` resume.
     #[inline]
     fn recv_freed(&mut self, pool: PoolId) {
+        if self.blocked.is_empty() {
+            return;
+        }
         let Some(waiting) = self.blocked.remove(&pool) else {
             return;
         };
