@@ -392,7 +392,7 @@ impl Sched {
         backends: &[BackendState],
         b: BackendId,
         m: DataMsg,
-        from: EndpointAddress,
+        from: &EndpointAddress,
     ) {
         self.emit_from(backends, b, NetEv::Data(m), Some(from));
     }
@@ -405,7 +405,7 @@ impl Sched {
         backends: &[BackendState],
         b: BackendId,
         ev: NetEv,
-        from: Option<EndpointAddress>,
+        from: Option<&EndpointAddress>,
     ) {
         if self.trace.is_some() {
             self.log_call(backends, b, &ev, from);
@@ -421,7 +421,7 @@ impl Sched {
         backends: &[BackendState],
         b: BackendId,
         ev: &NetEv,
-        from: Option<EndpointAddress>,
+        from: Option<&EndpointAddress>,
     ) {
         let text = match ev {
             NetEv::Established(id, r, c) => format!(
@@ -1288,7 +1288,7 @@ impl World {
                 wire: conn,
                 side,
             };
-            self.sched.emit_data(&self.backends, b, m, remote);
+            self.sched.emit_data(&self.backends, b, m, &remote);
         }
         let now = self.sched.now;
         if deferred {
@@ -1848,7 +1848,8 @@ impl World {
     /// Nothing passes between `a` and `b`: they are partitioned, or their
     /// traffic is held (`Sim::hold`).
     fn blocked_between(&self, a: IpAddr, b: IpAddr) -> bool {
-        a != b && !(self.partitions.is_empty() && self.holds.is_empty()) && {
+        // The maps first: usually there is no cut nor hold at all.
+        !(self.partitions.is_empty() && self.holds.is_empty()) && a != b && {
             let k = pair(a, b);
             self.partitions.contains_key(&k) || self.holds.contains(&k)
         }
@@ -2212,7 +2213,7 @@ impl World {
             return;
         }
         p.blocked = false;
-        let (rx_b, rx_id, rx_remote) = (rx.backend, rx.handle, rx.remote);
+        let (rx_b, rx_id) = (rx.backend, rx.handle);
         let Some(pool) = rx.recv.as_ref() else {
             if !p.queue.is_empty() {
                 let reason =
@@ -2277,7 +2278,7 @@ impl World {
                 wire: conn,
                 side: 1 - dir,
             };
-            sched.emit_data(backends, rx_b, m, rx_remote);
+            sched.emit_data(backends, rx_b, m, &rx.remote);
         }
         let tx_b = tx.backend;
         let tx_id = tx.handle;
@@ -2292,7 +2293,7 @@ impl World {
                     &mut line,
                     now,
                     rx_host,
-                    format_args!("b{rx_b} too large from {rx_remote} len={len}"),
+                    format_args!("b{rx_b} too large from {} len={len}", rx.remote),
                 );
                 t.insert_str(mark, &line);
             }
