@@ -272,6 +272,7 @@ macro_rules! __behaviours {
             both wake_never_calls_the_handler_inside_the_call [],
             // liveness
             both peer_timeout_ends_a_connection_whose_peer_stops_answering_with_timed_out [liveness, partition],
+            both the_longest_peer_timeout_sets_up_connections_that_carry_messages [liveness],
             // threads
             both handler_can_send_and_close_inside_callbacks [],
             both handlers_are_never_called_from_inside_a_backend_call [send_copy],

@@ -4454,6 +4454,31 @@ pub fn now_never_goes_backwards<H: Harness>(mode: ThreadSafety) {
 
 // ------------------------------------------------------- v2: liveness
 
+/// The longest `peer_timeout` there is (`Duration::MAX`) is a timeout
+/// like any other: connections set up under it carry messages both ways,
+/// and nothing overflows where the provider derives its heartbeats,
+/// keepalive or deadlines from it.
+pub fn the_longest_peer_timeout_sets_up_connections_that_carry_messages<H: Harness>(
+    mode: ThreadSafety,
+) {
+    let mut c = Ctx::<H>::new(mode);
+    let cfg = BackendConfig {
+        peer_timeout: Some(Duration::MAX),
+        ..c.config()
+    };
+    let (s, cl) = (c.node_with(cfg.clone(), None), c.node_with(cfg, None));
+    let p = c.pair_of(s, cl, full_params(64, 8), full_params(64, 8));
+    let (to_server, to_client) = (p.to_server, p.to_client);
+    c.send_buffered_key(&p.client, to_server, b"ping".to_vec(), 1);
+    c.send_buffered_key(&p.server, to_client, b"pong".to_vec(), 2);
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("a message each way", || {
+        !sl.data_on(to_client).is_empty() && !cl.data_on(to_server).is_empty()
+    });
+    assert_eq!(p.server.log.data_on(to_client), vec![b"ping".to_vec()]);
+    assert_eq!(p.client.log.data_on(to_server), vec![b"pong".to_vec()]);
+}
+
 /// With `peer_timeout`, a connection whose peer stops answering (no
 /// answer, no reset: a partition, or the harness silencing the peer where
 /// the transport cannot be partitioned) closes on each side with

@@ -363,6 +363,9 @@ impl TcpBackend {
             ));
         }
         let tcp = tcp.with_peer_timeout(config.peer_timeout);
+        if let Some(why) = tcp.keepalive.and_then(|k| k.invalid()) {
+            return Err(CreateError::InvalidConfig(why));
+        }
         if config.send_queue_depth == 0 {
             return Err(CreateError::InvalidConfig(
                 "send_queue_depth of 0 leaves no room for any send".into(),

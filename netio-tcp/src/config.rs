@@ -134,7 +134,8 @@ pub struct TcpConfig {
     /// it with [`CloseReason::TimedOut`](netio_core::CloseReason::TimedOut).
     /// `None` (default): `BackendConfig::peer_timeout` when that is set, the
     /// system's retransmission limit (about 15 minutes) otherwise.
-    /// Millisecond resolution, at most `u32::MAX` ms.
+    /// Millisecond resolution; longer than `i32::MAX` ms (about 24.8 days)
+    /// is taken as that.
     pub user_timeout: Option<Duration>,
     /// Connections one listener holds at once (exchanging handshakes or
     /// established). A connection accepted beyond it is closed at once,
@@ -191,24 +192,62 @@ pub struct Keepalive {
 }
 
 impl Keepalive {
+    /// The longest idle time and probe interval Linux takes (`TCP_KEEPIDLE`
+    /// and `TCP_KEEPINTVL` are at most 32,767 s; longer ones make backend
+    /// creation fail with `InvalidConfig`).
+    pub const MAX_SECS: u64 = 32_767;
+    /// The most unanswered probes Linux takes (`TCP_KEEPCNT`).
+    pub const MAX_RETRIES: u32 = 127;
+    /// The longest peer timeout that [`for_peer_timeout`](Self::for_peer_timeout)
+    /// turns into probes that end within it: 131,068 s (about 36 h), an
+    /// idle time and three intervals of at most [`MAX_SECS`](Self::MAX_SECS)
+    /// each. A longer `BackendConfig::peer_timeout` gets no probes, only
+    /// `TCP_USER_TIMEOUT` (which notices a silent peer once data is sent
+    /// to it).
+    pub const LONGEST_PEER_TIMEOUT: Duration = Duration::from_secs(4 * Self::MAX_SECS);
+
     /// Keepalive that notices a silent peer within `peer_timeout`: probes
     /// start after half of it (at least 1 s) and up to 3 probes share the
     /// rest, so `idle + interval * retries` stays within the timeout
     /// (timeouts under 2 s: 1 s + one probe after 1 s, the kernel's
     /// smallest settings). `TCP_USER_TIMEOUT`, set to the timeout as well,
-    /// bounds the whole.
+    /// bounds the whole. Beyond [`LONGEST_PEER_TIMEOUT`](Self::LONGEST_PEER_TIMEOUT)
+    /// the idle time and interval stay at [`MAX_SECS`](Self::MAX_SECS), so
+    /// the probes give up before the timeout.
     pub fn for_peer_timeout(peer_timeout: Duration) -> Self {
-        let secs = peer_timeout.as_secs() + u64::from(peer_timeout.subsec_nanos() > 0);
+        let secs = peer_timeout
+            .as_secs()
+            .saturating_add(u64::from(peer_timeout.subsec_nanos() > 0));
         let secs = secs.max(2);
-        let idle = (secs / 2).max(1);
+        let idle = (secs / 2).clamp(1, Self::MAX_SECS);
         let rest = (secs - idle).max(1);
         let retries = rest.min(3);
-        let interval = (rest / retries).max(1);
+        let interval = (rest / retries).clamp(1, Self::MAX_SECS);
         Self {
             idle: Duration::from_secs(idle),
             interval: Duration::from_secs(interval),
             // At most 3.
             retries: u32::try_from(retries).unwrap_or(3),
+        }
+    }
+
+    /// Why the kernel would refuse these settings, if it would.
+    pub(crate) fn invalid(&self) -> Option<String> {
+        let too_long = |d: Duration| d > Duration::from_secs(Self::MAX_SECS);
+        if too_long(self.idle) || too_long(self.interval) {
+            Some(format!(
+                "keepalive idle time and interval must be at most {} s: {:?}",
+                Self::MAX_SECS,
+                self
+            ))
+        } else if self.retries > Self::MAX_RETRIES {
+            Some(format!(
+                "keepalive retries must be at most {}: {}",
+                Self::MAX_RETRIES,
+                self.retries
+            ))
+        } else {
+            None
         }
     }
 }
@@ -218,8 +257,10 @@ impl TcpConfig {
     /// `peer_timeout` where none are given explicitly.
     pub(crate) fn with_peer_timeout(mut self, peer_timeout: Option<Duration>) -> Self {
         if let Some(t) = peer_timeout {
-            self.keepalive
-                .get_or_insert_with(|| Keepalive::for_peer_timeout(t));
+            if t <= Keepalive::LONGEST_PEER_TIMEOUT {
+                self.keepalive
+                    .get_or_insert_with(|| Keepalive::for_peer_timeout(t));
+            }
             self.user_timeout.get_or_insert(t);
         }
         self
@@ -364,6 +405,38 @@ mod tests {
         }
         let k = Keepalive::for_peer_timeout(Duration::from_millis(1500));
         assert_eq!(k.idle, Duration::from_secs(1));
+    }
+
+    /// The longest timeouts neither overflow nor ask the kernel for more
+    /// than it takes: up to `LONGEST_PEER_TIMEOUT` the probes end within
+    /// the timeout and stay within the kernel's limits; beyond it no
+    /// probes are derived (only the user timeout), and `for_peer_timeout`
+    /// itself stays at the kernel's limits.
+    #[test]
+    fn the_longest_peer_timeouts_stay_within_the_kernels_keepalive_limits() {
+        let longest = Keepalive::LONGEST_PEER_TIMEOUT;
+        let k = Keepalive::for_peer_timeout(longest);
+        assert_eq!(k.invalid(), None, "{k:?}");
+        assert!(k.idle + k.interval * k.retries <= longest, "{k:?}");
+        let cfg = TcpConfig::default().with_peer_timeout(Some(longest));
+        assert_eq!(cfg.keepalive, Some(k));
+        for t in [longest + Duration::from_secs(1), Duration::MAX] {
+            let cfg = TcpConfig::default().with_peer_timeout(Some(t));
+            assert_eq!(cfg.keepalive, None, "{t:?}: no probes");
+            assert_eq!(cfg.user_timeout, Some(t));
+            assert_eq!(Keepalive::for_peer_timeout(t).invalid(), None, "{t:?}");
+        }
+        let too_long = Keepalive {
+            idle: Duration::from_secs(Keepalive::MAX_SECS + 1),
+            interval: Duration::from_secs(1),
+            retries: 1,
+        };
+        assert!(too_long.invalid().is_some());
+        let too_many = Keepalive {
+            retries: Keepalive::MAX_RETRIES + 1,
+            ..Keepalive::for_peer_timeout(Duration::from_secs(10))
+        };
+        assert!(too_many.invalid().is_some());
     }
 
     #[test]

@@ -25,8 +25,13 @@ pub(crate) fn tune_stream(s: &mio::net::TcpStream, cfg: &TcpConfig) -> io::Resul
 /// and [`TcpConfig::user_timeout`]).
 fn apply_liveness(s: &Socket, cfg: &TcpConfig) -> io::Result<()> {
     if let Some(k) = cfg.keepalive {
+        // Whole seconds, rounded up (backend creation checked the limits).
         let secs = |d: std::time::Duration| {
-            std::time::Duration::from_secs((d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1))
+            std::time::Duration::from_secs(
+                d.as_secs()
+                    .saturating_add(u64::from(d.subsec_nanos() > 0))
+                    .max(1),
+            )
         };
         let ka = socket2::TcpKeepalive::new()
             .with_time(secs(k.idle))
@@ -35,8 +40,9 @@ fn apply_liveness(s: &Socket, cfg: &TcpConfig) -> io::Result<()> {
         s.set_tcp_keepalive(&ka)?;
     }
     if let Some(t) = cfg.user_timeout {
-        // At least 1 ms: 0 would mean "the system's default".
-        let max = std::time::Duration::from_millis(u64::from(u32::MAX));
+        // At least 1 ms: 0 would mean "the system's default". At most
+        // i32::MAX ms: Linux takes an int and refuses a negative one.
+        let max = std::time::Duration::from_millis(i32::MAX as u64);
         s.set_tcp_user_timeout(Some(t.clamp(std::time::Duration::from_millis(1), max)))?;
     }
     Ok(())
