@@ -1229,10 +1229,10 @@ impl Inner {
         };
         let text = format!(
             "{} (provider error {prov_errno})",
-            ffi::strerror(errno.abs())
+            ffi::strerror(errno.saturating_abs())
         );
         if c.phase == Phase::Opening {
-            let reason = match errno.abs() {
+            let reason = match errno.saturating_abs() {
                 libc::ECONNREFUSED => RefuseReason::Refused,
                 libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ETIMEDOUT => {
                     RefuseReason::Unreachable
@@ -1245,7 +1245,7 @@ impl Inner {
             if !self.progress_cq(st, id) {
                 return;
             }
-            let reason = match errno.abs() {
+            let reason = match errno.saturating_abs() {
                 libc::ETIMEDOUT => CloseReason::TimedOut,
                 libc::ECONNRESET | libc::EPIPE | libc::ECONNABORTED => CloseReason::Reset,
                 _ => CloseReason::Other(text),

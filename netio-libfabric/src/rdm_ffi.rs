@@ -1171,7 +1171,7 @@ impl RdmEp {
                     Some(Op::Recv { mem, index, owner }) => {
                         mem.posted[index].store(false, Ordering::Release);
                         // `shm` reports the error number negated.
-                        if e.err.abs() == sys::FI_ETRUNC as i32 {
+                        if e.err.saturating_abs() == sys::FI_ETRUNC as i32 {
                             out.push(RdmCompletion::Truncated {
                                 owner,
                                 index,
@@ -1181,7 +1181,7 @@ impl RdmEp {
                             out.push(RdmCompletion::RecvEnded {
                                 owner,
                                 index,
-                                errno: e.err.abs(),
+                                errno: e.err.saturating_abs(),
                             });
                         }
                     }
@@ -1192,7 +1192,7 @@ impl RdmEp {
                         out.push(RdmCompletion::SendFailed {
                             owner,
                             seq,
-                            errno: e.err.abs(),
+                            errno: e.err.saturating_abs(),
                         })
                     }
                     _ => {}
