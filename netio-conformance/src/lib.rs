@@ -223,6 +223,7 @@ macro_rules! __behaviours {
             both zero_copy_scatter_gather_arrives_as_one_message [send_zero_copy],
             both buffered_and_zero_copy_work_on_one_connection [buffered_with_zero_copy],
             // copy
+            both empty_and_header_only_messages_arrive_as_sent [send_copy, send_zero_copy],
             both copy_send_data_may_be_overwritten_after_call [send_copy],
             both copy_send_is_supported_or_reports_not_supported [],
             both send_queue_depth_bounds_sends_with_no_resources [send_copy],

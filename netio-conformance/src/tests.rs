@@ -966,6 +966,40 @@ pub fn buffered_and_zero_copy_work_on_one_connection<H: Harness>(mode: ThreadSaf
     );
 }
 
+/// Empty and header-only messages are messages like any other, in the
+/// copy and zero-copy modes as in the buffered one: an empty copy send, a
+/// copy send of a 16-byte header and no data, and a zero-copy send of an
+/// empty slice with a header arrive as exactly those bytes, in order, and
+/// each completes with its key.
+pub fn empty_and_header_only_messages_arrive_as_sent<H: Harness>(mode: ThreadSafety) {
+    let mut c = Ctx::<H>::new(mode);
+    let region = MemoryRegion::from_vec(vec![0u8; 64]);
+    let p = c.pair(
+        ConnectionParams::receive(64, 8),
+        ConnectionParams::receive(64, 8).with_zero_copy(region.clone()),
+    );
+    let to_server = p.to_server;
+    let header = [0xa5u8; 16];
+    let empty = region.slice(0, 0).expect("an empty slice of the region");
+    c.call(&p.client, move |b| {
+        b.send_data_copy(to_server, &[], &[], 1)?;
+        b.send_data_copy(to_server, &[&[]], &header, 2)?;
+        b.send_data(to_server, &[empty], b"hdr", 3)
+    })
+    .expect("empty and header-only sends are accepted");
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    c.wait("three messages arrive and complete", || {
+        sl.data_on(p.to_client).len() >= 3 && cl.completed(to_server).len() >= 3
+    });
+    c.settle();
+    assert_eq!(
+        p.server.log.data_on(p.to_client),
+        vec![Vec::new(), header.to_vec(), b"hdr".to_vec()],
+        "each message is exactly its header and data"
+    );
+    assert_eq!(p.client.log.completed(to_server), vec![1, 2, 3]);
+}
+
 // ----------------------------------------------------------------------- copy
 
 /// `send_data_copy` copies at once: overwriting the caller's memory right
