@@ -811,13 +811,6 @@ struct Msg {
     body: Body,
 }
 
-/// TCP profile: an accepted send whose completion is not yet reported.
-struct Accepted {
-    key: u64,
-    /// It takes a `send_queue_depth` slot (copy and zero-copy sends).
-    slot: bool,
-}
-
 #[derive(Default)]
 struct Pipe {
     queue: VecDeque<Msg>,
@@ -832,10 +825,14 @@ struct Pipe {
     accepted: usize,
     /// TCP profile: bytes of the accepted messages, bounded by the window.
     window: usize,
-    /// TCP profile: sends accepted but not yet reported (`Ev::Complete`).
-    /// Until then each keeps its buffer, lent region or queue slot, as
-    /// the contract says.
-    completing: Vec<Accepted>,
+    /// TCP profile: the keys of sends accepted but not yet reported
+    /// (`Ev::Complete`), in send order: the list the report hands over.
+    /// Until then each keeps its buffer, lent region or queue slot, as the
+    /// contract says.
+    completing: Vec<u64>,
+    /// How many of `completing` take a `send_queue_depth` slot (copy and
+    /// zero-copy sends).
+    completing_slots: usize,
     /// The buffers and lent regions the accepted sends of `completing`
     /// were copied from, kept only to be dropped when they are reported.
     copied_from: Vec<Body>,
@@ -2079,10 +2076,8 @@ impl World {
         // with the receiver; they were reported completed already, or are
         // now, before the close.
         let p = &mut c.pipes[side];
-        let completed: Vec<u64> = std::mem::take(&mut p.completing)
-            .into_iter()
-            .map(|a| a.key)
-            .collect();
+        let completed = std::mem::take(&mut p.completing);
+        p.completing_slots = 0;
         p.copied_from.clear();
         let keys: Vec<u64> = if c.tcp {
             p.queue.iter().skip(p.accepted).map(|m| m.key).collect()
@@ -2396,7 +2391,8 @@ impl World {
             m.arrival = m.arrival.max(now + base).max(prev);
             prev = m.arrival;
             first.get_or_insert(prev);
-            p.completing.push(Accepted { key: m.key, slot });
+            p.completing.push(m.key);
+            p.completing_slots += usize::from(slot);
         }
         // Nothing waits to be accepted, or the next does not fit.
         let Some(at) = first else {
@@ -2424,16 +2420,14 @@ impl World {
         if !p.copied_from.is_empty() {
             p.copied_from.clear();
         }
+        let slots = std::mem::take(&mut p.completing_slots);
         let Some(tx) = c.sides[dir].as_mut() else {
             p.completing.clear();
             return;
         };
-        let mut keys = self.sched.key_list();
-        for a in &p.completing {
-            tx.unbuffered -= usize::from(a.slot);
-            keys.push(a.key);
-        }
-        p.completing.clear();
+        tx.unbuffered -= slots;
+        // The list goes with the report; the pipe takes a spare one.
+        let keys = std::mem::replace(&mut p.completing, self.sched.key_list());
         let (b, id) = (tx.backend, tx.handle);
         self.sched
             .emit(&self.backends, b, NetEv::Completed(id, keys));
