@@ -109,6 +109,57 @@ fn shm() -> LibfabricConfig {
     }
 }
 
+/// A backend on `lp` with settings `lf` and handler `log`, listening on
+/// 127.0.0.1 (a port of the system's choice) with 2 receive buffers of 64
+/// bytes per connection; returns it with the listener's port.
+fn listening(lp: &Running, lf: LibfabricConfig, log: Log) -> (LibfabricBackend, u16) {
+    let backend =
+        LibfabricBackend::new(&lp.lp, BackendConfig::default(), lf, log).expect("server backend");
+    let listen = backend
+        .open_listen_endpoint(
+            EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
+            ConnectionParams::receive(64, 2),
+        )
+        .expect("listening");
+    (backend, listen.port())
+}
+
+/// The bytes of a HELLO for `fabric` announcing fabric address `addr`
+/// (connection tag 1, 2 buffers of 64 bytes).
+fn hello_bytes(fabric: &str, addr: Vec<u8>) -> Vec<u8> {
+    let mut out = Vec::new();
+    super::proto::Frame::Hello(super::proto::Hello {
+        tag: 1,
+        buf_size: 64,
+        credits: 2,
+        fabric: fabric.into(),
+        addr,
+    })
+    .encode(&mut out);
+    out
+}
+
+/// The first control frame a listener answers on `s` with, or `None` if
+/// the stream ends (or stays silent for 10 s) before one.
+fn answer(s: &mut std::net::TcpStream) -> Option<super::proto::Frame> {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut decoder = super::proto::Decoder::new();
+    let mut buf = [0u8; 256];
+    loop {
+        match decoder.next() {
+            Ok(Some(f)) => return Some(f),
+            Ok(None) => {}
+            Err(e) => panic!("a malformed answer: {e}"),
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => decoder.push(&buf[..n]),
+        }
+    }
+}
+
 fn rdm(b: &LibfabricBackend) -> Arc<RdmInner> {
     match &b.kind {
         Kind::Rdm(inner) => Arc::clone(inner),
@@ -147,19 +198,7 @@ fn pair(
     client_lp: &Running,
 ) -> (LibfabricBackend, Log, ConnId, LibfabricBackend, Log, ConnId) {
     let (server_log, client_log) = (Log::default(), Log::default());
-    let server = LibfabricBackend::new(
-        &server_lp.lp,
-        BackendConfig::default(),
-        shm(),
-        server_log.clone(),
-    )
-    .expect("server backend");
-    let listen = server
-        .open_listen_endpoint(
-            EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
-            ConnectionParams::receive(64, 2),
-        )
-        .expect("listening");
+    let (server, port) = listening(server_lp, shm(), server_log.clone());
     let client = LibfabricBackend::new(
         &client_lp.lp,
         BackendConfig::default(),
@@ -169,7 +208,7 @@ fn pair(
     .expect("client backend");
     client
         .open_active_endpoint(
-            EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, listen.port()))),
+            EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, port))),
             ConnectionParams::receive(64, 2),
         )
         .expect("connecting");
@@ -265,55 +304,21 @@ fn a_cancelled_receive_leaves_its_connection_open() {
 /// address vector, made every later insert fail: no client could connect
 /// again (`rdm_ffi::check_peer_addr`).
 fn short_fabric_addresses_are_answered_and_others_served(lf: LibfabricConfig) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let (server_lp, client_lp) = (Running::start(), Running::start());
     let server_log = Log::default();
-    let server = LibfabricBackend::new(
-        &server_lp.lp,
-        BackendConfig::default(),
-        lf.clone(),
-        server_log.clone(),
-    )
-    .expect("server backend");
-    let listen = server
-        .open_listen_endpoint(
-            EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
-            ConnectionParams::receive(64, 2),
-        )
-        .expect("listening");
-    let to = SocketAddr::from((Ipv4Addr::LOCALHOST, listen.port()));
+    let (server, port) = listening(&server_lp, lf.clone(), server_log.clone());
+    let to = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut peers = Vec::new();
     for addr in [vec![b'x'], vec![0xffu8; 16]] {
-        let mut out = Vec::new();
-        super::proto::Frame::Hello(super::proto::Hello {
-            tag: 1,
-            buf_size: 64,
-            credits: 2,
-            fabric: lf.provider.clone(),
-            addr,
-        })
-        .encode(&mut out);
         let mut s = std::net::TcpStream::connect(to).expect("connecting");
-        s.write_all(&out).expect("writing the HELLO");
-        s.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("read timeout");
+        s.write_all(&hello_bytes(&lf.provider, addr))
+            .expect("writing the HELLO");
         peers.push(s);
     }
     for s in &mut peers {
-        // The answer: a REFUSE (the address is unlike the listener's own).
-        let mut decoder = super::proto::Decoder::new();
-        let mut buf = [0u8; 256];
-        let answer = loop {
-            match decoder.next() {
-                Ok(Some(f)) => break Some(f),
-                Ok(None) => {}
-                Err(e) => panic!("{}: a malformed answer: {e}", lf.provider),
-            }
-            match s.read(&mut buf) {
-                Ok(0) | Err(_) => break None,
-                Ok(n) => decoder.push(&buf[..n]),
-            }
-        };
+        // The address is unlike the listener's own.
+        let answer = answer(s);
         assert!(
             matches!(&answer, Some(super::proto::Frame::Refuse { .. })),
             "{}: the listener refuses a short address: {answer:?}",
@@ -378,49 +383,16 @@ fn short_fabric_addresses_are_answered_and_others_served_on_sockets() {
 /// peer), and the listener serves on.
 #[test]
 fn a_hello_of_another_protocol_version_is_refused_with_reason_version() {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let server_lp = Running::start();
-    let server = LibfabricBackend::new(
-        &server_lp.lp,
-        BackendConfig::default(),
-        shm(),
-        Log::default(),
-    )
-    .expect("server backend");
-    let listen = server
-        .open_listen_endpoint(
-            EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
-            ConnectionParams::receive(64, 2),
-        )
-        .expect("listening");
-    let mut out = Vec::new();
-    super::proto::Frame::Hello(super::proto::Hello {
-        tag: 1,
-        buf_size: 64,
-        credits: 2,
-        fabric: "shm".into(),
-        addr: b"fi_shm_peer\0".to_vec(),
-    })
-    .encode(&mut out);
+    let (server, port) = listening(&server_lp, shm(), Log::default());
+    let mut out = hello_bytes("shm", b"fi_shm_peer\0".to_vec());
     // The version follows the 4-byte length, the type and the magic.
     assert_eq!(&out[5..9], b"NRDM");
     out[9] = out[9].wrapping_add(1);
-    let mut s =
-        std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, listen.port())).expect("connecting");
+    let mut s = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connecting");
     s.write_all(&out).expect("writing the HELLO");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("read timeout");
-    let mut decoder = super::proto::Decoder::new();
-    let mut buf = [0u8; 256];
-    let answer = loop {
-        if let Ok(Some(f)) = decoder.next() {
-            break Some(f);
-        }
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break None,
-            Ok(n) => decoder.push(&buf[..n]),
-        }
-    };
+    let answer = answer(&mut s);
     match answer {
         Some(super::proto::Frame::Refuse { reason, text }) => {
             assert_eq!(reason, super::proto::RefuseCode::Version, "{text}");
