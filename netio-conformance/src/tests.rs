@@ -966,6 +966,18 @@ pub fn buffered_and_zero_copy_work_on_one_connection<H: Harness>(mode: ThreadSaf
     );
 }
 
+/// Waits until the server of `p` has `n` messages from the client and the
+/// client `n` completions of its sends to the server, then lets the loops
+/// settle (so that anything more would be seen).
+fn wait_for_messages_and_completions<H: Harness>(c: &mut Ctx<H>, p: &crate::Pair<H>, n: usize) {
+    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
+    let (to_client, to_server) = (p.to_client, p.to_server);
+    c.wait(&format!("{n} messages arrive and complete"), || {
+        sl.data_on(to_client).len() >= n && cl.completed(to_server).len() >= n
+    });
+    c.settle();
+}
+
 /// Empty and header-only messages are messages like any other, in the
 /// copy and zero-copy modes as in the buffered one: an empty copy send, a
 /// copy send of a 16-byte header and no data, and a zero-copy send of an
@@ -987,11 +999,7 @@ pub fn empty_and_header_only_messages_arrive_as_sent<H: Harness>(mode: ThreadSaf
         b.send_data(to_server, &[empty], b"hdr", 3)
     })
     .expect("empty and header-only sends are accepted");
-    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
-    c.wait("three messages arrive and complete", || {
-        sl.data_on(p.to_client).len() >= 3 && cl.completed(to_server).len() >= 3
-    });
-    c.settle();
+    wait_for_messages_and_completions(&mut c, &p, 3);
     assert_eq!(
         p.server.log.data_on(p.to_client),
         vec![Vec::new(), header.to_vec(), b"hdr".to_vec()],
@@ -1318,11 +1326,7 @@ pub fn a_buffer_batch_arrives_in_order_and_a_refused_buffer_leaves_the_rest_with
     assert_eq!(alien_free, 1, "the refused buffer went back to its pool");
     second.expect("the rest of the batch is accepted");
     assert_eq!(after, 0, "a batch sent whole leaves the vector empty");
-    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
-    c.wait("four messages arrive and complete", || {
-        sl.data_on(p.to_client).len() >= 4 && cl.completed(to_server).len() >= 4
-    });
-    c.settle();
+    wait_for_messages_and_completions(&mut c, &p, 4);
     assert_eq!(
         p.server.log.data_on(p.to_client),
         (0..4u8).map(|i| vec![b'b', i]).collect::<Vec<_>>()
@@ -4917,11 +4921,7 @@ pub fn a_region_range_held_by_a_chunk_is_refused_and_one_in_flight_may_be_sent_a
     );
     c.call(&p.client, move |b| b.send_chunk(to_server, chunk, &[], 4))
         .expect("the chunk itself can be sent");
-    let (sl, cl) = (p.server.log.clone(), p.client.log.clone());
-    c.wait("three messages arrive and complete", || {
-        sl.data_on(p.to_client).len() >= 3 && cl.completed(to_server).len() >= 3
-    });
-    c.settle();
+    wait_for_messages_and_completions(&mut c, &p, 3);
     assert_eq!(
         p.server.log.data_on(p.to_client),
         vec![
