@@ -31,6 +31,22 @@ fn any_port() -> EndpointAddress {
     EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
 }
 
+/// A reliable-datagram backend on `fabric` (see [`rdm`]), default
+/// settings otherwise, on `lp` with (a clone of) handler `handler`.
+fn rdm_backend<H: Handler<LibfabricBackend> + Clone + 'static>(
+    lp: &Running,
+    fabric: &str,
+    handler: &H,
+) -> LibfabricBackend {
+    LibfabricBackend::new(
+        &lp.lp,
+        BackendConfig::default(),
+        rdm(fabric),
+        handler.clone(),
+    )
+    .unwrap_or_else(|e| panic!("{fabric}: a backend: {e}"))
+}
+
 #[test]
 fn auto_picks_connected_endpoints_where_offered_and_reliable_datagrams_elsewhere() {
     let lp = Running::start();
@@ -137,13 +153,7 @@ fn hostile_bytes_on_the_listener(fabric: &str) {
     let server_lp = Running::start();
     let client_lp = Running::start();
     let server = Recorder::new(0);
-    let sb = LibfabricBackend::new(
-        &server_lp.lp,
-        BackendConfig::default(),
-        rdm(fabric),
-        server.clone(),
-    )
-    .expect("server backend");
+    let sb = rdm_backend(&server_lp, fabric, &server);
     let listen = sb
         .open_listen_endpoint(any_port(), ConnectionParams::receive(256, 4))
         .expect("listening");
@@ -178,13 +188,7 @@ fn hostile_bytes_on_the_listener(fabric: &str) {
     // A real client is served meanwhile.
     let client = Recorder::new(3);
     client.greet_port.store(listen.port(), Ordering::SeqCst);
-    let cb = LibfabricBackend::new(
-        &client_lp.lp,
-        BackendConfig::default(),
-        rdm(fabric),
-        client.clone(),
-    )
-    .expect("client backend");
+    let cb = rdm_backend(&client_lp, fabric, &client);
     cb.open_active_endpoint(
         EndpointAddress::from(addr),
         ConnectionParams::receive(256, 4),
@@ -256,13 +260,7 @@ fn rdm_listener_limits(fabric: &str) {
         .expect("listening");
     let to = EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, listen.port())));
     let client = Recorder::new(0);
-    let cb = LibfabricBackend::new(
-        &client_lp.lp,
-        BackendConfig::default(),
-        rdm(fabric),
-        client.clone(),
-    )
-    .expect("client backend");
+    let cb = rdm_backend(&client_lp, fabric, &client);
     let conns: Vec<ConnId> = (0..3)
         .map(|_| {
             cb.open_active_endpoint(to, ConnectionParams::receive(64, 2))
@@ -327,13 +325,7 @@ fn rdm_listener_limits(fabric: &str) {
     );
     drop(silent);
     let late = Recorder::new(0);
-    let lb = LibfabricBackend::new(
-        &client_lp.lp,
-        BackendConfig::default(),
-        rdm(fabric),
-        late.clone(),
-    )
-    .expect("a late client's backend");
+    let lb = rdm_backend(&client_lp, fabric, &late);
     lb.open_active_endpoint(to, ConnectionParams::receive(64, 2))
         .expect("connecting");
     assert!(
@@ -415,13 +407,7 @@ fn a_dead_peer_process_is_a_reset(fabric: &str) {
     let lp = Running::start();
     let client = Recorder::new(1);
     client.greet_port.store(port, Ordering::SeqCst);
-    let b = LibfabricBackend::new(
-        &lp.lp,
-        BackendConfig::default(),
-        rdm(fabric),
-        client.clone(),
-    )
-    .expect("backend");
+    let b = rdm_backend(&lp, fabric, &client);
     let conn = b
         .open_active_endpoint(
             EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, port))),
@@ -699,13 +685,7 @@ fn a_reply_from_on_data_carries_the_credit_of_the_delivered_buffer(fabric: &str)
     let server_lp = Running::start();
     let client_lp = Running::start();
     let server = PingPong::default();
-    let sb = LibfabricBackend::new(
-        &server_lp.lp,
-        BackendConfig::default(),
-        rdm(fabric),
-        server.clone(),
-    )
-    .expect("server backend");
+    let sb = rdm_backend(&server_lp, fabric, &server);
     let listen = sb
         .open_listen_endpoint(any_port(), ConnectionParams::receive(SIZE, 1))
         .expect("listening");
@@ -714,13 +694,7 @@ fn a_reply_from_on_data_carries_the_credit_of_the_delivered_buffer(fabric: &str)
         client: true,
         ..PingPong::default()
     };
-    let cb = LibfabricBackend::new(
-        &client_lp.lp,
-        BackendConfig::default(),
-        rdm(fabric),
-        client.clone(),
-    )
-    .expect("client backend");
+    let cb = rdm_backend(&client_lp, fabric, &client);
     cb.open_active_endpoint(
         EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, relay))),
         ConnectionParams::receive(SIZE, 1),
@@ -789,13 +763,7 @@ fn a_server_serves_more_peer_endpoints_over_its_life_than_the_fabric_holds_at_on
 ) {
     let server_lp = Running::start();
     let server = Recorder::new(0);
-    let sb = LibfabricBackend::new(
-        &server_lp.lp,
-        BackendConfig::default(),
-        rdm(fabric),
-        server.clone(),
-    )
-    .expect("server backend");
+    let sb = rdm_backend(&server_lp, fabric, &server);
     let listen = sb
         .open_listen_endpoint(any_port(), ConnectionParams::receive(256, 2))
         .expect("listening");
