@@ -2441,12 +2441,17 @@ impl World {
         self.recv_freed(pool);
     }
 
-    /// Pipes waiting for a receive buffer of `pool` resume.
-    #[inline]
+    /// Pipes waiting for a receive buffer of `pool` resume. Inlined: usually
+    /// no pipe waits.
+    #[inline(always)]
     fn recv_freed(&mut self, pool: PoolId) {
-        if self.blocked.is_empty() {
-            return;
+        if !self.blocked.is_empty() {
+            self.wake_blocked(pool);
         }
+    }
+
+    /// [`recv_freed`](Self::recv_freed) when some pipe waits.
+    fn wake_blocked(&mut self, pool: PoolId) {
         let Some(waiting) = self.blocked.remove(&pool) else {
             return;
         };
