@@ -2469,7 +2469,8 @@ impl World {
     /// After `on_data` of backend `b` returned: frees message `m`'s buffer
     /// now, or after its host's slow-receiver delay. A buffer of its side's
     /// own pool freed now is kept by the side for its next message.
-    #[inline]
+    /// Inlined into the driver, which calls it after every `on_data`.
+    #[inline(always)]
     pub(crate) fn recv_done(&mut self, b: BackendId, m: DataMsg) {
         let h = &self.hosts.list[self.backends[b].hix];
         let slow = h.slow;
