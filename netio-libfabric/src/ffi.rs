@@ -1948,7 +1948,9 @@ pub(crate) fn prepare_env() {
 
 /// Sets `name` to `value` in the environment unless it is set already, for
 /// providers that read their settings from the environment when first
-/// initialised.
+/// initialised. `setenv` races with other threads reading the environment:
+/// `docs/libfabric.md` tells programs with threads of their own to set the
+/// variables before starting them.
 pub fn default_env(name: &str, value: &str) {
     if std::env::var_os(name).is_none() {
         std::env::set_var(name, value);
