@@ -16,7 +16,7 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -210,6 +210,9 @@ struct State {
     /// under way and writes the connections marked dirty when it ends
     /// ([`Inner::begin_run`]): a send meanwhile posts no flush of its own.
     flush_at_end: bool,
+    /// Runs ended so far (tests: which run handed something over).
+    #[cfg(test)]
+    runs_ended: u64,
     /// Connections waiting for a receive-pool buffer.
     pool_waiters: Vec<ConnId>,
     /// The connection that delivered data last: where a busy-polling loop
@@ -299,6 +302,10 @@ struct Inner {
     spin: Option<SpinId>,
     /// Accepted connections closed at once for an admission limit.
     refused: AtomicU64,
+    /// Some connection is marked for a flush (`State::dirty` is not
+    /// empty): read without the state lock by a delivery, to write a
+    /// reply as soon as its message was handed out.
+    marked: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -433,6 +440,7 @@ impl TcpBackend {
                 state,
                 pools: Mutex::new(PoolTally::default()),
                 refused: AtomicU64::new(0),
+                marked: AtomicBool::new(false),
                 shared_send,
                 shared_recv,
                 weak: weak.clone(),
@@ -619,6 +627,7 @@ impl Inner {
             if !c.dirty {
                 c.dirty = true;
                 st.dirty.push(id);
+                self.marked.store(true, Ordering::Relaxed);
             }
         }
         if !st.flush_posted && !st.flush_at_end {
@@ -935,6 +944,10 @@ impl Inner {
     fn end_run(self: &Arc<Self>) {
         let mut st = self.state.lock();
         st.flush_at_end = false;
+        #[cfg(test)]
+        {
+            st.runs_ended += 1;
+        }
         if st.dirty.is_empty() {
             return;
         }
@@ -1029,6 +1042,7 @@ impl Inner {
 
     /// Writes every connection marked dirty.
     fn flush_marked(&self, st: &mut State) {
+        self.marked.store(false, Ordering::Relaxed);
         let dirty = std::mem::take(&mut st.dirty);
         for &id in &dirty {
             if let Some(c) = st.conns.get_mut(id) {
@@ -1357,6 +1371,15 @@ impl Inner {
                     tally.count(msg.len());
                     let hd = h.get_or_insert_with(|| self.handler.lock());
                     hd.on_data(backend, id, msg);
+                    // The last message the read brought: what its handler
+                    // sent (a reply) is written now, not when the run
+                    // ends (after the reader is put back and the queued
+                    // events handed out). With more messages buffered,
+                    // their replies leave together at the run's end.
+                    if reader.dec.buffered() == 0 && self.marked.load(Ordering::Relaxed) {
+                        let mut st = self.state.lock();
+                        self.flush_marked(&mut st);
+                    }
                 }
                 Frame::DataPart {
                     bytes, total_len, ..
@@ -1389,6 +1412,10 @@ impl Inner {
                             let mut st = self.state.lock();
                             if !st.pool_waiters.is_empty() {
                                 self.wake_pool_waiters(&mut st);
+                            }
+                            // As for a message parsed in place (above).
+                            if reader.dec.buffered() == 0 && self.marked.load(Ordering::Relaxed) {
+                                self.flush_marked(&mut st);
                             }
                         }
                     }
@@ -2441,6 +2468,70 @@ mod tests {
         assert_eq!(seen, [("on_data", false), ("on_timer", false)]);
         lp.stop();
         runner.join().expect("loop thread");
+    }
+
+    /// Replies to each message, and reports for each reply's completion
+    /// whether the run of the loop that delivered the message was still
+    /// going when the completion was handed over (no run ended between
+    /// the two callbacks, and the run had not begun to end).
+    struct EarlyReplier(mpsc::Sender<bool>, u64);
+
+    impl Handler<TcpBackend> for EarlyReplier {
+        fn on_data(&mut self, b: &TcpBackend, conn: ConnId, data: &[u8]) {
+            b.send_data_copy(conn, &[data], &[], 7).expect("reply");
+            self.1 = b.inner.state.lock().runs_ended;
+        }
+        fn on_sends_completed(&mut self, b: &TcpBackend, _conn: ConnId, keys: &[u64]) {
+            if keys.contains(&7) {
+                let st = b.inner.state.lock();
+                let _ = self.0.send(st.flush_at_end && st.runs_ended == self.1);
+            }
+        }
+    }
+
+    /// A reply to the last message a read brought is written as soon as
+    /// that message's `on_data` returns, not when the run ends (after the
+    /// reader is put back and the queued events handed over): its
+    /// completion is reported while the run is still going. Busy-polling
+    /// and interrupt loops (on an interrupt loop the readiness event often
+    /// says writable too, and that flush writes the reply before the run
+    /// ends as well; the busy loop's spin has no such event).
+    #[test]
+    fn a_reply_to_the_last_message_of_a_read_is_written_before_its_run_ends() {
+        for busy in [false, true] {
+            let lp = MioLoop::with_config(netio_core::mio_loop::LoopConfig {
+                busy_poll: busy,
+                ..netio_core::mio_loop::LoopConfig::default()
+            })
+            .expect("loop");
+            let (done_tx, done) = mpsc::channel();
+            let (got_tx, got) = mpsc::channel();
+            let server = TcpBackend::new(&lp, BackendConfig::default(), EarlyReplier(done_tx, 0))
+                .expect("server");
+            let client =
+                TcpBackend::new(&lp, BackendConfig::default(), Receiver(got_tx)).expect("client");
+            let params = ConnectionParams::receive(64, 4);
+            let addr = server
+                .open_listen_endpoint(EndpointAddress::localhost(0), params.clone())
+                .expect("listen");
+            let conn = client.open_active_endpoint(addr, params).expect("connect");
+            let l2 = lp.clone();
+            let runner = std::thread::spawn(move || l2.run(|| {}));
+            let wait = Duration::from_secs(10);
+            let start = Instant::now();
+            while client.send_data_copy(conn, &[b"ping"], &[], 0).is_err() {
+                assert!(start.elapsed() < wait, "the connection did not open");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(got.recv_timeout(wait).expect("the reply"), b"ping");
+            let in_run = done.recv_timeout(wait).expect("the reply's completion");
+            assert!(
+                in_run,
+                "busy {busy}: the reply was written when the run ended, not after its on_data"
+            );
+            lp.stop();
+            runner.join().expect("loop thread");
+        }
     }
 
     #[test]
