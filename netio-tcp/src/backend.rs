@@ -55,6 +55,11 @@ const DEADLINE_TICK: Duration = Duration::from_millis(50);
 /// is then the only one); smaller ones are copied into the connection's
 /// ring and leave together with the sends made in the same callback.
 const WRITE_THROUGH_MIN: usize = 32 * 1024;
+/// How many times the spin callback of a busy-polling loop reads the hot
+/// connection's empty socket before it gives the loop its turn back (the
+/// loop's turn, with its `epoll_wait` every few turns, costs more than a
+/// read, so a message that lands meanwhile waits longer).
+const SPIN_READS: u32 = 4;
 /// A buffered send of at most this many bytes is copied into the
 /// connection's ring (its buffer held until it completes): a gather write
 /// costs the kernel more per slice than copying a small message costs here.
@@ -906,13 +911,13 @@ impl Inner {
         // has no edge to come, so it is read until `WouldBlock`.
         let data_only = ev.is_readable() && !ev.is_read_closed() && !ev.is_error();
         if readable && !connecting {
-            self.read_conn(id, data_only);
+            self.read_conn(id, data_only, 0);
         }
         if writable {
             self.on_writable(id);
         }
         if readable && connecting {
-            self.read_conn(id, data_only);
+            self.read_conn(id, data_only, 0);
         }
         self.dispatch();
         drop(end);
@@ -932,7 +937,7 @@ impl Inner {
         // What the handlers send leaves when the spin ends, not with a
         // flush posted for the loop's next turn; a panicking handler still
         // leaves it to a posted flush.
-        let found = self.read_conn(hot, true);
+        let found = self.read_conn(hot, true, SPIN_READS - 1);
         self.dispatch();
         drop(end);
         found
@@ -1067,14 +1072,16 @@ impl Inner {
     /// out what the read buffer holds and reads until the socket is empty
     /// (mio is edge-triggered: no new readiness event may come).
     fn on_readable(self: &Arc<Self>, id: ConnId) {
-        self.read_conn(id, false);
+        self.read_conn(id, false, 0);
     }
 
     /// Reads connection `id` until `WouldBlock` (or the per-event budget);
     /// with `stop_short`, also stops after a read that did not fill the
     /// buffer, saving the read that would find nothing (see
-    /// `on_conn_event`). `true` when a read found bytes.
-    fn read_conn(self: &Arc<Self>, id: ConnId, stop_short: bool) -> bool {
+    /// `on_conn_event`); `retries`, how many more times the first read
+    /// tries an empty socket before it gives up (a busy spin's,
+    /// [`SPIN_READS`]). `true` when a read found bytes.
+    fn read_conn(self: &Arc<Self>, id: ConnId, stop_short: bool, retries: u32) -> bool {
         // Made when a read needs the handler (not for a read that finds
         // nothing, the common case of a busy-polling spin).
         let mut backend = None;
@@ -1105,7 +1112,17 @@ impl Inner {
             let read = if room.is_empty() {
                 Err(io::ErrorKind::Interrupted.into())
             } else {
-                (&*r.stream).read(room)
+                // A busy spin reads an empty socket a few times before it
+                // gives the loop its turn back (see `SPIN_READS`).
+                let mut tries = if got_data { 0 } else { retries };
+                loop {
+                    match (&*r.stream).read(room) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock && tries > 0 => {
+                            tries -= 1;
+                        }
+                        read => break read,
+                    }
+                }
             };
             let mut drained = false;
             let mut end = match read {
