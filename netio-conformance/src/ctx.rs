@@ -630,6 +630,19 @@ impl<H: Harness> Ctx<H> {
         }
     }
 
+    /// Sends `data` from `from` on connection `to` with `key` by copy where
+    /// the provider has copy sends, else through a pool buffer (the
+    /// connection then needs send buffers): for behaviours whose subject is
+    /// not the send mode, so that they run on every provider.
+    #[track_caller]
+    pub fn send_copy_or_buffered(&mut self, from: &Node<H>, to: ConnId, data: Vec<u8>, key: u64) {
+        if self.h.features().send_copy {
+            self.send_copy(from, to, data, key);
+        } else {
+            self.send_buffered_key(from, to, data, key);
+        }
+    }
+
     /// Sends `data` through a pool buffer from `from` on connection `to`,
     /// waiting for a free buffer if needed. Returns the completion key,
     /// which the suite picks (distinct in the test).

@@ -20,7 +20,10 @@
 //! gives the provider's own reason), never
 //! as passes; `declared_features_match_the_unsupported_list` checks the list
 //! against [`Harness::features`], [`Harness::can_reset`] and
-//! [`Harness::can_partition`].
+//! [`Harness::can_partition`]. The rest never rely on a feature they do
+//! not declare: a provider without copy sends passes them (the suite's own
+//! test runs them against one), and where a behaviour calls
+//! `send_data_copy` only to see an error, `NotSupported` counts as one.
 //!
 //! The suite pins contract v2: connections are named by their
 //! [`ConnId`](netio_core::ConnId) handle (two connections to one address
