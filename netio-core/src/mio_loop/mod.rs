@@ -130,6 +130,7 @@
 //!
 //! Under `--cfg loom` only those pieces are compiled; the mio loop is not.
 
+mod cadence;
 mod control;
 #[cfg(not(loom))]
 mod loop_lock;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use mio::event::{Event, Source};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 
+use super::cadence::ClockCadence;
 use super::control::{Control, PollWaker};
 use super::posts::PostQueue;
 use super::signal_queue::{SignalCore, SignalQueue};
@@ -141,11 +142,14 @@ struct PollState {
     /// doubled after one that reported none, up to
     /// [`MAX_SPINS_PER_POLL`].
     poll_every: u32,
-    /// A spin callback found work on the last turn: the next turn reads
-    /// the clock and looks at the timers whatever `spin_turns` says, so
-    /// that work handed over from spin callbacks turn after turn does not
-    /// keep a due timer waiting.
+    /// The next turn reads the clock and looks at the timers whatever
+    /// `spin_turns` says: spin callbacks found work on the last turn (on
+    /// every such turn, or every few while they are short, see
+    /// `cadence`), so that work handed over from spin callbacks turn after
+    /// turn does not keep a due timer waiting.
     clock_due: bool,
+    /// How many turns that found work go by between two clock reads.
+    cadence: ClockCadence,
     /// The spin callbacks as of `spin_epoch` (the loop thread's copy).
     spins: Vec<Arc<SpinSlot>>,
     /// The [`Inner::spin_epoch`] `spins` was copied at.
@@ -244,6 +248,7 @@ impl MioLoop {
                 spin_turns: 0,
                 poll_every: SPINS_PER_POLL,
                 clock_due: false,
+                cadence: ClockCadence::default(),
                 spins: Vec::new(),
                 spin_epoch: 0,
             })),
@@ -348,12 +353,15 @@ impl MioLoop {
 
     /// The loop's time ([`EventLoop::now`]) as last read for its timers,
     /// without reading the clock again: for a spin callback (see
-    /// [`add_spin`](Self::add_spin)) it is at most 64 idle turns old (a
-    /// busy-polling loop with spin callbacks reads the clock on the turns
-    /// that ask epoll, one in 8 to one in 64, on turns that run posted
-    /// closures or signals, and after a spin callback found work). A loop that sleeps
-    /// reads it before it sleeps, so elsewhere it may be as old as that
-    /// sleep: use [`EventLoop::now`] there.
+    /// [`add_spin`](Self::add_spin)) it is at most 64 idle turns or 16
+    /// short turns that found work old (a busy-polling loop with spin
+    /// callbacks reads the clock on the turns that ask epoll, one in 8 to
+    /// one in 64, on turns that run posted closures or signals, and after
+    /// turns on which a spin callback found work: after each such turn
+    /// while they take 50 µs or more, after every second, fourth, … up to
+    /// every 16th while they are shorter). A loop that sleeps reads it
+    /// before it sleeps, so elsewhere it may be as old as that sleep: use
+    /// [`EventLoop::now`] there.
     pub fn turn_now(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.inner().turn_nanos.load(Ordering::Relaxed))
     }
@@ -370,9 +378,13 @@ impl MioLoop {
     ///
     /// The callback returns `true` when it found work (and handed it
     /// over), `false` when it looked and found nothing. The loop skips the
-    /// clock on idle turns; a turn after one that found work reads it and
+    /// clock on idle turns; after turns that found work it reads it and
     /// looks at the timers, so a flood handed over from spin callbacks does
-    /// not hold a due timer back.
+    /// not hold a due timer back: after every such turn while they are long
+    /// (together 50 µs or more from one read to the next), after every
+    /// second, fourth, … up to every 16th while they are shorter (a busy
+    /// ping-pong finds a message every other turn, and a clock read costs
+    /// about as much as the work of such a turn).
     ///
     /// Callable from any thread, including from inside a callback of this
     /// loop.
@@ -766,7 +778,7 @@ impl Inner {
             || std::mem::take(&mut st.clock_due)
             || self.posts.len() > 0
             || !self.signal_queue.is_empty();
-        self.run_posts() && self.run_signals() && (!clock || self.run_timers())
+        self.run_posts() && self.run_signals() && (!clock || self.run_timers(&mut st.cadence))
     }
 
     /// How long the loop may sleep in epoll: zero with work announced or
@@ -837,9 +849,21 @@ impl Inner {
         true
     }
 
-    /// Runs every spin callback once, noting in `clock_due` whether one
-    /// found work. Returns `false` when a callback requested a stop.
+    /// Runs every spin callback once, noting in `clock_due` whether the
+    /// next turn is to read the clock (see `PollState::cadence`). Returns
+    /// `false` when a callback requested a stop.
     fn run_spins(&self, st: &mut PollState) -> bool {
+        let mut found = false;
+        let more = self.run_each_spin(st, &mut found);
+        if found && st.cadence.found_work() {
+            st.clock_due = true;
+        }
+        more
+    }
+
+    /// [`run_spins`](Self::run_spins)' callbacks, noting in `found`
+    /// whether one found work.
+    fn run_each_spin(&self, st: &mut PollState, found: &mut bool) -> bool {
         let epoch = self.spin_epoch.load(Ordering::Acquire);
         if epoch != st.spin_epoch {
             let copy: Vec<_> = lock(&self.spins).iter().map(Arc::clone).collect();
@@ -858,7 +882,7 @@ impl Inner {
             let Some(callback) = held.as_mut() else {
                 continue;
             };
-            st.clock_due |= callback();
+            *found |= callback();
             if slot.removed.load(Ordering::SeqCst) {
                 // Removed from inside its own callback (or from another
                 // thread while it ran): dropped now, with no lock held.
@@ -895,12 +919,16 @@ impl Inner {
     }
 
     /// Runs the timers due now, each at most once.
-    fn run_timers(&self) -> bool {
+    /// `cadence` learns how long it was since the clock was last read.
+    fn run_timers(&self, cadence: &mut ClockCadence) -> bool {
         let now = Instant::now();
         // One conversion serves the turn's time and the timers' check (the
         // timers count from `created` too).
         let nanos = self.timers.nanos(now);
+        // Written only here, by the thread that holds the poll state.
+        let last = self.turn_nanos.load(Ordering::Relaxed);
         self.turn_nanos.store(nanos, Ordering::Relaxed);
+        cadence.read(nanos.saturating_sub(last));
         // Takes the timers' lock only when one may be due.
         self.timers
             .run_due_at(now, nanos, |callback| callback(), || !self.stopping())
