@@ -20,6 +20,7 @@ use netio::{Backend, BackendConfig, ConnectionParams, EndpointAddress};
 
 use crate::proto::{self, Report, Role};
 use crate::provider::{ClientResult, Spec};
+use crate::stats::RoundTrips;
 
 /// The client's work: connects to `addr`, sends the set-up message, runs
 /// the test of `spec` and returns what it measured. `virtual_time`: the
@@ -48,43 +49,35 @@ pub async fn client<B: Backend + Clone + 'static>(
     let result = match spec.role() {
         Role::Echo => {
             let reserve = spec.count.unwrap_or(1 << 16).min(1 << 22) as usize;
-            let mut samples = Vec::with_capacity(reserve);
+            let mut rt = RoundTrips::new(spec.warmup, reserve);
             let mut vsamples = Vec::with_capacity(if virtual_time { reserve } else { 0 });
-            let mut measure_start = None;
             let mut i = 0u64;
             loop {
-                if i == spec.warmup {
-                    measure_start = Some(Instant::now());
-                }
                 proto::set_seq(&mut msg, i);
                 let vsent_at = virtual_time.then(|| ab.now());
-                let sent_at = Instant::now();
                 conn.send(&msg)
                     .await
                     .map_err(|e| format!("send failed: {e}"))?;
+                rt.sent(i);
                 if !conn.recv_into(&mut buf).await {
                     return Err(closed("waiting for an echo"));
                 }
-                let now = Instant::now();
                 if !proto::echo_matches(&buf, spec.size, i, true) {
                     return Err(format!("echo {i} does not match what was sent"));
                 }
-                if i >= spec.warmup {
-                    samples.push((now - sent_at).as_nanos() as u64);
-                    if let Some(v0) = vsent_at {
-                        vsamples.push((ab.now() - v0).as_nanos() as u64);
-                    }
+                if let (true, Some(v0)) = (i >= spec.warmup, vsent_at) {
+                    vsamples.push((ab.now() - v0).as_nanos() as u64);
                 }
                 i += 1;
                 let measured = i.saturating_sub(spec.warmup);
-                let start = measure_start.unwrap_or(now);
                 let done = match (spec.count, spec.duration) {
                     (Some(n), _) => measured >= n,
-                    (None, Some(d)) => measured > 0 && now - start >= d,
+                    (None, Some(d)) => measured > 0 && rt.measured() >= d,
                     (None, None) => true,
                 };
                 if done {
-                    break ClientResult::PingPong(samples, vsamples, now - start);
+                    let (samples, elapsed) = rt.finish();
+                    break ClientResult::PingPong(samples, vsamples, elapsed);
                 }
             }
         }

@@ -32,6 +32,7 @@ use crate::cli::TestKind;
 use crate::metrics::{self, Figures};
 use crate::proto::{self, Report, Role, SinkCounter};
 use crate::provider::{RunError, Spec};
+use crate::stats::RoundTrips;
 
 /// Messages a one-way sender writes between two reads of the clock (the
 /// provider's sender sends at most as many between two reads).
@@ -355,33 +356,26 @@ fn client(spec: &Spec, s: TcpStream, deadline: Instant) -> io::Result<Got> {
         Role::Echo => {
             w.write_all(&setup)?;
             let reserve = spec.count.unwrap_or(1 << 16).min(1 << 22) as usize;
-            let mut samples = Vec::with_capacity(reserve);
-            let mut start = Instant::now();
+            let mut rt = RoundTrips::new(spec.warmup, reserve);
             let mut i = 0u64;
             loop {
-                if i == spec.warmup {
-                    start = Instant::now();
-                }
                 proto::set_seq(&mut frame[4..], i);
-                let t = Instant::now();
                 w.write_all(&frame)?;
+                rt.sent(i);
                 let f = rd.next(&mut r)?.ok_or_else(closed)?;
-                let now = Instant::now();
                 if !proto::echo_matches(&rd.get(f)[4..], spec.size, i, true) {
                     return Err(io::Error::new(io::ErrorKind::InvalidData, "echo mismatch"));
-                }
-                if i >= spec.warmup {
-                    samples.push((now - t).as_nanos() as u64);
                 }
                 i += 1;
                 let measured = i.saturating_sub(spec.warmup);
                 let fin = match (spec.count, spec.duration) {
                     (Some(n), _) => measured >= n,
-                    (None, Some(d)) => measured > 0 && now - start >= d,
+                    (None, Some(d)) => measured > 0 && rt.measured() >= d,
                     (None, None) => true,
                 };
                 if fin {
-                    return Ok(Got::PingPong(samples, now - start));
+                    let (samples, elapsed) = rt.finish();
+                    return Ok(Got::PingPong(samples, elapsed));
                 }
             }
         }

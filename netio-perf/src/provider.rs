@@ -22,6 +22,7 @@ use netio::{
 use crate::cli::{SendMode, TestKind};
 use crate::metrics::{self, Figures};
 use crate::proto::{self, Report, Role, SinkCounter};
+use crate::stats::RoundTrips;
 
 /// What one run measures.
 #[derive(Debug, Clone)]
@@ -416,11 +417,9 @@ pub struct Client {
     virtual_time: bool,
     // ping-pong
     i: u64,
-    sent_at: Instant,
     vsent_at: Option<Duration>,
-    samples: Vec<u64>,
+    round_trips: Option<RoundTrips>,
     vsamples: Vec<u64>,
-    measure_start: Option<Instant>,
     // one-way
     inflight: usize,
     window: usize,
@@ -456,19 +455,13 @@ impl Client {
             region,
             virtual_time,
             i: 0,
-            sent_at: Instant::now(),
             vsent_at: None,
-            samples: Vec::with_capacity(if spec.role() == Role::Echo {
-                reserve
-            } else {
-                0
-            }),
+            round_trips: (spec.role() == Role::Echo).then(|| RoundTrips::new(spec.warmup, reserve)),
             vsamples: Vec::with_capacity(if virtual_time && spec.role() == Role::Echo {
                 reserve
             } else {
                 0
             }),
-            measure_start: None,
             inflight: 0,
             data_sent: 0,
             end_sent: false,
@@ -500,13 +493,9 @@ impl Client {
         self.key
     }
 
-    /// Sends ping `self.i`; `now`, the time it is sent at (the time its
-    /// echo's predecessor arrived: one clock read per round trip, so the
-    /// samples add up to the measured time).
-    fn ping<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId, now: Instant) {
-        if self.i == self.spec.warmup {
-            self.measure_start = Some(now);
-        }
+    /// Sends ping `self.i`, then reads the clock for its round trip (see
+    /// [`RoundTrips`]).
+    fn ping<B: Backend + ?Sized>(&mut self, b: &B, conn: ConnId) {
         let zero_copy = self.spec.mode == SendMode::ZeroCopy;
         if !zero_copy {
             proto::set_seq(&mut self.msg, self.i);
@@ -515,7 +504,6 @@ impl Client {
         if self.virtual_time {
             self.vsent_at = Some(b.now());
         }
-        self.sent_at = now;
         if let Err(e) = send_msg(
             b,
             conn,
@@ -525,6 +513,10 @@ impl Client {
             key,
         ) {
             self.finish(b, Err(format!("send failed: {e}")));
+            return;
+        }
+        if let Some(rt) = &mut self.round_trips {
+            rt.sent(self.i);
         }
     }
 
@@ -657,7 +649,7 @@ impl<B: Backend + ?Sized> Handler<B> for Client {
         }
         self.inflight += 1;
         match self.spec.role() {
-            Role::Echo => self.ping(b, conn, Instant::now()),
+            Role::Echo => self.ping(b, conn),
             Role::Sink => self.pump(b, conn),
         }
     }
@@ -689,8 +681,6 @@ impl<B: Backend + ?Sized> Handler<B> for Client {
         }
         match self.spec.role() {
             Role::Echo => {
-                let now = Instant::now();
-                let rtt = (now - self.sent_at).as_nanos() as u64;
                 let check_seq = self.spec.mode != SendMode::ZeroCopy;
                 if !proto::echo_matches(data, self.spec.size, self.i, check_seq) {
                     self.finish(
@@ -700,25 +690,26 @@ impl<B: Backend + ?Sized> Handler<B> for Client {
                     return;
                 }
                 if self.i >= self.spec.warmup {
-                    self.samples.push(rtt);
                     if let Some(v0) = self.vsent_at {
                         self.vsamples.push((b.now() - v0).as_nanos() as u64);
                     }
                 }
                 self.i += 1;
                 let measured = self.i.saturating_sub(self.spec.warmup);
-                let start = self.measure_start.unwrap_or(now);
+                let Some(rt) = &self.round_trips else {
+                    return;
+                };
                 let fin = match (self.spec.count, self.spec.duration) {
                     (Some(n), _) => measured >= n,
-                    (None, Some(d)) => measured > 0 && now - start >= d,
+                    (None, Some(d)) => measured > 0 && rt.measured() >= d,
                     (None, None) => true,
                 };
                 if fin {
-                    let s = std::mem::take(&mut self.samples);
+                    let (s, elapsed) = self.round_trips.take().expect("echo role").finish();
                     let v = std::mem::take(&mut self.vsamples);
-                    self.finish(b, Ok(ClientResult::PingPong(s, v, now - start)));
+                    self.finish(b, Ok(ClientResult::PingPong(s, v, elapsed)));
                 } else {
-                    self.ping(b, conn, now);
+                    self.ping(b, conn);
                 }
             }
             Role::Sink => match Report::decode(data) {
