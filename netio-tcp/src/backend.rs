@@ -1045,6 +1045,18 @@ impl Inner {
         self.dispatch_locked(st);
     }
 
+    /// After the `on_data` of a message `reader` parsed: `true` when it
+    /// was the last message the read brought and a handler sent something
+    /// since the last flush. What it sent (a reply) is then written at
+    /// once ([`flush_marked`](Self::flush_marked)), not when the run ends
+    /// (after the reader is put back and the queued events handed out);
+    /// with more messages buffered, their replies leave together at the
+    /// run's end.
+    #[inline]
+    fn reply_due(&self, reader: &Reader) -> bool {
+        reader.dec.buffered() == 0 && self.marked.load(Ordering::Relaxed)
+    }
+
     /// Writes every connection marked dirty.
     fn flush_marked(&self, st: &mut State) {
         self.marked.store(false, Ordering::Relaxed);
@@ -1388,12 +1400,7 @@ impl Inner {
                     tally.count(msg.len());
                     let hd = h.get_or_insert_with(|| self.handler.lock());
                     hd.on_data(backend, id, msg);
-                    // The last message the read brought: what its handler
-                    // sent (a reply) is written now, not when the run
-                    // ends (after the reader is put back and the queued
-                    // events handed out). With more messages buffered,
-                    // their replies leave together at the run's end.
-                    if reader.dec.buffered() == 0 && self.marked.load(Ordering::Relaxed) {
+                    if self.reply_due(reader) {
                         let mut st = self.state.lock();
                         self.flush_marked(&mut st);
                     }
@@ -1430,8 +1437,7 @@ impl Inner {
                             if !st.pool_waiters.is_empty() {
                                 self.wake_pool_waiters(&mut st);
                             }
-                            // As for a message parsed in place (above).
-                            if reader.dec.buffered() == 0 && self.marked.load(Ordering::Relaxed) {
+                            if self.reply_due(reader) {
                                 self.flush_marked(&mut st);
                             }
                         }
@@ -2453,6 +2459,34 @@ mod tests {
         }
     }
 
+    /// On `lp`, a server with `handler` and a client that reports what it
+    /// receives in `got`, connected, the loop running on a thread of its
+    /// own; the client's first message, "ping", sent. Returns the loop
+    /// thread (stop `lp`, then join it) and both backends (kept alive).
+    fn ping_server(
+        lp: &MioLoop,
+        handler: impl Handler<TcpBackend> + 'static,
+        got: mpsc::Sender<Vec<u8>>,
+    ) -> (std::thread::JoinHandle<()>, TcpBackend, TcpBackend) {
+        let server = TcpBackend::new(lp, BackendConfig::default(), handler).expect("server");
+        let client = TcpBackend::new(lp, BackendConfig::default(), Receiver(got)).expect("client");
+        let params = ConnectionParams::receive(64, 4);
+        let addr = server
+            .open_listen_endpoint(EndpointAddress::localhost(0), params.clone())
+            .expect("listen");
+        let conn = client.open_active_endpoint(addr, params).expect("connect");
+        let l2 = lp.clone();
+        let runner = std::thread::spawn(move || l2.run(|| {}));
+        let start = Instant::now();
+        while client.send_data_copy(conn, &[b"ping"], &[], 0).is_err() {
+            assert!(start.elapsed() < WAIT, "the connection did not open");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (runner, server, client)
+    }
+
+    const WAIT: Duration = Duration::from_secs(10);
+
     /// What a handler sends from a readiness event's messages or from a
     /// timer is written when that run of the loop ends: no flush is posted
     /// for the loop's next turn (a boxed closure and a turn's wait per
@@ -2462,25 +2496,9 @@ mod tests {
         let lp = MioLoop::new().expect("loop");
         let (sent_tx, sent) = mpsc::channel();
         let (got_tx, got) = mpsc::channel();
-        let server =
-            TcpBackend::new(&lp, BackendConfig::default(), Replier(sent_tx, None)).expect("server");
-        let client =
-            TcpBackend::new(&lp, BackendConfig::default(), Receiver(got_tx)).expect("client");
-        let params = ConnectionParams::receive(64, 4);
-        let addr = server
-            .open_listen_endpoint(EndpointAddress::localhost(0), params.clone())
-            .expect("listen");
-        let conn = client.open_active_endpoint(addr, params).expect("connect");
-        let l2 = lp.clone();
-        let runner = std::thread::spawn(move || l2.run(|| {}));
-        let wait = Duration::from_secs(10);
-        let start = Instant::now();
-        while client.send_data_copy(conn, &[b"ping"], &[], 0).is_err() {
-            assert!(start.elapsed() < wait, "the connection did not open");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(got.recv_timeout(wait).expect("the reply"), b"ping");
-        assert_eq!(got.recv_timeout(wait).expect("the timer's"), b"timer");
+        let (runner, _server, _client) = ping_server(&lp, Replier(sent_tx, None), got_tx);
+        assert_eq!(got.recv_timeout(WAIT).expect("the reply"), b"ping");
+        assert_eq!(got.recv_timeout(WAIT).expect("the timer's"), b"timer");
         let seen: Vec<_> = sent.try_iter().collect();
         assert_eq!(seen, [("on_data", false), ("on_timer", false)]);
         lp.stop();
@@ -2523,25 +2541,9 @@ mod tests {
             .expect("loop");
             let (done_tx, done) = mpsc::channel();
             let (got_tx, got) = mpsc::channel();
-            let server = TcpBackend::new(&lp, BackendConfig::default(), EarlyReplier(done_tx, 0))
-                .expect("server");
-            let client =
-                TcpBackend::new(&lp, BackendConfig::default(), Receiver(got_tx)).expect("client");
-            let params = ConnectionParams::receive(64, 4);
-            let addr = server
-                .open_listen_endpoint(EndpointAddress::localhost(0), params.clone())
-                .expect("listen");
-            let conn = client.open_active_endpoint(addr, params).expect("connect");
-            let l2 = lp.clone();
-            let runner = std::thread::spawn(move || l2.run(|| {}));
-            let wait = Duration::from_secs(10);
-            let start = Instant::now();
-            while client.send_data_copy(conn, &[b"ping"], &[], 0).is_err() {
-                assert!(start.elapsed() < wait, "the connection did not open");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            assert_eq!(got.recv_timeout(wait).expect("the reply"), b"ping");
-            let in_run = done.recv_timeout(wait).expect("the reply's completion");
+            let (runner, _server, _client) = ping_server(&lp, EarlyReplier(done_tx, 0), got_tx);
+            assert_eq!(got.recv_timeout(WAIT).expect("the reply"), b"ping");
+            let in_run = done.recv_timeout(WAIT).expect("the reply's completion");
             assert!(
                 in_run,
                 "busy {busy}: the reply was written when the run ended, not after its on_data"
