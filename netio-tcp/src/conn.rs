@@ -447,6 +447,9 @@ pub(crate) struct Conn {
     pub(crate) slots_released: Arc<AtomicUsize>,
     /// In the backend's list of connections to flush.
     pub(crate) dirty: bool,
+    /// Out of epoll while a busy loop's spin reads it
+    /// ([`MioLoop::suspend`](netio_core::mio_loop::MioLoop::suspend)).
+    pub(crate) suspended: bool,
     /// Give up if not established by then.
     pub(crate) deadline: Option<Instant>,
     /// The copied frames of `queue`: their unwritten bytes and keys.
@@ -513,6 +516,7 @@ impl Conn {
             slots_taken: 0,
             slots_released: Arc::new(AtomicUsize::new(0)),
             dirty: false,
+            suspended: false,
             deadline: Some(deadline),
             copies: CopyQueue::default(),
             stats: ConnStats::default(),

@@ -105,12 +105,16 @@
 //! backend reads the connection that delivered data last on every turn
 //! (a [spin callback](netio_core::mio_loop::MioLoop::add_spin)), and the
 //! loop asks epoll about the rest every few turns: a ping-pong's reply is
-//! found by the read that returns it. What handlers send while the spin
-//! hands messages over is written when the spin ends, in the same turn,
-//! as on any loop what they send from a readiness event, a timer, a wake or
-//! a dispatched completion is written when that callback's run ends (small
-//! copy sends made outside such a run, from another thread or a posted
-//! closure, are written by a flush posted to the loop).
+//! found by the read that returns it. A connection that stays the one
+//! delivering leaves epoll until another one delivers, a write to it
+//! blocks or it closes (its arrivals then cost the kernel no epoll
+//! wake-up, which on loopback is paid inside the sender's call). What
+//! handlers send while the spin hands messages over is written when the
+//! spin ends, in the same turn, as on any loop what they send from a
+//! readiness event, a timer, a wake or a dispatched completion is written
+//! when that callback's run ends (small copy sends made outside such a
+//! run, from another thread or a posted closure, are written by a flush
+//! posted to the loop).
 //!
 //! ```
 //! use std::thread;

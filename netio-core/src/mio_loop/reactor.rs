@@ -320,6 +320,38 @@ impl MioLoop {
         inner.registry.reregister(source, Token(id.0), interest)
     }
 
+    /// Takes a registered source out of epoll for a while, keeping its id
+    /// and callback: none of its readiness is reported until
+    /// [`resume`](Self::resume). For a source that a busy loop's spin
+    /// callback reads anyway, so that its readiness costs nothing (epoll's
+    /// wake-up callback runs on every arrival at a registered socket, under
+    /// its lock). [`deregister`](Self::deregister) still ends it. Callable
+    /// from any thread; an id this loop does not know:
+    /// `ErrorKind::NotFound`.
+    pub fn suspend<S: Source + ?Sized>(&self, source: &mut S, id: SourceId) -> io::Result<()> {
+        let inner = self.inner();
+        if !lock(&inner.sources).contains_key(&id.0) {
+            return Err(unknown_source(id));
+        }
+        inner.registry.deregister(source)
+    }
+
+    /// Puts a [`suspend`](Self::suspend)ed source back with `interest`.
+    /// What is ready already is reported (the registration is
+    /// edge-triggered, and a new one starts from the source's state).
+    pub fn resume<S: Source + ?Sized>(
+        &self,
+        source: &mut S,
+        id: SourceId,
+        interest: Interest,
+    ) -> io::Result<()> {
+        let inner = self.inner();
+        if !lock(&inner.sources).contains_key(&id.0) {
+            return Err(unknown_source(id));
+        }
+        inner.registry.register(source, Token(id.0), interest)
+    }
+
     /// Deregisters a source and drops its callback (also when called from
     /// inside that very callback: it is dropped once it returns). No event
     /// of the source is dispatched after this returns on the loop thread.
