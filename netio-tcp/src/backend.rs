@@ -2631,7 +2631,7 @@ mod tests {
         }
     }
 
-    /// What [`Echo`] and [`Counter`] report.
+    /// What a [`Reporter`] reports.
     #[derive(Debug, PartialEq)]
     enum Seen {
         Data(ConnId, usize),
@@ -2639,14 +2639,19 @@ mod tests {
         Closed(ConnId),
     }
 
-    /// Echoes each message (key 0); on `flood`, sends 64 messages of 8 KiB
+    /// Reports messages, completions and closes; with `echo`, also echoes
+    /// each message (key 0), or on `flood` sends 64 messages of 8 KiB
     /// instead (keys 1 to 64).
-    struct Echo(mpsc::Sender<Seen>);
+    struct Reporter {
+        tx: mpsc::Sender<Seen>,
+        echo: bool,
+    }
 
-    impl Handler<TcpBackend> for Echo {
+    impl Handler<TcpBackend> for Reporter {
         fn on_data(&mut self, b: &TcpBackend, conn: ConnId, data: &[u8]) {
-            let _ = self.0.send(Seen::Data(conn, data.len()));
+            let _ = self.tx.send(Seen::Data(conn, data.len()));
             match data {
+                _ if !self.echo => {}
                 b"flood" => {
                     for k in 1..=64 {
                         b.send_data_copy(conn, &[&[7u8; 8192]], &[], k)
@@ -2657,7 +2662,7 @@ mod tests {
             }
         }
         fn on_sends_completed(&mut self, _b: &TcpBackend, conn: ConnId, keys: &[u64]) {
-            let _ = self.0.send(Seen::Completed(conn, keys.to_vec()));
+            let _ = self.tx.send(Seen::Completed(conn, keys.to_vec()));
         }
         fn on_connection_closed(
             &mut self,
@@ -2667,26 +2672,7 @@ mod tests {
             _reason: &CloseReason,
             _keys: &[u64],
         ) {
-            let _ = self.0.send(Seen::Closed(conn));
-        }
-    }
-
-    /// Reports messages and closes.
-    struct Counter(mpsc::Sender<Seen>);
-
-    impl Handler<TcpBackend> for Counter {
-        fn on_data(&mut self, _b: &TcpBackend, conn: ConnId, data: &[u8]) {
-            let _ = self.0.send(Seen::Data(conn, data.len()));
-        }
-        fn on_connection_closed(
-            &mut self,
-            _b: &TcpBackend,
-            conn: ConnId,
-            _remote: EndpointAddress,
-            _reason: &CloseReason,
-            _keys: &[u64],
-        ) {
-            let _ = self.0.send(Seen::Closed(conn));
+            let _ = self.tx.send(Seen::Closed(conn));
         }
     }
 
@@ -2713,11 +2699,26 @@ mod tests {
             recv_buffer_size: Some(4096),
             ..TcpConfig::default()
         };
-        let server =
-            TcpBackend::with_tcp_config(&busy, BackendConfig::default(), tcp.clone(), Echo(stx))
-                .expect("server");
-        let client = TcpBackend::with_tcp_config(&lp, BackendConfig::default(), tcp, Counter(ctx))
-            .expect("client");
+        let server = TcpBackend::with_tcp_config(
+            &busy,
+            BackendConfig::default(),
+            tcp.clone(),
+            Reporter {
+                tx: stx,
+                echo: true,
+            },
+        )
+        .expect("server");
+        let client = TcpBackend::with_tcp_config(
+            &lp,
+            BackendConfig::default(),
+            tcp,
+            Reporter {
+                tx: ctx,
+                echo: false,
+            },
+        )
+        .expect("client");
         let params = ConnectionParams::receive(8192, 64);
         let addr = server
             .open_listen_endpoint(EndpointAddress::localhost(0), params.clone())

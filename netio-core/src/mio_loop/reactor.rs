@@ -305,6 +305,16 @@ impl MioLoop {
         Ok(SourceId(id))
     }
 
+    /// The loop's state, if it knows source `id`; `ErrorKind::NotFound`
+    /// otherwise.
+    fn known(&self, id: SourceId) -> io::Result<&Inner> {
+        let inner = self.inner();
+        if !lock(&inner.sources).contains_key(&id.0) {
+            return Err(unknown_source(id));
+        }
+        Ok(inner)
+    }
+
     /// Changes the interest of a registered source. Callable from any
     /// thread. An id this loop does not know: `ErrorKind::NotFound`.
     pub fn reregister<S: Source + ?Sized>(
@@ -313,11 +323,9 @@ impl MioLoop {
         id: SourceId,
         interest: Interest,
     ) -> io::Result<()> {
-        let inner = self.inner();
-        if !lock(&inner.sources).contains_key(&id.0) {
-            return Err(unknown_source(id));
-        }
-        inner.registry.reregister(source, Token(id.0), interest)
+        self.known(id)?
+            .registry
+            .reregister(source, Token(id.0), interest)
     }
 
     /// Takes a registered source out of epoll for a while, keeping its id
@@ -329,11 +337,7 @@ impl MioLoop {
     /// from any thread; an id this loop does not know:
     /// `ErrorKind::NotFound`.
     pub fn suspend<S: Source + ?Sized>(&self, source: &mut S, id: SourceId) -> io::Result<()> {
-        let inner = self.inner();
-        if !lock(&inner.sources).contains_key(&id.0) {
-            return Err(unknown_source(id));
-        }
-        inner.registry.deregister(source)
+        self.known(id)?.registry.deregister(source)
     }
 
     /// Puts a [`suspend`](Self::suspend)ed source back with `interest`.
@@ -345,11 +349,9 @@ impl MioLoop {
         id: SourceId,
         interest: Interest,
     ) -> io::Result<()> {
-        let inner = self.inner();
-        if !lock(&inner.sources).contains_key(&id.0) {
-            return Err(unknown_source(id));
-        }
-        inner.registry.register(source, Token(id.0), interest)
+        self.known(id)?
+            .registry
+            .register(source, Token(id.0), interest)
     }
 
     /// Deregisters a source and drops its callback (also when called from
