@@ -1250,14 +1250,16 @@ impl RdmInner {
                     // A HELLO of another protocol version is answered with
                     // a REFUSE that says so (best effort: the socket is
                     // closed right after); anything else malformed is
-                    // dropped unanswered.
+                    // dropped unanswered. Counted before the answer goes
+                    // out, as every refusal is: a peer that has read it
+                    // finds it counted.
+                    self.refused.fetch_add(1, Ordering::Relaxed);
                     if let Some(refusal) = e.refusal() {
                         let mut out = Vec::new();
                         refusal.frame().encode(&mut out);
                         let _ = p.stream.write(&out);
                     }
                     self.drop_pending(&mut st, key);
-                    self.refused.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
                 Ok(None) => {}
