@@ -1191,15 +1191,13 @@ impl RdmInner {
             if held >= self.lf.max_connections_per_listener
                 || st.pending.len() >= self.lf.max_pending_handshakes
             {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                let mut out = Vec::new();
-                proto::Refusal::new(
-                    proto::RefuseCode::Limit,
-                    "the listener's connection limit is reached",
-                )
-                .frame()
-                .encode(&mut out);
-                let _ = stream.write(&out);
+                self.refuse(
+                    &mut stream,
+                    proto::Refusal::new(
+                        proto::RefuseCode::Limit,
+                        "the listener's connection limit is reached",
+                    ),
+                );
                 continue;
             }
             let _ = stream.set_nodelay(true);
@@ -1250,14 +1248,12 @@ impl RdmInner {
                     // A HELLO of another protocol version is answered with
                     // a REFUSE that says so (best effort: the socket is
                     // closed right after); anything else malformed is
-                    // dropped unanswered. Counted before the answer goes
-                    // out, as every refusal is: a peer that has read it
-                    // finds it counted.
-                    self.refused.fetch_add(1, Ordering::Relaxed);
-                    if let Some(refusal) = e.refusal() {
-                        let mut out = Vec::new();
-                        refusal.frame().encode(&mut out);
-                        let _ = p.stream.write(&out);
+                    // dropped unanswered.
+                    match e.refusal() {
+                        Some(refusal) => self.refuse(&mut p.stream, refusal),
+                        None => {
+                            self.refused.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     self.drop_pending(&mut st, key);
                     return;
@@ -1285,6 +1281,16 @@ impl RdmInner {
         self.post_dispatch(&mut st);
     }
 
+    /// Counts a refused connection request and answers it with
+    /// `refusal` (best effort: the socket is closed right after). Counted
+    /// first, so a peer that has read the answer finds it counted.
+    fn refuse(&self, stream: &mut TcpStream, refusal: proto::Refusal) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        let mut out = Vec::new();
+        refusal.frame().encode(&mut out);
+        let _ = stream.write(&out);
+    }
+
     fn accept(&self, st: &mut State, p: Pending, hello: proto::Hello) {
         let Pending {
             mut stream,
@@ -1293,25 +1299,18 @@ impl RdmInner {
             mut decoder,
             ..
         } = p;
-        let refuse = |stream: &mut TcpStream, refusal: proto::Refusal| {
-            let mut out = Vec::new();
-            refusal.frame().encode(&mut out);
-            let _ = stream.write(&out);
-        };
         let error = |e: FiError| proto::Refusal::new(proto::RefuseCode::Error, e.to_string());
         let Some(params) = st.listeners.get(&listener).map(|l| l.params.clone()) else {
             return;
         };
         if let Err(e) = self.ensure_ep(st, Some(listener.ip())) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            refuse(&mut stream, error(e));
+            self.refuse(&mut stream, error(e));
             return;
         }
         let pool = match self.pool_for(st, &params, Some(listener)) {
             Ok(p) => p,
             Err(e) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                refuse(&mut stream, error(e));
+                self.refuse(&mut stream, error(e));
                 return;
             }
         };
@@ -1319,8 +1318,7 @@ impl RdmInner {
         let mem = match self.open_receive(st, &params, tag) {
             Ok(x) => x,
             Err(e) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                refuse(&mut stream, error(e));
+                self.refuse(&mut stream, error(e));
                 return;
             }
         };
@@ -1329,26 +1327,23 @@ impl RdmInner {
         let (session, accept) = match Session::accept(&hello, local, now) {
             Ok(x) => x,
             Err(refusal) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
                 Self::cancel_tag(st, tag);
-                refuse(&mut stream, refusal);
+                self.refuse(&mut stream, refusal);
                 return;
             }
         };
         if mem.is_none() {
             if let Err(e) = Self::post_probe_recv(st, tag) {
-                self.refused.fetch_add(1, Ordering::Relaxed);
                 Self::cancel_tag(st, tag);
-                refuse(&mut stream, error(e));
+                self.refuse(&mut stream, error(e));
                 return;
             }
         }
         let peer = match st.ep.as_mut().expect("open").insert(&hello.addr) {
             Ok(a) => a,
             Err(e) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
                 Self::cancel_tag(st, tag);
-                refuse(&mut stream, error(e));
+                self.refuse(&mut stream, error(e));
                 return;
             }
         };
@@ -1358,10 +1353,9 @@ impl RdmInner {
             Some(r) => match RegionMr::new(st.ep.as_ref().expect("open").domain(), r) {
                 Ok(r) => Some(r),
                 Err(e) => {
-                    self.refused.fetch_add(1, Ordering::Relaxed);
                     Self::cancel_tag(st, tag);
                     st.ep.as_mut().expect("open").release(peer);
-                    refuse(&mut stream, error(e));
+                    self.refuse(&mut stream, error(e));
                     return;
                 }
             },
