@@ -958,18 +958,24 @@ impl RdmEp {
         self.inject_max
     }
 
-    /// Sends `header` then `parts` (`inject_max` bytes at most in all) to
-    /// `dest` with `tag` by injection: the provider copies them before it
-    /// returns and writes no completion, so the send is complete when this
-    /// returns `Ok`. No registration and no operation context are needed.
+    /// Sends `header` then `parts` (`inject_max` bytes at most in all,
+    /// `total`, which the caller summed) to `dest` with `tag` by
+    /// injection: the provider copies them before it returns and writes no
+    /// completion, so the send is complete when this returns `Ok`. No
+    /// registration and no operation context are needed.
+    #[inline]
     pub fn inject(
         &mut self,
         dest: sys::fi_addr_t,
         tag: u64,
         parts: &[&[u8]],
         header: &[u8],
+        total: usize,
     ) -> Result<(), PostError> {
-        let total = header.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+        debug_assert_eq!(
+            total,
+            header.len() + parts.iter().map(|p| p.len()).sum::<usize>()
+        );
         if total > self.inject_max {
             return Err(PostError::Failed(FiError::new(
                 "fi_tinject",

@@ -1723,7 +1723,7 @@ impl RdmInner {
         let Some(tag) = Self::take_credit(c) else {
             return false;
         };
-        if ep.inject(dest, tag, data, header).is_err() {
+        if ep.inject(dest, tag, data, header, total).is_err() {
             // Full, or failing: the ordinary path queues the send or
             // reports the failure.
             c.session.unsend(tag);

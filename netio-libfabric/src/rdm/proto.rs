@@ -1292,10 +1292,12 @@ impl Session {
     ///
     /// Data may arrive in [`State::Opening`] (the peer's data can overtake
     /// its ACCEPT); the caller holds it until [`Event::Established`].
+    #[inline]
     pub fn on_received(&mut self, tag: u64, now: Duration) -> Result<u64, String> {
-        self.check_received(tag, now).map_err(|v| v.to_string())
+        self.check_received(tag, now).map_err(violation_text)
     }
 
+    #[inline]
     fn check_received(&mut self, tag: u64, now: Duration) -> Result<u64, Violation> {
         if self.state == State::Closed {
             return Err(Violation::Closed);
@@ -1517,6 +1519,14 @@ impl Session {
     pub fn state(&self) -> State {
         self.state
     }
+}
+
+/// The text of a violation, out of the per-message path (a violation ends
+/// the connection).
+#[cold]
+#[inline(never)]
+fn violation_text(v: Violation) -> String {
+    v.to_string()
 }
 
 fn unexpected(frame: &Frame, when: &'static str) -> Event {
