@@ -646,6 +646,13 @@ impl Inner {
                 self.marked.store(true, Ordering::Relaxed);
             }
         }
+        self.post_flush(st);
+    }
+
+    /// The flush of the marked connections posted to the loop, unless one
+    /// is posted already or the run under way flushes at its end.
+    #[inline]
+    fn post_flush(&self, st: &mut State) {
         if !st.flush_posted && !st.flush_at_end {
             st.flush_posted = true;
             let w = self.weak.clone();
@@ -1823,6 +1830,7 @@ impl Inner {
     /// The common start of every send: checks the calling thread, locks the
     /// state and checks that `conn` is established (a handle lookup, no
     /// hashing).
+    #[inline(always)]
     fn send_target(&self, conn: ConnId) -> Result<LoopLockGuard<'_, State>, SendError> {
         if !self.thread_ok() {
             return Err(SendError::WrongThread);
@@ -1903,7 +1911,7 @@ impl Inner {
     }
 
     /// A copy send on established connection `conn`, under the state lock.
-    #[inline]
+    #[inline(always)]
     fn copy_send(
         &self,
         st: &mut State,
@@ -1915,13 +1923,24 @@ impl Inner {
         header_check(header)?;
         let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
         let frame = data_frame_header(header, payload_len)?;
-        let c = st
-            .conns
+        // One lookup of the connection for the whole send.
+        let State {
+            conns,
+            events,
+            dirty,
+            ..
+        } = &mut *st;
+        let c = conns
             .get_mut(conn)
             .ok_or(SendError::UnknownConnection(conn))?;
-        self.check_queue_depth(c)?;
+        // One read of the sends in flight, before this one is counted.
+        let in_flight = c.in_flight();
+        if in_flight >= self.config.send_queue_depth {
+            c.stats.no_resources += 1;
+            return Err(SendError::NoResources);
+        }
         c.slots_taken += 1;
-        c.count_send(header.len() + payload_len);
+        c.count_send_in_flight(header.len() + payload_len, in_flight + 1);
         let frame_len = FRAME_HEADER_LEN + header.len() + payload_len;
         let written = if c.queue.is_empty() && frame_len >= WRITE_THROUGH_MIN {
             c.write_through(&frame, header, data)
@@ -1929,14 +1948,17 @@ impl Inner {
             0
         };
         if written == frame_len {
-            let State { conns, events, .. } = st;
-            if let Some(c) = conns.get(conn) {
-                events.completed(conn, key, Release::Slot(&c.slots_released));
-            }
+            events.completed(conn, key, Release::Slot(&c.slots_released));
             self.post_dispatch(st);
         } else {
             c.push_copied(&frame, header, data, frame_len, written, key);
-            self.schedule_flush(st, conn);
+            // `schedule_flush` with the connection at hand.
+            if !c.dirty {
+                c.dirty = true;
+                dirty.push(conn);
+                self.marked.store(true, Ordering::Relaxed);
+            }
+            self.post_flush(st);
         }
         Ok(())
     }

@@ -545,9 +545,17 @@ impl Conn {
     /// Counts a send of `bytes` accepted.
     #[inline]
     pub(crate) fn count_send(&mut self, bytes: usize) {
+        let n = self.in_flight();
+        self.count_send_in_flight(bytes, n);
+    }
+
+    /// [`count_send`](Self::count_send) with the sends in flight, this one
+    /// included, read by the caller.
+    #[inline]
+    pub(crate) fn count_send_in_flight(&mut self, bytes: usize, in_flight: usize) {
         self.stats.messages_sent += 1;
         self.stats.bytes_sent += bytes as u64;
-        let n = self.in_flight() as u64;
+        let n = in_flight as u64;
         if n > self.stats.max_in_flight {
             self.stats.max_in_flight = n;
         }
