@@ -1881,6 +1881,7 @@ impl Inner {
 
     /// A buffered send on established connection `conn`, under the state
     /// lock.
+    #[inline(always)]
     fn buffer_send(
         &self,
         st: &mut State,
@@ -1888,7 +1889,8 @@ impl Inner {
         buffer: NetworkBuffer,
         key: u64,
     ) -> Result<(), SendError> {
-        let Some(c) = st.conns.get_mut(conn) else {
+        let State { conns, dirty, .. } = &mut *st;
+        let Some(c) = conns.get_mut(conn) else {
             return Err(SendError::UnknownConnection(conn));
         };
         if !c.send_pool.as_ref().is_some_and(|p| p.owns(&buffer)) {
@@ -1898,7 +1900,13 @@ impl Inner {
             let frame = data_frame_header(&[], buffer.len())?;
             c.count_send(buffer.len());
             c.push_buffered_copy(&frame, buffer, key);
-            self.schedule_flush(st, conn);
+            // `schedule_flush` with the connection at hand.
+            if !c.dirty {
+                c.dirty = true;
+                dirty.push(conn);
+                self.marked.store(true, Ordering::Relaxed);
+            }
+            self.post_flush(st);
         } else {
             let prefix = prefix_for(&[], buffer.len())?;
             self.enqueue(
