@@ -639,14 +639,22 @@ impl Inner {
 
     /// Marks a connection for flushing by the next posted flush task.
     fn schedule_flush(&self, st: &mut State, id: ConnId) {
-        if let Some(c) = st.conns.get_mut(id) {
-            if !c.dirty {
-                c.dirty = true;
-                st.dirty.push(id);
-                self.marked.store(true, Ordering::Relaxed);
-            }
+        let State { conns, dirty, .. } = &mut *st;
+        if let Some(c) = conns.get_mut(id) {
+            self.mark_dirty(c, dirty, id);
         }
         self.post_flush(st);
+    }
+
+    /// Puts connection `id` (`c`) on the list of connections to flush
+    /// (`dirty`, the state's), once.
+    #[inline]
+    fn mark_dirty(&self, c: &mut Conn, dirty: &mut Vec<ConnId>, id: ConnId) {
+        if !c.dirty {
+            c.dirty = true;
+            dirty.push(id);
+            self.marked.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The flush of the marked connections posted to the loop, unless one
@@ -1901,11 +1909,7 @@ impl Inner {
             c.count_send(buffer.len());
             c.push_buffered_copy(&frame, buffer, key);
             // `schedule_flush` with the connection at hand.
-            if !c.dirty {
-                c.dirty = true;
-                dirty.push(conn);
-                self.marked.store(true, Ordering::Relaxed);
-            }
+            self.mark_dirty(c, dirty, conn);
             self.post_flush(st);
         } else {
             let prefix = prefix_for(&[], buffer.len())?;
@@ -1942,11 +1946,7 @@ impl Inner {
             .get_mut(conn)
             .ok_or(SendError::UnknownConnection(conn))?;
         // One read of the sends in flight, before this one is counted.
-        let in_flight = c.in_flight();
-        if in_flight >= self.config.send_queue_depth {
-            c.stats.no_resources += 1;
-            return Err(SendError::NoResources);
-        }
+        let in_flight = self.check_queue_depth(c)?;
         c.slots_taken += 1;
         c.count_send_in_flight(header.len() + payload_len, in_flight + 1);
         let frame_len = FRAME_HEADER_LEN + header.len() + payload_len;
@@ -1961,24 +1961,22 @@ impl Inner {
         } else {
             c.push_copied(&frame, header, data, frame_len, written, key);
             // `schedule_flush` with the connection at hand.
-            if !c.dirty {
-                c.dirty = true;
-                dirty.push(conn);
-                self.marked.store(true, Ordering::Relaxed);
-            }
+            self.mark_dirty(c, dirty, conn);
             self.post_flush(st);
         }
         Ok(())
     }
 
     /// `NoResources` when `send_queue_depth` copy and zero-copy sends of a
-    /// connection are in flight.
-    fn check_queue_depth(&self, c: &mut Conn) -> Result<(), SendError> {
-        if c.in_flight() >= self.config.send_queue_depth {
+    /// connection are in flight; else how many are.
+    #[inline]
+    fn check_queue_depth(&self, c: &mut Conn) -> Result<usize, SendError> {
+        let in_flight = c.in_flight();
+        if in_flight >= self.config.send_queue_depth {
             c.stats.no_resources += 1;
             return Err(SendError::NoResources);
         }
-        Ok(())
+        Ok(in_flight)
     }
 
     /// Queues a DATA frame on an established connection.
