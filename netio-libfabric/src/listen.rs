@@ -223,7 +223,27 @@ fn listen_thread(
     }
 }
 
+/// The ports whose handshake guard runs (in this crate's unit tests only:
+/// the guard's end made visible at the instant it happens).
+#[cfg(test)]
+static RUNNING_GUARDS: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
 fn guard_thread(bound: SocketAddr, g: GuardSettings, shared: &ListenShared) {
+    #[cfg(test)]
+    RUNNING_GUARDS.lock().unwrap().push(bound.port());
+    #[cfg(test)]
+    struct Ended(u16);
+    #[cfg(test)]
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            let mut running = RUNNING_GUARDS.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = running.iter().position(|&p| p == self.0) {
+                running.swap_remove(i);
+            }
+        }
+    }
+    #[cfg(test)]
+    let _ended = Ended(bound.port());
     let base = (g.timeout / 8).clamp(Duration::from_millis(10), Duration::from_millis(250));
     let mut first_seen: HashMap<SocketSeen, Instant> = HashMap::new();
     loop {
@@ -294,5 +314,71 @@ fn guard_thread(bound: SocketAddr, g: GuardSettings, shared: &ListenShared) {
         // deadline it enforces) by the load.
         let wait = base.max(os::thread_cpu_time().saturating_sub(cpu_started) * 20);
         os::wait_readable(shared.wake.fd(), shared.wake.fd(), wait);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::time::{Duration, Instant};
+
+    use netio_core::mio_loop::MioLoop;
+    use netio_core::{
+        Backend, BackendConfig, ConnectionParams, EndpointAddress, EventLoop, Handler,
+    };
+
+    use super::RUNNING_GUARDS;
+    use crate::backend::LibfabricBackend;
+    use crate::config::LibfabricConfig;
+
+    struct Quiet;
+    impl Handler<LibfabricBackend> for Quiet {}
+
+    fn guard_runs(port: u16) -> bool {
+        RUNNING_GUARDS.lock().unwrap().contains(&port)
+    }
+
+    /// The handshake guard of a connected `tcp` listener has ended when
+    /// `close_listen_endpoint` returns, not a moment after (a guard that
+    /// outlived its listener shut down the set-ups of the next listener
+    /// bound to the same port). Checked at the instant the call returns:
+    /// the guard leaves the registry as its thread function ends.
+    #[test]
+    fn a_listeners_handshake_guard_has_ended_when_its_close_returns() {
+        let lp = MioLoop::new().expect("a loop");
+        let runner = lp.clone();
+        let thread = std::thread::spawn(move || runner.run(|| {}));
+        let backend = LibfabricBackend::new(
+            &lp,
+            BackendConfig::default(),
+            LibfabricConfig::provider("tcp"),
+            Quiet,
+        )
+        .expect("a tcp backend");
+        for round in 0..10 {
+            let listen = backend
+                .open_listen_endpoint(
+                    EndpointAddress::from(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
+                    ConnectionParams::receive(64, 2),
+                )
+                .expect("listening");
+            let port = listen.port();
+            let start = Instant::now();
+            while !guard_runs(port) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "round {round}: the guard of port {port} never started"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            backend.close_listen_endpoint(listen).expect("closing");
+            assert!(
+                !guard_runs(port),
+                "round {round}: the guard of port {port} still runs after its listener's close returned"
+            );
+        }
+        drop(backend);
+        lp.stop();
+        thread.join().expect("the loop thread");
     }
 }

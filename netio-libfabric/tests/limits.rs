@@ -194,7 +194,11 @@ fn closing_a_listener_ends_its_handshake_guard_before_the_port_is_free() {
         // clears it away: its join returns before it has left the
         // thread list, and an exiting thread preempted there stays listed
         // until it runs again (one time slice of a loaded machine: 2 ms
-        // was too short once beside the other tests of this binary).
+        // was too short once beside the other tests of this binary). That
+        // the guard ended before the close returned is pinned, at that
+        // instant, by the unit test
+        // `a_listeners_handshake_guard_has_ended_when_its_close_returns`
+        // (`src/listen.rs`); here the thread is also gone from the list.
         let closed = Instant::now();
         while thread_named(&guard) && closed.elapsed() < Duration::from_millis(20) {
             std::thread::yield_now();
