@@ -1620,7 +1620,9 @@ impl Inner {
         };
         let mut failed = None;
         let mut posted = false;
-        for index in std::mem::take(&mut c.unposted) {
+        // Drained in place: the list keeps its memory for the next
+        // delivery (taking it would free and allocate it once a message).
+        for index in c.unposted.drain(..) {
             match c.link.post_recv(index) {
                 Ok(()) => posted = true,
                 Err(e) => failed = Some(e),

@@ -1061,8 +1061,34 @@ impl Mr {
     }
 }
 
+/// Pieces (header and parts) of a copy send sent with `FI_INJECT`, at most.
+const INJECT_IOV: usize = 8;
+
+/// The largest copy send handed over with `FI_INJECT` (`fi_sendmsg`, the
+/// bytes copied by the provider before the call returns, the completion
+/// still reported) on `info`'s connected fabric provider; 0 where that is
+/// not known to hold. No bounce copy and no registered memory are then
+/// needed for a small copy send.
+///
+/// `verbs` copies such a send into the work request (`IBV_SEND_INLINE`),
+/// `sockets` into its transmit ring. libfabric 1.17's `tcp` ignores the
+/// flag in `fi_sendmsg` (it keeps pointers to the caller's bytes until it
+/// writes them to its socket, as for an ordinary send), so it gets none.
+fn inject_copy_max(info: &Info) -> usize {
+    match info.prov_name().as_str() {
+        "verbs" | "sockets" => info.inject_size().min(INJECT_COPY_LIMIT),
+        _ => 0,
+    }
+}
+
+/// The largest copy send sent with `FI_INJECT`, whatever the provider
+/// offers.
+const INJECT_COPY_LIMIT: usize = 4096;
+
 /// What a send in flight keeps alive.
 enum TxData {
+    /// Nothing: the provider copied the bytes during the call (`FI_INJECT`).
+    Injected,
     Buffer(#[allow(dead_code)] NetworkBuffer),
     Bounce(#[allow(dead_code)] Pooled),
     ZeroCopy(#[allow(dead_code)] Option<Pooled>, #[allow(dead_code)] Lent),
@@ -1287,6 +1313,9 @@ pub struct Link {
     info: Option<Info>,
     iov_limit: usize,
     max_msg: usize,
+    /// The largest copy send handed over with `FI_INJECT` (0: none; see
+    /// [`inject_copy_max`]).
+    inject_max: usize,
     scratch: Vec<sys::fi_cq_msg_entry>,
 }
 
@@ -1350,6 +1379,7 @@ impl Link {
             info: None,
             iov_limit: info.iov_limit(),
             max_msg: info.max_msg_size(),
+            inject_max: inject_copy_max(&info),
             scratch: Vec::with_capacity(64),
         };
         if spec.cq_wait_fd {
@@ -1652,6 +1682,94 @@ impl Link {
         self.ledger.has_room()
     }
 
+    /// Posts a send of `header` then `parts` (at least one byte, at most
+    /// `inject_max` in all, fewer than [`INJECT_IOV`] pieces) with
+    /// `FI_INJECT`: the provider copies the bytes before the call returns,
+    /// so no registered memory is involved; the send still completes (and
+    /// is counted in the ledger) like any other.
+    fn post_injected(&mut self, key: u64, header: &[u8], parts: &[&[u8]]) -> Result<(), PostError> {
+        if self.ep.is_null() {
+            return Err(PostError::Failed(FiError {
+                call: "endpoint closed",
+                errno: sys::FI_EINVAL,
+            }));
+        }
+        let empty = sys::iovec {
+            iov_base: ptr::null_mut(),
+            iov_len: 0,
+        };
+        let mut vecs = [empty; INJECT_IOV];
+        let mut count = 0;
+        for piece in std::iter::once(header).chain(parts.iter().copied()) {
+            if !piece.is_empty() {
+                vecs[count] = sys::iovec {
+                    iov_base: piece.as_ptr().cast_mut().cast::<c_void>(),
+                    iov_len: piece.len(),
+                };
+                count += 1;
+            }
+        }
+        let mut op = TxOp {
+            ctx: self.take_ctx(),
+            _data: TxData::Injected,
+        };
+        let ctx = (&mut *op.ctx as *mut sys::fi_context2).cast::<c_void>();
+        let msg = sys::fi_msg {
+            msg_iov: vecs.as_ptr(),
+            desc: ptr::null_mut(),
+            iov_count: count,
+            addr: sys::FI_ADDR_UNSPEC,
+            context: ctx,
+            data: 0,
+        };
+        // SAFETY: the endpoint is open; `msg` and the iovec array it points
+        // to are read during the call only, and with FI_INJECT the provider
+        // has copied the bytes they name when the call returns (checked
+        // per provider: `inject_copy_max` is 0 for the others), so no
+        // descriptor is needed; `ctx` is boxed in `op`, which the ledger
+        // keeps until the completion is read or the endpoint is closed.
+        let rc = unsafe { sys::fi_sendmsg(self.ep, &msg, sys::FI_INJECT | sys::FI_COMPLETION) };
+        if rc < 0 {
+            self.ctx_pool.push(op.ctx);
+            if rc == -(sys::FI_EAGAIN as isize) {
+                return Err(PostError::Again);
+            }
+            return Err(PostError::Failed(FiError::new("fi_sendmsg", rc)));
+        }
+        self.accept_posted(key, true, ctx, op);
+        Ok(())
+    }
+
+    /// A cleared operation context: one of an ended send, or a new one.
+    fn take_ctx(&mut self) -> Box<sys::fi_context2> {
+        match self.ctx_pool.pop() {
+            Some(mut ctx_box) => {
+                // SAFETY: fi_context2 is plain data; zeroed is a valid
+                // value. A context of an ended send is the caller's again,
+                // cleared for the next operation.
+                *ctx_box = unsafe { std::mem::zeroed::<sys::fi_context2>() };
+                ctx_box
+            }
+            // SAFETY: as above.
+            None => Box::new(unsafe { std::mem::zeroed::<sys::fi_context2>() }),
+        }
+    }
+
+    /// Records a posted send in the ledger and the context map.
+    fn accept_posted(&mut self, key: u64, counted: bool, ctx: *mut c_void, op: TxOp) {
+        match self.ledger.accept(key, counted, op) {
+            Ok(seq) => {
+                self.tx_ctx.insert(ctx as usize, seq);
+            }
+            Err(LedgerFull(op)) => {
+                // Not reachable (room was checked under the same &mut); the
+                // send is posted, so its memory must outlive the endpoint:
+                // keep it by leaking rather than freeing it under the NIC.
+                std::mem::forget(op);
+            }
+        }
+    }
+
     // The payload goes back to the caller on the failure path only.
     #[allow(clippy::result_large_err)]
     fn post(
@@ -1673,15 +1791,8 @@ impl Link {
         if counted && !self.ledger.has_room() {
             return Err((PostError::Again, data));
         }
-        let mut ctx_box = self.ctx_pool.pop().unwrap_or_else(|| {
-            // SAFETY: fi_context2 is plain data; zeroed is a valid value.
-            Box::new(unsafe { std::mem::zeroed::<sys::fi_context2>() })
-        });
-        // SAFETY: as above; a context of an ended send is the caller's
-        // again, cleared for the next operation.
-        *ctx_box = unsafe { std::mem::zeroed::<sys::fi_context2>() };
         let mut op = TxOp {
-            ctx: ctx_box,
+            ctx: self.take_ctx(),
             _data: data,
         };
         let ctx = (&mut *op.ctx as *mut sys::fi_context2).cast::<c_void>();
@@ -1729,19 +1840,8 @@ impl Link {
             }
             return Err((PostError::Failed(FiError::new("fi_send", rc)), _data));
         }
-        match self.ledger.accept(key, counted, op) {
-            Ok(seq) => {
-                self.tx_ctx.insert(ctx as usize, seq);
-                Ok(())
-            }
-            Err(LedgerFull(op)) => {
-                // Not reachable (room was checked under the same &mut); the
-                // send is posted, so its memory must outlive the endpoint:
-                // keep it by leaking rather than freeing it under the NIC.
-                std::mem::forget(op);
-                Ok(())
-            }
-        }
+        self.accept_posted(key, counted, ctx, op);
+        Ok(())
     }
 
     /// Sends the bytes of `buf` (a buffer of a pool given to
@@ -1788,10 +1888,18 @@ impl Link {
         }
     }
 
-    /// Sends `header` then `parts`, copied into registered memory now.
+    /// Sends `header` then `parts`: handed over with `FI_INJECT` where the
+    /// provider copies them during the call (see [`inject_copy_max`]),
+    /// otherwise copied into registered memory now.
     pub fn send_copy(&mut self, parts: &[&[u8]], header: &[u8], key: u64) -> Result<(), PostError> {
         if !self.ledger.has_room() {
             return Err(PostError::Again);
+        }
+        if self.inject_max > 0 && parts.len() < INJECT_IOV && parts.len() < self.iov_limit {
+            let n = header.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+            if n > 0 && n <= self.inject_max {
+                return self.post_injected(key, header, parts);
+            }
         }
         let (b, p, n, desc) =
             Pooled::copy_of(&self.domain, header, parts).map_err(PostError::Failed)?;
@@ -1960,6 +2068,30 @@ pub fn default_env(name: &str, value: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn connected_info(provider: &str) -> Info {
+        Info::get(&Query {
+            provider,
+            domain: None,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            source: true,
+            tx_size: None,
+            rx_size: None,
+        })
+        .unwrap_or_else(|e| panic!("libfabric {provider}: {e}"))
+    }
+
+    #[test]
+    fn copy_sends_are_injected_only_where_the_provider_copies_them_during_the_call() {
+        // libfabric's `tcp` keeps pointers to an `fi_sendmsg`'s bytes even
+        // with FI_INJECT: a copy send injected there could go out after
+        // the caller's memory changed.
+        assert_eq!(inject_copy_max(&connected_info("tcp")), 0);
+        let sockets = connected_info("sockets");
+        let max = inject_copy_max(&sockets);
+        assert!(max >= 64, "sockets injects copy sends up to {max} bytes");
+        assert!(max <= sockets.inject_size() && max <= INJECT_COPY_LIMIT);
+    }
 
     #[test]
     fn receive_buffers_are_spaced_by_whole_cache_lines_and_pages_from_a_page_up() {
