@@ -1021,12 +1021,9 @@ impl Inner {
         // The keys' memory comes back from the report (`events::give_keys`).
         let mut done = events::take_keys();
         c.link.drain_completed_into(&mut done);
-        if done.is_empty() {
-            events::give_keys(done);
-        } else {
-            st.events.push_back(Ev::Completed(id, done));
-        }
         if let Some(reason) = ending {
+            // Reported before the close, which reports the rest.
+            Self::queue_completed(st, id, done);
             match reason {
                 CloseReason::Reset => self.close_after_held(st, id, reason),
                 other => self.close_conn(st, id, other, false),
@@ -1034,9 +1031,24 @@ impl Inner {
             self.post_dispatch(st);
             return None;
         }
+        // The messages first: a reply to one is then sent before the sends
+        // this read found completed are reported (the contract orders
+        // completions among themselves, not against messages), which keeps
+        // that report off a round trip's path.
         self.queue_deliver(st, id);
+        Self::queue_completed(st, id, done);
         self.post_dispatch(st);
         Some(true)
+    }
+
+    /// Queues the report of the completed sends `done` of `id` (none:
+    /// the list's memory goes back).
+    fn queue_completed(st: &mut State, id: ConnId, done: Vec<u64>) {
+        if done.is_empty() {
+            events::give_keys(done);
+        } else {
+            st.events.push_back(Ev::Completed(id, done));
+        }
     }
 
     /// The spin callback of a busy-polling loop, whose completion queues
@@ -1060,16 +1072,11 @@ impl Inner {
                     st.hot = None;
                 }
             }
-            self.spin_others(st, hot);
-            if !st.lingering.is_empty() {
-                // The serials' memory is kept in the state.
-                let mut serials = std::mem::take(&mut st.linger_serials);
-                serials.clear();
-                serials.extend(st.lingering.keys().copied());
-                for &serial in &serials {
-                    self.read_lingering(st, serial);
-                }
-                st.linger_serials = serials;
+            // What the hot connection brought is handed over first; the
+            // other queues are read after it (below), off its reply's path.
+            let hot_found = !st.events.is_empty();
+            if !hot_found {
+                self.spin_rest(st, hot);
             }
             if st.events.is_empty() {
                 st.dispatching = false;
@@ -1105,14 +1112,34 @@ impl Inner {
                         _ => break,
                     }
                 }
-                if guard.events.is_empty() {
-                    guard.dispatching = false;
-                    return true;
-                }
+            }
+            if hot_found {
+                self.spin_rest(&mut guard, hot);
+            }
+            if guard.events.is_empty() {
+                guard.dispatching = false;
+                return true;
             }
         }
         self.run_dispatch();
         true
+    }
+
+    /// The part of a spin after the hot connection: the other
+    /// connections' queues ([`spin_others`](Self::spin_others)) and the
+    /// lingering ones.
+    fn spin_rest(&self, st: &mut State, hot: Option<ConnId>) {
+        self.spin_others(st, hot);
+        if !st.lingering.is_empty() {
+            // The serials' memory is kept in the state.
+            let mut serials = std::mem::take(&mut st.linger_serials);
+            serials.clear();
+            serials.extend(st.lingering.keys().copied());
+            for &serial in &serials {
+                self.read_lingering(st, serial);
+            }
+            st.linger_serials = serials;
+        }
     }
 
     /// Reads the completion queues of up to [`SPIN_OTHERS`] established
@@ -1120,6 +1147,10 @@ impl Inner {
     /// stopped: every connection is read within a few spins, however many
     /// there are, and the hot one is not kept waiting behind them.
     fn spin_others(&self, st: &mut State, hot: Option<ConnId>) {
+        if st.conns.len() <= 1 && hot.is_some_and(|id| st.conns.contains(id)) {
+            // The hot connection is the only one.
+            return;
+        }
         let mut renewed = false;
         let mut read = 0;
         while read < SPIN_OTHERS {

@@ -180,3 +180,112 @@ fn on_busy_polling_loops_a_local_close_waits_for_its_sends_and_no_longer() {
         rx.delivered.load(Ordering::SeqCst)
     );
 }
+
+/// What the ordering test's client saw, in order.
+#[derive(Clone, Debug, PartialEq)]
+enum Order {
+    Data(Vec<u8>),
+    Completed(Vec<u64>),
+}
+
+#[derive(Clone, Default)]
+struct OrderLog {
+    seen: Arc<Mutex<Vec<Order>>>,
+    established: Arc<Mutex<Option<ConnId>>>,
+}
+
+impl Handler<LibfabricBackend> for OrderLog {
+    fn on_connection_established(
+        &mut self,
+        _b: &LibfabricBackend,
+        conn: ConnId,
+        _r: EndpointAddress,
+        _c: Capabilities,
+    ) {
+        *self.established.lock().unwrap() = Some(conn);
+    }
+
+    fn on_data(&mut self, _b: &LibfabricBackend, _c: ConnId, data: &[u8]) {
+        self.seen.lock().unwrap().push(Order::Data(data.to_vec()));
+    }
+
+    fn on_sends_completed(&mut self, _b: &LibfabricBackend, _c: ConnId, keys: &[u64]) {
+        self.seen
+            .lock()
+            .unwrap()
+            .push(Order::Completed(keys.to_vec()));
+    }
+}
+
+/// Echoes every message.
+struct Echo;
+
+impl Handler<LibfabricBackend> for Echo {
+    fn on_data(&mut self, b: &LibfabricBackend, c: ConnId, data: &[u8]) {
+        b.send_data_copy(c, &[data], &[], 0).expect("echo");
+    }
+}
+
+/// When one completion-queue read of a busy-polling loop finds a message
+/// and the completion of an earlier send of the same connection, the
+/// message is handed to `on_data` first and the completion reported after
+/// it: a reply sent from `on_data` does not wait for that report (the
+/// contract orders completions among themselves, not against messages).
+/// The client's loop is held in a posted closure while its ping goes out
+/// (`tcp` writes it and queues its completion inside the send) and the
+/// echo lands, so that its first read after the hold finds both.
+#[test]
+fn a_message_found_with_a_completion_is_handed_over_before_the_completion_is_reported() {
+    let (server_loop, client_loop) = (Running::start_busy(), Running::start_busy());
+    let lf = LibfabricConfig::provider("tcp");
+    let server = LibfabricBackend::new(&server_loop.lp, BackendConfig::default(), lf.clone(), Echo)
+        .expect("server");
+    let log = OrderLog::default();
+    let client = LibfabricBackend::new(&client_loop.lp, BackendConfig::default(), lf, log.clone())
+        .expect("client");
+    let params = ConnectionParams::receive(64, 8);
+    let listen = server
+        .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params.clone())
+        .expect("listening");
+    client
+        .open_active_endpoint(listen, params)
+        .expect("connecting");
+    assert!(
+        wait_until(|| log.established.lock().unwrap().is_some()),
+        "the client established"
+    );
+    let conn = log.established.lock().unwrap().unwrap();
+    for round in 0..3u64 {
+        log.seen.lock().unwrap().clear();
+        let (held, release) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (h, r) = (Arc::clone(&held), Arc::clone(&release));
+        client_loop.lp.post(move || {
+            h.store(1, Ordering::SeqCst);
+            let started = Instant::now();
+            while r.load(Ordering::SeqCst) == 0 && started.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        assert!(
+            wait_until(|| held.load(Ordering::SeqCst) == 1),
+            "the client's loop held"
+        );
+        let key = 100 + round;
+        client
+            .send_data_copy(conn, &[b"ping"], &[], key)
+            .expect("ping");
+        // The echo lands meanwhile (the server polls busily).
+        std::thread::sleep(Duration::from_millis(200));
+        release.store(1, Ordering::SeqCst);
+        assert!(
+            wait_until(|| log.seen.lock().unwrap().len() == 2),
+            "round {round}: the echo and the completion reported: {:?}",
+            log.seen.lock().unwrap()
+        );
+        assert_eq!(
+            *log.seen.lock().unwrap(),
+            vec![Order::Data(b"ping".to_vec()), Order::Completed(vec![key])],
+            "round {round}: the message first, then the completion"
+        );
+    }
+}

@@ -2210,7 +2210,9 @@ impl RdmInner {
         // The time of the last completion read, which found the messages
         // whose buffers come back here (no clock read per message).
         let read_at = st.read_at;
-        let State { ep, conns, .. } = &mut *st;
+        let State {
+            ep, conns, pools, ..
+        } = &mut *st;
         let (Some(ep), Some(c)) = (ep.as_mut(), conns.get_mut(id)) else {
             return;
         };
@@ -2219,14 +2221,21 @@ impl RdmInner {
         }
         if let Some(pool) = c.pool {
             // The pool's buffers go back to the pool, closing or not.
-            let indices = std::mem::take(&mut c.unposted);
-            let n = indices.len();
             if c.peer_closing.is_none() {
-                for _ in 0..n {
+                for _ in 0..c.unposted.len() {
                     c.session.on_buffer_freed();
                 }
             }
-            self.refill_pool(st, pool, indices);
+            match pools.get(&pool) {
+                // Drained in place, as below. A failure leaves the pool
+                // one buffer smaller; nothing else depends on it.
+                Some(p) => {
+                    for i in c.unposted.drain(..) {
+                        let _ = Self::post_pool_buffer(ep, &p.mem, pool, i);
+                    }
+                }
+                None => c.unposted.clear(),
+            }
             self.pump_at(st, id, read_at);
             return;
         }
@@ -2238,7 +2247,9 @@ impl RdmInner {
             return;
         };
         let mut failed = None;
-        for index in std::mem::take(&mut c.unposted) {
+        // Drained in place: the list keeps its memory for the next
+        // delivery (taking it would free and allocate it once a message).
+        for index in c.unposted.drain(..) {
             match ep.post_recv(
                 mem,
                 index,
