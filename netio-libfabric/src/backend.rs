@@ -382,7 +382,7 @@ impl LibfabricBackend {
             let user_timer = events::timer_to(&lp, weak, Inner::on_user_timer);
             let linger_timer = events::timer_to(&lp, weak, Inner::on_linger_timer);
             let setup_timer = events::timer_to(&lp, weak, Inner::on_setup_timer);
-            let spin = events::spin_to(&lp, weak, |inner| inner.spin());
+            let spin = events::spin_to(&lp, weak, Inner::spin_owned);
             Inner {
                 lp,
                 config,
@@ -1057,7 +1057,20 @@ impl Inner {
     /// then those of [`SPIN_OTHERS`] other connections in turn, and of the
     /// lingering ones; dispatches what it found at once. `true` when it
     /// found something to hand over.
-    fn spin(&self) -> bool {
+    fn spin_owned(this: Arc<Inner>) -> bool {
+        let backend = LibfabricBackend {
+            kind: Kind::Msg(this),
+        };
+        match &backend.kind {
+            Kind::Msg(inner) => inner.spin(&backend),
+            _ => false,
+        }
+    }
+
+    /// One spin (see [`spin_owned`](Self::spin_owned), which makes
+    /// `backend`, this backend's handle, of the reference the spin
+    /// callback took: no other one is taken per spin).
+    fn spin(&self, backend: &LibfabricBackend) -> bool {
         {
             let mut guard = lock(&self.state);
             let st = &mut *guard;
@@ -1093,19 +1106,18 @@ impl Inner {
                     st.dispatching = false;
                     self.post_dispatch(&mut st);
                 });
-                let backend = self.backend();
                 for _ in 0..SPIN_EVENTS {
                     match guard.events.front() {
                         Some(&Ev::Deliver(id)) => {
                             guard.events.pop_front();
-                            guard = self.deliver_locked(&backend, id, guard);
+                            guard = self.deliver_locked(backend, id, guard);
                         }
                         Some(Ev::Completed(..)) => {
                             let Some(Ev::Completed(id, keys)) = guard.events.pop_front() else {
                                 unreachable!("the front was a completion report");
                             };
                             drop(guard);
-                            lock(&self.handler).on_sends_completed(&backend, id, &keys);
+                            lock(&self.handler).on_sends_completed(backend, id, &keys);
                             events::give_keys(keys);
                             guard = lock(&self.state);
                         }

@@ -30,6 +30,8 @@ use netio_core::ledger::{LedgerFull, SendLedger, SendSeq};
 use netio_core::{BufferPool, Lent, MemoryRegion, NetworkBuffer};
 use netio_libfabric_sys as sys;
 
+use crate::rdm_ffi::OpTable;
+
 pub(crate) use netio_core::fast_map::FastMap;
 
 /// The libfabric API version asked for.
@@ -1095,8 +1097,6 @@ enum TxData {
 }
 
 struct TxOp {
-    // The operation context handed to the provider (stays put: boxed).
-    ctx: Box<sys::fi_context2>,
     _data: TxData,
 }
 
@@ -1293,13 +1293,11 @@ pub struct Link {
     ep: *mut sys::fid_ep,
     // Dropped after the endpoint is closed (see Drop), in this order.
     ledger: SendLedger<TxOp>,
-    tx_ctx: FastMap<usize, SendSeq>,
-    /// Operation contexts of sends that ended, taken by the next sends: a
-    /// link allocates no more contexts than it had sends in flight at once.
-    /// (Boxed: a context's address is the operation's, fixed while it is
-    /// posted.)
-    #[allow(clippy::vec_box)]
-    ctx_pool: Vec<Box<sys::fi_context2>>,
+    /// The operation contexts of the sends in flight, each with its
+    /// place in the ledger: found again from the context a completion
+    /// reports by address arithmetic (a link allocates no more contexts
+    /// than it had sends in flight at once).
+    tx_ops: OpTable<SendSeq>,
     recv: Option<RecvSlab>,
     zero_copy: Option<(Mr, MemoryRegion)>,
     buffer_mrs: HashMap<usize, Mr>,
@@ -1366,8 +1364,7 @@ impl Link {
         let mut link = Link {
             ep: ptr::null_mut(),
             ledger: SendLedger::new(spec.depth),
-            tx_ctx: FastMap::default(),
-            ctx_pool: Vec::new(),
+            tx_ops: OpTable::new(),
             recv: None,
             zero_copy: None,
             buffer_mrs: HashMap::new(),
@@ -1592,7 +1589,7 @@ impl Link {
                     } else {
                         out.push(Completion::RecvFailed(e.err));
                     }
-                } else if self.tx_ctx.remove(&(e.op_context as usize)).is_some() {
+                } else if self.tx_ops.take(e.op_context).is_some() {
                     // The send stays in the ledger: it is cancelled when the
                     // broken connection is closed.
                     out.push(Completion::SendFailed(e.err));
@@ -1613,7 +1610,7 @@ impl Link {
                 if let Some(index) = self.recv_index(e.op_context) {
                     self.recv_ended(index);
                     out.push(Completion::Received { index, len: e.len });
-                } else if let Some(seq) = self.tx_ctx.remove(&(e.op_context as usize)) {
+                } else if let Some(seq) = self.tx_ops.take(e.op_context) {
                     self.ledger.mark_done(seq);
                 }
             }
@@ -1643,11 +1640,7 @@ impl Link {
     /// (whose memory the caller keeps between reads); their memory is
     /// released here.
     pub fn drain_completed_into(&mut self, keys: &mut Vec<u64>) {
-        let pool = &mut self.ctx_pool;
-        self.ledger.drain_completed_each(|key, op| {
-            keys.push(key);
-            pool.push(op.ctx);
-        });
+        self.ledger.drain_completed_each(|key, _op| keys.push(key));
     }
 
     /// Reads completions (dropping received messages) until every send
@@ -1668,7 +1661,7 @@ impl Link {
     }
 
     fn ledger_done(&self) -> bool {
-        self.tx_ctx.is_empty()
+        self.tx_ops.is_empty()
     }
 
     /// `true` when the provider holds no send of this link any more (each
@@ -1709,11 +1702,7 @@ impl Link {
                 count += 1;
             }
         }
-        let mut op = TxOp {
-            ctx: self.take_ctx(),
-            _data: TxData::Injected,
-        };
-        let ctx = (&mut *op.ctx as *mut sys::fi_context2).cast::<c_void>();
+        let (slot, ctx) = self.tx_ops.reserve();
         let msg = sys::fi_msg {
             msg_iov: vecs.as_ptr(),
             desc: ptr::null_mut(),
@@ -1726,41 +1715,29 @@ impl Link {
         // to are read during the call only, and with FI_INJECT the provider
         // has copied the bytes they name when the call returns (checked
         // per provider: `inject_copy_max` is 0 for the others), so no
-        // descriptor is needed; `ctx` is boxed in `op`, which the ledger
-        // keeps until the completion is read or the endpoint is closed.
+        // descriptor is needed; `ctx` is a context of `tx_ops`, which
+        // stays put and is not handed out again until the completion is
+        // read (or the endpoint is closed).
         let rc = unsafe { sys::fi_sendmsg(self.ep, &msg, sys::FI_INJECT | sys::FI_COMPLETION) };
         if rc < 0 {
-            self.ctx_pool.push(op.ctx);
+            self.tx_ops.release(slot);
             if rc == -(sys::FI_EAGAIN as isize) {
                 return Err(PostError::Again);
             }
             return Err(PostError::Failed(FiError::new("fi_sendmsg", rc)));
         }
-        self.accept_posted(key, true, ctx, op);
+        let op = TxOp {
+            _data: TxData::Injected,
+        };
+        self.accept_posted(key, true, slot, op);
         Ok(())
     }
 
-    /// A cleared operation context: one of an ended send, or a new one.
-    fn take_ctx(&mut self) -> Box<sys::fi_context2> {
-        match self.ctx_pool.pop() {
-            Some(mut ctx_box) => {
-                // SAFETY: fi_context2 is plain data; zeroed is a valid
-                // value. A context of an ended send is the caller's again,
-                // cleared for the next operation.
-                *ctx_box = unsafe { std::mem::zeroed::<sys::fi_context2>() };
-                ctx_box
-            }
-            // SAFETY: as above.
-            None => Box::new(unsafe { std::mem::zeroed::<sys::fi_context2>() }),
-        }
-    }
-
-    /// Records a posted send in the ledger and the context map.
-    fn accept_posted(&mut self, key: u64, counted: bool, ctx: *mut c_void, op: TxOp) {
+    /// Records a send posted with the context of `slot` in the ledger and
+    /// the operation table.
+    fn accept_posted(&mut self, key: u64, counted: bool, slot: usize, op: TxOp) {
         match self.ledger.accept(key, counted, op) {
-            Ok(seq) => {
-                self.tx_ctx.insert(ctx as usize, seq);
-            }
+            Ok(seq) => self.tx_ops.fill(slot, seq),
             Err(LedgerFull(op)) => {
                 // Not reachable (room was checked under the same &mut); the
                 // send is posted, so its memory must outlive the endpoint:
@@ -1791,16 +1768,14 @@ impl Link {
         if counted && !self.ledger.has_room() {
             return Err((PostError::Again, data));
         }
-        let mut op = TxOp {
-            ctx: self.take_ctx(),
-            _data: data,
-        };
-        let ctx = (&mut *op.ctx as *mut sys::fi_context2).cast::<c_void>();
+        let (slot, ctx) = self.tx_ops.reserve();
         // SAFETY: the endpoint is open; every iovec entry points into
-        // registered memory owned by `op` (a buffer, a bounce copy, or a
-        // region kept by the Link and lent to `op`), which the ledger keeps
-        // until the send's completion is read or the endpoint is closed;
-        // `ctx` is boxed in `op` likewise; descriptors match the memory.
+        // registered memory owned by `data` (a buffer, a bounce copy, or a
+        // region kept by the Link and lent to it), whose heap memory the
+        // ledger keeps (in the `TxOp` made of it) until the send's
+        // completion is read or the endpoint is closed; `ctx` is a context
+        // of `tx_ops`, which never moves and is not handed out again
+        // before then; descriptors match the memory.
         // The iovec and descriptor arrays are read during the call only.
         let rc = unsafe {
             if let [(p, n, desc)] = iov {
@@ -1833,14 +1808,13 @@ impl Link {
         };
         if rc < 0 {
             // Not posted: the context is free again.
-            let TxOp { ctx: unused, _data } = op;
-            self.ctx_pool.push(unused);
+            self.tx_ops.release(slot);
             if rc == -(sys::FI_EAGAIN as isize) {
-                return Err((PostError::Again, _data));
+                return Err((PostError::Again, data));
             }
-            return Err((PostError::Failed(FiError::new("fi_send", rc)), _data));
+            return Err((PostError::Failed(FiError::new("fi_send", rc)), data));
         }
-        self.accept_posted(key, counted, ctx, op);
+        self.accept_posted(key, counted, slot, TxOp { _data: data });
         Ok(())
     }
 

@@ -146,7 +146,7 @@ enum Op {
 /// completion path, and no read through a pointer the provider returned.
 /// A context is handed out again only after its operation's completion was
 /// read (or never, once the endpoint leaks the table on close).
-struct OpTable<T> {
+pub(crate) struct OpTable<T> {
     /// The contexts; the provider writes into a context while its
     /// operation is posted.
     chunks: Vec<Box<[UnsafeCell<sys::fi_context2>]>>,
@@ -163,7 +163,7 @@ struct OpTable<T> {
 const FIRST_CHUNK: usize = 64;
 
 impl<T> OpTable<T> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             chunks: Vec::new(),
             ops: Vec::new(),
@@ -172,7 +172,7 @@ impl<T> OpTable<T> {
         }
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.live == 0
     }
 
@@ -206,7 +206,7 @@ impl<T> OpTable<T> {
     /// A free slot and its context, zeroed, for an operation about to be
     /// posted: [`fill`](Self::fill) it once posted, or
     /// [`release`](Self::release) it if the post failed.
-    fn reserve(&mut self) -> (usize, *mut c_void) {
+    pub(crate) fn reserve(&mut self) -> (usize, *mut c_void) {
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -231,14 +231,14 @@ impl<T> OpTable<T> {
     }
 
     /// Records the operation posted with `slot`'s context.
-    fn fill(&mut self, slot: usize, op: T) {
+    pub(crate) fn fill(&mut self, slot: usize, op: T) {
         debug_assert!(self.ops[slot].is_none());
         self.ops[slot] = Some(op);
         self.live += 1;
     }
 
     /// Frees a slot [`reserve`](Self::reserve)d for a post that failed.
-    fn release(&mut self, slot: usize) {
+    pub(crate) fn release(&mut self, slot: usize) {
         self.free.push(slot);
     }
 
@@ -246,7 +246,7 @@ impl<T> OpTable<T> {
     /// its slot; `None` for a context that is not one of this table's
     /// operations.
     #[inline]
-    fn take(&mut self, ctx: *mut c_void) -> Option<T> {
+    pub(crate) fn take(&mut self, ctx: *mut c_void) -> Option<T> {
         self.take_if(ctx, |_| true)
     }
 
