@@ -1681,12 +1681,7 @@ impl Link {
     /// so no registered memory is involved; the send still completes (and
     /// is counted in the ledger) like any other.
     fn post_injected(&mut self, key: u64, header: &[u8], parts: &[&[u8]]) -> Result<(), PostError> {
-        if self.ep.is_null() {
-            return Err(PostError::Failed(FiError {
-                call: "endpoint closed",
-                errno: sys::FI_EINVAL,
-            }));
-        }
+        self.live().map_err(PostError::Failed)?;
         let empty = sys::iovec {
             iov_base: ptr::null_mut(),
             iov_len: 0,
@@ -1756,14 +1751,8 @@ impl Link {
         iov: &[(*const u8, usize, *mut c_void)],
         data: TxData,
     ) -> Result<(), (PostError, TxData)> {
-        if self.ep.is_null() {
-            return Err((
-                PostError::Failed(FiError {
-                    call: "endpoint closed",
-                    errno: sys::FI_EINVAL,
-                }),
-                data,
-            ));
+        if let Err(e) = self.live() {
+            return Err((PostError::Failed(e), data));
         }
         if counted && !self.ledger.has_room() {
             return Err((PostError::Again, data));
