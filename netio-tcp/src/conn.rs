@@ -14,7 +14,7 @@ use netio_core::{
     NetworkBuffer, RefuseReason,
 };
 
-use crate::ring::{ByteRing, CopyQueue};
+use crate::ring::{ByteRing, Completed, CopyQueue};
 use crate::stats::{ConnStats, RecvCounters};
 use crate::wire::{DataPrefix, FrameDecoder, FRAME_HEADER_LEN, HANDSHAKE_LEN};
 
@@ -108,12 +108,12 @@ impl Events {
         self.list.push(ev);
     }
 
-    /// A send of `conn` completed: joins the run before it when that run
-    /// is `conn`'s.
+    /// The run of completions of `conn` at the end of `list`, started if
+    /// the last event is not one.
     #[inline]
-    pub(crate) fn completed(&mut self, conn: ConnId, key: u64, release: Release<'_>) {
-        if !matches!(self.list.last(), Some(Ev::Completed(c, _)) if *c == conn) {
-            self.list.push(Ev::Completed(
+    fn run_of(list: &mut Vec<Ev>, conn: ConnId) -> &mut Run {
+        if !matches!(list.last(), Some(Ev::Completed(c, _)) if *c == conn) {
+            list.push(Ev::Completed(
                 conn,
                 Run {
                     keys: 0,
@@ -123,9 +123,17 @@ impl Events {
                 },
             ));
         }
-        let Some(Ev::Completed(_, run)) = self.list.last_mut() else {
+        let Some(Ev::Completed(_, run)) = list.last_mut() else {
             unreachable!("the last event is a run of this connection");
         };
+        run
+    }
+
+    /// A send of `conn` completed: joins the run before it when that run
+    /// is `conn`'s.
+    #[inline]
+    pub(crate) fn completed(&mut self, conn: ConnId, key: u64, release: Release<'_>) {
+        let run = Self::run_of(&mut self.list, conn);
         self.keys.push(key);
         run.keys += 1;
         match release {
@@ -140,6 +148,24 @@ impl Events {
                 self.buffers.push(b);
                 run.buffers += 1;
             }
+        }
+    }
+
+    /// Sends of `conn` completed, in order, each giving back a slot of
+    /// `in_flight`: joins the run before them when that run is `conn`'s.
+    #[inline]
+    pub(crate) fn completed_slots(
+        &mut self,
+        conn: ConnId,
+        keys: &[u64],
+        in_flight: &Arc<AtomicUsize>,
+    ) {
+        let run = Self::run_of(&mut self.list, conn);
+        self.keys.extend_from_slice(keys);
+        run.keys += keys.len();
+        run.slots += keys.len();
+        if run.in_flight.is_none() {
+            run.in_flight = Some(Arc::clone(in_flight));
         }
     }
 
@@ -173,6 +199,25 @@ impl Events {
     #[cfg(test)]
     pub(crate) fn completed_keys(&self) -> &[u64] {
         &self.keys
+    }
+}
+
+/// Copied frames' completions of one connection, into [`Events`].
+struct ToEvents<'a> {
+    events: &'a mut Events,
+    conn: ConnId,
+    in_flight: &'a Arc<AtomicUsize>,
+}
+
+impl Completed for ToEvents<'_> {
+    #[inline]
+    fn keys(&mut self, keys: &[u64]) {
+        self.events.completed_slots(self.conn, keys, self.in_flight);
+    }
+
+    fn buffered(&mut self, key: u64, buffer: NetworkBuffer) {
+        self.events
+            .completed(self.conn, key, Release::Buffer(buffer));
     }
 }
 
@@ -687,14 +732,12 @@ impl Conn {
         while let Some(front) = self.queue.front() {
             let left = front.len() - self.offset;
             if front.is_copied() {
-                let (id, in_flight) = (self.id, &self.slots_released);
-                self.copies.consume(w.min(left), |key, buffer| {
-                    let release = match buffer {
-                        Some(b) => Release::Buffer(b),
-                        None => Release::Slot(in_flight),
-                    };
-                    events.completed(id, key, release)
-                });
+                let mut to = ToEvents {
+                    events: &mut *events,
+                    conn: self.id,
+                    in_flight: &self.slots_released,
+                };
+                self.copies.consume(w.min(left), &mut to);
             }
             if w < left {
                 self.offset += w;

@@ -156,15 +156,12 @@ impl ByteRing {
     }
 }
 
-/// A frame in a [`CopyQueue`].
-#[derive(Clone, Copy)]
-struct Frame {
-    /// Position where it ends.
-    end: u64,
-    key: u64,
-    /// A small buffered send copied in: its pool buffer is in
-    /// [`CopyQueue::buffers`] until the frame completes.
-    buffered: bool,
+/// What [`CopyQueue::consume`] hands over, in send order.
+pub(crate) trait Completed {
+    /// Frames written whole that were not buffered sends: their keys.
+    fn keys(&mut self, keys: &[u64]);
+    /// A buffered send's frame written whole: its key and pool buffer.
+    fn buffered(&mut self, key: u64, buffer: NetworkBuffer);
 }
 
 /// Copied frames not yet completed: their unwritten bytes in a
@@ -172,13 +169,23 @@ struct Frame {
 /// since the connection began) where each ends. Small buffered sends are
 /// copied in too (their bytes leave with their neighbours in one slice);
 /// their pool buffers are held here until they complete.
+///
+/// Ends and keys are kept in two lists, so that a write that completes
+/// many frames hands their keys over as one or two slices, not one by
+/// one.
 #[derive(Default)]
 pub(crate) struct CopyQueue {
     ring: ByteRing,
-    /// Each frame not completed, in send order.
-    frames: VecDeque<Frame>,
-    /// Pool buffers of the buffered frames in `frames`, in order.
-    buffers: VecDeque<NetworkBuffer>,
+    /// Where each frame not completed ends, in send order.
+    ends: VecDeque<u64>,
+    /// The key of each of them, in the same order.
+    keys: VecDeque<u64>,
+    /// Pool buffers of the buffered frames among them, in order, each
+    /// with its frame's number (frames are numbered from 0 in send order).
+    buffers: VecDeque<(u64, NetworkBuffer)>,
+    /// Frames completed (or ended) so far: the number of the first in
+    /// `ends`.
+    popped: u64,
     /// Bytes of copied frames queued (including bytes written before they
     /// were queued).
     pushed: u64,
@@ -186,6 +193,18 @@ pub(crate) struct CopyQueue {
     written: u64,
     /// End of the last completed frame.
     done: u64,
+}
+
+/// The elements `range` of `d` as at most two slices.
+fn deque_range(d: &VecDeque<u64>, range: std::ops::Range<usize>) -> (&[u64], &[u64]) {
+    let (a, b) = d.as_slices();
+    if range.end <= a.len() {
+        (&a[range], &[])
+    } else if range.start >= a.len() {
+        (&b[range.start - a.len()..range.end - a.len()], &[])
+    } else {
+        (&a[range.start..], &b[..range.end - a.len()])
+    }
 }
 
 impl CopyQueue {
@@ -212,7 +231,7 @@ impl CopyQueue {
         frame_len: usize,
         key: u64,
     ) {
-        debug_assert!(skip == 0 || self.frames.is_empty());
+        debug_assert!(skip == 0 || self.ends.is_empty());
         self.ring.reserve(frame_len - skip);
         if skip == 0 {
             self.ring.put_parts(frame_len, frame, header, data);
@@ -229,11 +248,8 @@ impl CopyQueue {
         }
         self.pushed += frame_len as u64;
         self.written += skip as u64;
-        self.frames.push_back(Frame {
-            end: self.pushed,
-            key,
-            buffered: false,
-        });
+        self.ends.push_back(self.pushed);
+        self.keys.push_back(key);
     }
 
     /// Queues a buffered send's frame (`frame` header, then the buffer's
@@ -244,42 +260,72 @@ impl CopyQueue {
         self.ring.put(frame);
         self.ring.put(buffer.as_slice());
         self.pushed += frame_len as u64;
-        self.frames.push_back(Frame {
-            end: self.pushed,
-            key,
-            buffered: true,
-        });
-        self.buffers.push_back(buffer);
+        let number = self.popped + self.ends.len() as u64;
+        self.ends.push_back(self.pushed);
+        self.keys.push_back(key);
+        self.buffers.push_back((number, buffer));
     }
 
-    fn pop(&mut self) -> Option<(Frame, Option<NetworkBuffer>)> {
-        let f = self.frames.pop_front()?;
-        let b = if f.buffered {
-            self.buffers.pop_front()
-        } else {
-            None
+    /// Takes the first frame: its end, key and pool buffer if it has one.
+    fn pop(&mut self) -> Option<(u64, u64, Option<NetworkBuffer>)> {
+        let end = self.ends.pop_front()?;
+        let key = self.keys.pop_front().expect("a key per end");
+        let b = match self.buffers.front() {
+            Some(&(n, _)) if n == self.popped => self.buffers.pop_front().map(|(_, b)| b),
+            _ => None,
         };
-        Some((f, b))
+        self.popped += 1;
+        Some((end, key, b))
     }
 
-    /// `n` more bytes were written: calls `completed` with the key of each
-    /// frame now written whole, in order, and its pool buffer if it has
-    /// one.
-    pub(crate) fn consume(
-        &mut self,
-        n: usize,
-        mut completed: impl FnMut(u64, Option<NetworkBuffer>),
-    ) {
+    /// `n` more bytes were written: hands every frame now written whole to
+    /// `done`, in order (the keys of a run of frames without pool buffers
+    /// in one or two slices).
+    pub(crate) fn consume(&mut self, n: usize, done: &mut impl Completed) {
         self.ring.consume(n);
         self.written += n as u64;
-        while self.frames.front().is_some_and(|f| f.end <= self.written) {
-            if let Some((f, b)) = self.pop() {
-                self.done = f.end;
-                completed(f.key, b);
-            }
+        let written = self.written;
+        // How many frames are written whole: all of them in the common
+        // case, else found by bisection (the ends ascend).
+        let k = match self.ends.back() {
+            None => return,
+            Some(&last) if last <= written => self.ends.len(),
+            Some(_) => self.ends.partition_point(|&e| e <= written),
+        };
+        if k == 0 {
+            return;
         }
-        if self.frames.is_empty() && self.ring.capacity() > SPARE_BYTES {
+        self.done = self.ends[k - 1];
+        let mut from = 0;
+        while let Some(&(number, _)) = self.buffers.front() {
+            let at = (number - self.popped) as usize;
+            if at >= k {
+                break;
+            }
+            self.hand_keys(from..at, done);
+            let (_, b) = self.buffers.pop_front().expect("looked at");
+            done.buffered(self.keys[at], b);
+            from = at + 1;
+        }
+        self.hand_keys(from..k, done);
+        self.ends.drain(..k);
+        self.keys.drain(..k);
+        self.popped += k as u64;
+        if self.ends.is_empty() && self.ring.capacity() > SPARE_BYTES {
             self.ring.clear(SPARE_BYTES);
+        }
+    }
+
+    /// Hands the keys `range` of `keys` to `done`.
+    #[inline]
+    fn hand_keys(&self, range: std::ops::Range<usize>, done: &mut impl Completed) {
+        if range.is_empty() {
+            return;
+        }
+        let (a, b) = deque_range(&self.keys, range);
+        done.keys(a);
+        if !b.is_empty() {
+            done.keys(b);
         }
     }
 
@@ -295,31 +341,33 @@ impl CopyQueue {
         cancelled: &mut Vec<u64>,
         buffers: &mut Vec<NetworkBuffer>,
     ) {
-        while self.frames.front().is_some_and(|f| f.end <= until) {
-            let Some((f, b)) = self.pop() else {
+        while self.ends.front().is_some_and(|&end| end <= until) {
+            let Some((end, key, b)) = self.pop() else {
                 break;
             };
-            let unwritten = (f.end - self.written) as usize;
+            let unwritten = (end - self.written) as usize;
             if self.written > self.done {
                 // Started: finish it from the ring.
                 let (x, y) = self.ring.slices(0, unwritten);
                 rest.extend_from_slice(x);
                 rest.extend_from_slice(y);
-                *completed = Some(f.key);
+                *completed = Some(key);
             } else {
-                cancelled.push(f.key);
+                cancelled.push(key);
             }
             buffers.extend(b);
             self.ring.consume(unwritten);
-            self.done = f.end;
-            self.written = f.end;
+            self.done = end;
+            self.written = end;
         }
     }
 
     /// Forgets everything (the connection ended); frees a large ring.
     pub(crate) fn clear(&mut self) {
         self.ring.clear(SPARE_BYTES);
-        self.frames.clear();
+        self.popped += self.ends.len() as u64;
+        self.ends.clear();
+        self.keys.clear();
         self.buffers.clear();
         self.written = self.pushed;
         self.done = self.pushed;
@@ -334,6 +382,20 @@ const SPARE_BYTES: usize = 4 * 1024 * 1024;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A [`Completed`] that hands each frame to a closure.
+    struct Each<F>(F);
+
+    impl<F: FnMut(u64, Option<NetworkBuffer>)> Completed for Each<F> {
+        fn keys(&mut self, keys: &[u64]) {
+            for &k in keys {
+                (self.0)(k, None);
+            }
+        }
+        fn buffered(&mut self, key: u64, buffer: NetworkBuffer) {
+            (self.0)(key, Some(buffer));
+        }
+    }
 
     fn content(r: &ByteRing) -> Vec<u8> {
         let (a, b) = r.slices(0, r.len());
@@ -404,12 +466,12 @@ mod tests {
         q.push(b"fgh", &[], &[], 0, 3, 2);
         q.push(b"i", &[], &[b"", b"j"], 0, 2, 3);
         let mut done = Vec::new();
-        q.consume(4, |k, _| done.push(k));
+        q.consume(4, &mut Each(|k, _| done.push(k)));
         assert!(done.is_empty(), "4 of 5 bytes: nothing complete");
-        q.consume(4, |k, _| done.push(k));
+        q.consume(4, &mut Each(|k, _| done.push(k)));
         assert_eq!(done, vec![1, 2], "frames 1 and 2 written whole");
         assert_eq!(q.ring().slices(0, 2), (&b"ij"[..], &b""[..]));
-        q.consume(2, |k, _| done.push(k));
+        q.consume(2, &mut Each(|k, _| done.push(k)));
         assert_eq!(done, vec![1, 2, 3]);
     }
 
@@ -417,7 +479,7 @@ mod tests {
     fn queued_frames_keep_their_parts_in_order_before_and_across_the_wrap() {
         let mut q = CopyQueue::default();
         q.push(&[0xAA; 2500], &[], &[], 0, 2500, 0);
-        q.consume(2400, |_, _| {});
+        q.consume(2400, &mut Each(|_, _| {}));
         q.push(&[0xBB; 1000], &[], &[], 0, 1000, 1);
         // The ring's content runs from 2400 to 3500 of 4096: frames of 100
         // bytes fit before the end until the 6th, which wraps; an empty
@@ -436,7 +498,7 @@ mod tests {
         assert!(!y.is_empty(), "the content wraps");
         assert_eq!([x, y].concat(), expected);
         let mut done = Vec::new();
-        q.consume(1900, |k, _| done.push(k));
+        q.consume(1900, &mut Each(|k, _| done.push(k)));
         assert_eq!(done, (0..=9).collect::<Vec<u64>>());
     }
 
@@ -446,7 +508,7 @@ mod tests {
         q.push(b"hel", b"lo", &[b" world"], 7, 11, 9);
         assert_eq!(q.ring().slices(0, 4).0, b"orld");
         let mut done = Vec::new();
-        q.consume(4, |k, _| done.push(k));
+        q.consume(4, &mut Each(|k, _| done.push(k)));
         assert_eq!(done, vec![9]);
         assert_eq!(q.written(), 11);
     }
@@ -458,7 +520,7 @@ mod tests {
         q.push(b"efgh", &[], &[], 0, 4, 2);
         q.push(b"ijkl", &[], &[], 0, 4, 3);
         q.push(b"mnop", &[], &[], 0, 4, 4);
-        q.consume(6, |_, _| {});
+        q.consume(6, &mut Each(|_, _| {}));
         let (mut completed, mut rest, mut cancelled) = (None, Vec::new(), Vec::new());
         let mut buffers = Vec::new();
         // A first run of three frames, a second of one.
@@ -470,6 +532,61 @@ mod tests {
         q.end_until(16, &mut completed, &mut rest, &mut cancelled, &mut buffers);
         assert_eq!(cancelled, vec![3, 4]);
         assert_eq!(rest, b"gh", "a frame not started adds nothing");
+    }
+
+    /// A [`Completed`] that records each call.
+    #[derive(Default)]
+    struct Calls(Vec<(Vec<u64>, bool)>);
+
+    impl Completed for Calls {
+        fn keys(&mut self, keys: &[u64]) {
+            self.0.push((keys.to_vec(), false));
+        }
+        fn buffered(&mut self, key: u64, _buffer: NetworkBuffer) {
+            self.0.push((vec![key], true));
+        }
+    }
+
+    #[test]
+    fn a_write_hands_its_completed_keys_over_in_runs_split_only_at_buffered_frames() {
+        let pool = netio_core::BufferPool::new(16, 2);
+        let mut q = CopyQueue::default();
+        // Move the lists' start on, so that their content wraps.
+        for k in 0..3 {
+            q.push(b"zz", &[], &[], 0, 2, 100 + k);
+        }
+        let mut calls = Calls::default();
+        q.consume(6, &mut calls);
+        assert_eq!(calls.0, vec![(vec![100, 101, 102], false)]);
+        for k in 0..6 {
+            q.push(b"ab", &[], &[], 0, 2, k);
+        }
+        let mut b = pool.get().unwrap();
+        b.write(b"c").unwrap();
+        q.push_buffer(b"h", b, 6);
+        for k in 7..10 {
+            q.push(b"de", &[], &[], 0, 2, k);
+        }
+        let mut calls = Calls::default();
+        // Frames 0..=5 (12 bytes), the buffered one (2), frame 7 (2) and
+        // half of frame 8.
+        q.consume(17, &mut calls);
+        let keys: Vec<u64> = calls.0.iter().flat_map(|(k, _)| k.clone()).collect();
+        assert_eq!(keys, (0..=7).collect::<Vec<u64>>(), "in order, 8 not yet");
+        assert!(
+            calls.0.iter().all(|(k, b)| !b || k == &[6]),
+            "only the buffered frame goes alone: {:?}",
+            calls.0
+        );
+        assert_eq!(calls.0.iter().filter(|(_, b)| *b).count(), 1);
+        assert_eq!(pool.available(), 2, "its buffer handed over and dropped");
+        let mut calls = Calls::default();
+        q.consume(1, &mut calls);
+        assert_eq!(calls.0, vec![(vec![8], false)]);
+        q.consume(1, &mut calls);
+        assert_eq!(calls.0.len(), 1, "half a frame completes nothing");
+        q.consume(1, &mut calls);
+        assert_eq!(calls.0[1], (vec![9], false));
     }
 
     #[test]
@@ -486,7 +603,12 @@ mod tests {
         assert_eq!(pool.available(), 0, "both buffers held");
         assert_eq!(q.ring().slices(0, 9), (&b"xyhabchde"[..], &b""[..]));
         let mut done = Vec::new();
-        q.consume(6, |k, b| done.push((k, b.map(|b| b.as_slice().to_vec()))));
+        q.consume(
+            6,
+            &mut Each(|k, b: Option<NetworkBuffer>| {
+                done.push((k, b.map(|b| b.as_slice().to_vec())))
+            }),
+        );
         assert_eq!(done, vec![(1, None), (2, Some(b"abc".to_vec()))]);
         drop(done);
         assert_eq!(
