@@ -1457,7 +1457,14 @@ impl Inner {
             if reader.paused.load(Ordering::Acquire) {
                 return Step::Paused;
             }
-            if reader.assembling.is_none() && reader.dec.starts_large_message() {
+            // A whole small message first, without the general decoder's
+            // steps (it is never the start of a large message).
+            let whole = if reader.assembling.is_none() {
+                reader.dec.take_whole_data()
+            } else {
+                None
+            };
+            if whole.is_none() && reader.assembling.is_none() && reader.dec.starts_large_message() {
                 match pool.and_then(BufferPool::get) {
                     Some(b) => {
                         reader.assembling = Some(b);
@@ -1477,16 +1484,19 @@ impl Inner {
                     None => {}
                 }
             }
-            let frame = match reader.dec.next_frame() {
-                Ok(None) => return Step::Continue,
-                Ok(Some(f)) => f,
-                Err(e) => {
-                    drop(h);
-                    let reason = close_reason_for(&e);
-                    let mut st = self.state.lock();
-                    self.close_conn(&mut st, id, Some(e.close_code()), reason);
-                    return Step::Stop;
-                }
+            let frame = match whole {
+                Some(range) => Frame::Data(reader.dec.frame_bytes(range)),
+                None => match reader.dec.next_frame() {
+                    Ok(None) => return Step::Continue,
+                    Ok(Some(f)) => f,
+                    Err(e) => {
+                        drop(h);
+                        let reason = close_reason_for(&e);
+                        let mut st = self.state.lock();
+                        self.close_conn(&mut st, id, Some(e.close_code()), reason);
+                        return Step::Stop;
+                    }
+                },
             };
             match frame {
                 Frame::Data(msg) => {

@@ -152,18 +152,19 @@ impl Events {
     }
 
     /// Sends of `conn` completed, in order, each giving back a slot of
-    /// `in_flight`: joins the run before them when that run is `conn`'s.
+    /// `in_flight`, their keys the second of each pair: joins the run
+    /// before them when that run is `conn`'s.
     #[inline]
     pub(crate) fn completed_slots(
         &mut self,
         conn: ConnId,
-        keys: &[u64],
+        frames: &[(u64, u64)],
         in_flight: &Arc<AtomicUsize>,
     ) {
         let run = Self::run_of(&mut self.list, conn);
-        self.keys.extend_from_slice(keys);
-        run.keys += keys.len();
-        run.slots += keys.len();
+        self.keys.extend(frames.iter().map(|&(_, key)| key));
+        run.keys += frames.len();
+        run.slots += frames.len();
         if run.in_flight.is_none() {
             run.in_flight = Some(Arc::clone(in_flight));
         }
@@ -211,8 +212,9 @@ struct ToEvents<'a> {
 
 impl Completed for ToEvents<'_> {
     #[inline]
-    fn keys(&mut self, keys: &[u64]) {
-        self.events.completed_slots(self.conn, keys, self.in_flight);
+    fn keys(&mut self, frames: &[(u64, u64)]) {
+        self.events
+            .completed_slots(self.conn, frames, self.in_flight);
     }
 
     fn buffered(&mut self, key: u64, buffer: NetworkBuffer) {

@@ -158,8 +158,9 @@ impl ByteRing {
 
 /// What [`CopyQueue::consume`] hands over, in send order.
 pub(crate) trait Completed {
-    /// Frames written whole that were not buffered sends: their keys.
-    fn keys(&mut self, keys: &[u64]);
+    /// Frames written whole that were not buffered sends: their keys (the
+    /// second of each pair).
+    fn keys(&mut self, frames: &[(u64, u64)]);
     /// A buffered send's frame written whole: its key and pool buffer.
     fn buffered(&mut self, key: u64, buffer: NetworkBuffer);
 }
@@ -170,21 +171,18 @@ pub(crate) trait Completed {
 /// copied in too (their bytes leave with their neighbours in one slice);
 /// their pool buffers are held here until they complete.
 ///
-/// Ends and keys are kept in two lists, so that a write that completes
-/// many frames hands their keys over as one or two slices, not one by
-/// one.
+/// A write that completes many frames hands them over as one or two
+/// slices, not one by one.
 #[derive(Default)]
 pub(crate) struct CopyQueue {
     ring: ByteRing,
-    /// Where each frame not completed ends, in send order.
-    ends: VecDeque<u64>,
-    /// The key of each of them, in the same order.
-    keys: VecDeque<u64>,
+    /// Each frame not completed, in send order: where it ends and its key.
+    frames: VecDeque<(u64, u64)>,
     /// Pool buffers of the buffered frames among them, in order, each
     /// with its frame's number (frames are numbered from 0 in send order).
     buffers: VecDeque<(u64, NetworkBuffer)>,
     /// Frames completed (or ended) so far: the number of the first in
-    /// `ends`.
+    /// `frames`.
     popped: u64,
     /// Bytes of copied frames queued (including bytes written before they
     /// were queued).
@@ -196,7 +194,7 @@ pub(crate) struct CopyQueue {
 }
 
 /// The elements `range` of `d` as at most two slices.
-fn deque_range(d: &VecDeque<u64>, range: std::ops::Range<usize>) -> (&[u64], &[u64]) {
+fn deque_range<T>(d: &VecDeque<T>, range: std::ops::Range<usize>) -> (&[T], &[T]) {
     let (a, b) = d.as_slices();
     if range.end <= a.len() {
         (&a[range], &[])
@@ -231,7 +229,7 @@ impl CopyQueue {
         frame_len: usize,
         key: u64,
     ) {
-        debug_assert!(skip == 0 || self.ends.is_empty());
+        debug_assert!(skip == 0 || self.frames.is_empty());
         self.ring.reserve(frame_len - skip);
         if skip == 0 {
             self.ring.put_parts(frame_len, frame, header, data);
@@ -248,8 +246,7 @@ impl CopyQueue {
         }
         self.pushed += frame_len as u64;
         self.written += skip as u64;
-        self.ends.push_back(self.pushed);
-        self.keys.push_back(key);
+        self.frames.push_back((self.pushed, key));
     }
 
     /// Queues a buffered send's frame (`frame` header, then the buffer's
@@ -260,16 +257,14 @@ impl CopyQueue {
         self.ring.put(frame);
         self.ring.put(buffer.as_slice());
         self.pushed += frame_len as u64;
-        let number = self.popped + self.ends.len() as u64;
-        self.ends.push_back(self.pushed);
-        self.keys.push_back(key);
+        let number = self.popped + self.frames.len() as u64;
+        self.frames.push_back((self.pushed, key));
         self.buffers.push_back((number, buffer));
     }
 
     /// Takes the first frame: its end, key and pool buffer if it has one.
     fn pop(&mut self) -> Option<(u64, u64, Option<NetworkBuffer>)> {
-        let end = self.ends.pop_front()?;
-        let key = self.keys.pop_front().expect("a key per end");
+        let (end, key) = self.frames.pop_front()?;
         let b = match self.buffers.front() {
             Some(&(n, _)) if n == self.popped => self.buffers.pop_front().map(|(_, b)| b),
             _ => None,
@@ -287,15 +282,15 @@ impl CopyQueue {
         let written = self.written;
         // How many frames are written whole: all of them in the common
         // case, else found by bisection (the ends ascend).
-        let k = match self.ends.back() {
+        let k = match self.frames.back() {
             None => return,
-            Some(&last) if last <= written => self.ends.len(),
-            Some(_) => self.ends.partition_point(|&e| e <= written),
+            Some(&(last, _)) if last <= written => self.frames.len(),
+            Some(_) => self.frames.partition_point(|&(end, _)| end <= written),
         };
         if k == 0 {
             return;
         }
-        self.done = self.ends[k - 1];
+        self.done = self.frames[k - 1].0;
         let mut from = 0;
         while let Some(&(number, _)) = self.buffers.front() {
             let at = (number - self.popped) as usize;
@@ -304,14 +299,13 @@ impl CopyQueue {
             }
             self.hand_keys(from..at, done);
             let (_, b) = self.buffers.pop_front().expect("looked at");
-            done.buffered(self.keys[at], b);
+            done.buffered(self.frames[at].1, b);
             from = at + 1;
         }
         self.hand_keys(from..k, done);
-        self.ends.drain(..k);
-        self.keys.drain(..k);
+        self.frames.drain(..k);
         self.popped += k as u64;
-        if self.ends.is_empty() && self.ring.capacity() > SPARE_BYTES {
+        if self.frames.is_empty() && self.ring.capacity() > SPARE_BYTES {
             self.ring.clear(SPARE_BYTES);
         }
     }
@@ -322,7 +316,7 @@ impl CopyQueue {
         if range.is_empty() {
             return;
         }
-        let (a, b) = deque_range(&self.keys, range);
+        let (a, b) = deque_range(&self.frames, range);
         done.keys(a);
         if !b.is_empty() {
             done.keys(b);
@@ -341,7 +335,7 @@ impl CopyQueue {
         cancelled: &mut Vec<u64>,
         buffers: &mut Vec<NetworkBuffer>,
     ) {
-        while self.ends.front().is_some_and(|&end| end <= until) {
+        while self.frames.front().is_some_and(|&(end, _)| end <= until) {
             let Some((end, key, b)) = self.pop() else {
                 break;
             };
@@ -365,9 +359,8 @@ impl CopyQueue {
     /// Forgets everything (the connection ended); frees a large ring.
     pub(crate) fn clear(&mut self) {
         self.ring.clear(SPARE_BYTES);
-        self.popped += self.ends.len() as u64;
-        self.ends.clear();
-        self.keys.clear();
+        self.popped += self.frames.len() as u64;
+        self.frames.clear();
         self.buffers.clear();
         self.written = self.pushed;
         self.done = self.pushed;
@@ -387,8 +380,8 @@ mod tests {
     struct Each<F>(F);
 
     impl<F: FnMut(u64, Option<NetworkBuffer>)> Completed for Each<F> {
-        fn keys(&mut self, keys: &[u64]) {
-            for &k in keys {
+        fn keys(&mut self, frames: &[(u64, u64)]) {
+            for &(_, k) in frames {
                 (self.0)(k, None);
             }
         }
@@ -539,8 +532,8 @@ mod tests {
     struct Calls(Vec<(Vec<u64>, bool)>);
 
     impl Completed for Calls {
-        fn keys(&mut self, keys: &[u64]) {
-            self.0.push((keys.to_vec(), false));
+        fn keys(&mut self, frames: &[(u64, u64)]) {
+            self.0.push((frames.iter().map(|f| f.1).collect(), false));
         }
         fn buffered(&mut self, key: u64, _buffer: NetworkBuffer) {
             self.0.push((vec![key], true));
