@@ -1845,6 +1845,17 @@ impl Inner {
 
     // -- operations ----------------------------------------------------------------
 
+    /// The start of a copy send, which looks its connection up once
+    /// itself (see [`established`]): checks the calling thread and locks
+    /// the state.
+    #[inline(always)]
+    fn send_lock(&self) -> Result<LoopLockGuard<'_, State>, SendError> {
+        if !self.thread_ok() {
+            return Err(SendError::WrongThread);
+        }
+        Ok(self.state.lock())
+    }
+
     /// The common start of every send: checks the calling thread, locks the
     /// state and checks that `conn` is established (a handle lookup, no
     /// hashing).
@@ -1942,9 +1953,6 @@ impl Inner {
         data: &[&[u8]],
         key: u64,
     ) -> Result<(), SendError> {
-        header_check(header)?;
-        let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
-        let frame = data_frame_header(header, payload_len)?;
         // One lookup of the connection for the whole send.
         let State {
             conns,
@@ -1952,9 +1960,35 @@ impl Inner {
             dirty,
             ..
         } = &mut *st;
-        let c = conns
-            .get_mut(conn)
-            .ok_or(SendError::UnknownConnection(conn))?;
+        let c = established(conns, conn)?;
+        if self.copy_send_on(c, events, conn, header, data, key)? {
+            self.post_dispatch(st);
+        } else {
+            // `schedule_flush` with the connection at hand.
+            self.mark_dirty(c, dirty, conn);
+            self.post_flush(st);
+        }
+        Ok(())
+    }
+
+    /// A copy send on `c` (connection `conn`): written through at once
+    /// when nothing is queued and the frame is large enough (then its
+    /// completion goes to `events` and the answer is `true`), else copied
+    /// into the connection's ring (`false`: the caller marks the
+    /// connection for the flush).
+    #[inline(always)]
+    fn copy_send_on(
+        &self,
+        c: &mut Conn,
+        events: &mut Events,
+        conn: ConnId,
+        header: &[u8],
+        data: &[&[u8]],
+        key: u64,
+    ) -> Result<bool, SendError> {
+        header_check(header)?;
+        let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
+        let frame = data_frame_header(header, payload_len)?;
         // One read of the sends in flight, before this one is counted.
         let in_flight = self.check_queue_depth(c)?;
         c.slots_taken += 1;
@@ -1967,14 +2001,11 @@ impl Inner {
         };
         if written == frame_len {
             events.completed(conn, key, Release::Slot(&c.slots_released));
-            self.post_dispatch(st);
+            Ok(true)
         } else {
             c.push_copied(&frame, header, data, frame_len, written, key);
-            // `schedule_flush` with the connection at hand.
-            self.mark_dirty(c, dirty, conn);
-            self.post_flush(st);
+            Ok(false)
         }
-        Ok(())
     }
 
     /// `NoResources` when `send_queue_depth` copy and zero-copy sends of a
@@ -2082,6 +2113,15 @@ fn close_reason_for(e: &WireError) -> CloseReason {
 
 /// The header check of `netio_core::preamble::send` (the thread is
 /// checked where the state is taken).
+/// The established connection `conn` of `conns`.
+#[inline(always)]
+fn established(conns: &mut ConnTable<Conn>, conn: ConnId) -> Result<&mut Conn, SendError> {
+    match conns.get_mut(conn) {
+        Some(c) if c.phase == Phase::Established => Ok(c),
+        _ => Err(SendError::UnknownConnection(conn)),
+    }
+}
+
 fn header_check(header: &[u8]) -> Result<(), SendError> {
     netio_core::preamble::send(true, header)
 }
@@ -2377,7 +2417,7 @@ impl Backend for TcpBackend {
         key: u64,
     ) -> Result<(), SendError> {
         let inner = &self.inner;
-        let mut st = inner.send_target(conn)?;
+        let mut st = inner.send_lock()?;
         inner.copy_send(&mut st, conn, header, data, key)
     }
 
@@ -2388,20 +2428,47 @@ impl Backend for TcpBackend {
     ) -> Result<(), BatchSendError> {
         let inner = &self.inner;
         let mut st = inner
-            .send_target(conn)
+            .send_lock()
             .map_err(|error| BatchSendError { sent: 0, error })?;
+        // One lookup, one flush mark and one post for the whole batch.
+        let State {
+            conns,
+            events,
+            dirty,
+            ..
+        } = &mut *st;
+        let c = established(conns, conn).map_err(|error| BatchSendError { sent: 0, error })?;
+        let (mut done_at_once, mut queued) = (false, false);
+        let mut result = Ok(());
         for (sent, m) in messages.iter().enumerate() {
-            inner
-                .copy_send(
-                    &mut st,
-                    conn,
-                    m.header,
-                    std::slice::from_ref(&m.data),
-                    m.key,
-                )
-                .map_err(|error| BatchSendError { sent, error })?;
+            match inner.copy_send_on(
+                c,
+                events,
+                conn,
+                m.header,
+                std::slice::from_ref(&m.data),
+                m.key,
+            ) {
+                Ok(true) => done_at_once = true,
+                Ok(false) => queued = true,
+                Err(error) => {
+                    result = Err(BatchSendError { sent, error });
+                    break;
+                }
+            }
         }
-        Ok(())
+        // Written through can only be the sends before the first queued
+        // one: their dispatch is posted first, as one by one.
+        if queued {
+            inner.mark_dirty(c, dirty, conn);
+        }
+        if done_at_once {
+            inner.post_dispatch(&mut st);
+        }
+        if queued {
+            inner.post_flush(&mut st);
+        }
+        result
     }
 
     fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError> {
