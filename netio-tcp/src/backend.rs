@@ -1960,7 +1960,9 @@ impl Inner {
             dirty,
             ..
         } = &mut *st;
-        let c = established(conns, conn)?;
+        let c = conns
+            .get_mut(conn)
+            .ok_or(SendError::UnknownConnection(conn))?;
         if self.copy_send_on(c, events, conn, header, data, key)? {
             self.post_dispatch(st);
         } else {
@@ -1986,14 +1988,7 @@ impl Inner {
         data: &[&[u8]],
         key: u64,
     ) -> Result<bool, SendError> {
-        header_check(header)?;
-        let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
-        let frame = data_frame_header(header, payload_len)?;
-        // One read of the sends in flight, before this one is counted.
-        let in_flight = self.check_queue_depth(c)?;
-        c.slots_taken += 1;
-        c.count_send_in_flight(header.len() + payload_len, in_flight + 1);
-        let frame_len = FRAME_HEADER_LEN + header.len() + payload_len;
+        let (frame, frame_len) = self.accept_copy(c, header, data)?;
         let written = if c.queue.is_empty() && frame_len >= WRITE_THROUGH_MIN {
             c.write_through(&frame, header, data)
         } else {
@@ -2006,6 +2001,42 @@ impl Inner {
             c.push_copied(&frame, header, data, frame_len, written, key);
             Ok(false)
         }
+    }
+
+    /// The checks and accounting of a copy send on `c`: its header and
+    /// size checked, the queue depth checked and a slot taken, the send
+    /// counted; returns its frame header and frame length.
+    #[inline(always)]
+    fn accept_copy(
+        &self,
+        c: &mut Conn,
+        header: &[u8],
+        data: &[&[u8]],
+    ) -> Result<([u8; FRAME_HEADER_LEN], usize), SendError> {
+        header_check(header)?;
+        let payload_len = data.iter().fold(0usize, |a, s| a.saturating_add(s.len()));
+        let frame = data_frame_header(header, payload_len)?;
+        // One read of the sends in flight, before this one is counted.
+        let in_flight = self.check_queue_depth(c)?;
+        c.slots_taken += 1;
+        c.count_send_in_flight(header.len() + payload_len, in_flight + 1);
+        Ok((frame, FRAME_HEADER_LEN + header.len() + payload_len))
+    }
+
+    /// A copy send on `c` after an earlier one of the same batch was
+    /// queued: its frame copied into the ring and left for the caller to
+    /// add to the send queue ([`Conn::queue_copied`]); returns its length.
+    #[inline(always)]
+    fn copy_frame_on(
+        &self,
+        c: &mut Conn,
+        header: &[u8],
+        data: &[&[u8]],
+        key: u64,
+    ) -> Result<usize, SendError> {
+        let (frame, frame_len) = self.accept_copy(c, header, data)?;
+        c.copy_frame(&frame, header, data, frame_len, key);
+        Ok(frame_len)
     }
 
     /// `NoResources` when `send_queue_depth` copy and zero-copy sends of a
@@ -2417,7 +2448,7 @@ impl Backend for TcpBackend {
         key: u64,
     ) -> Result<(), SendError> {
         let inner = &self.inner;
-        let mut st = inner.send_lock()?;
+        let mut st = inner.send_target(conn)?;
         inner.copy_send(&mut st, conn, header, data, key)
     }
 
@@ -2439,23 +2470,32 @@ impl Backend for TcpBackend {
         } = &mut *st;
         let c = established(conns, conn).map_err(|error| BatchSendError { sent: 0, error })?;
         let (mut done_at_once, mut queued) = (false, false);
+        // Bytes of the frames after the first queued one: copied into the
+        // ring one by one, they join the send queue together at the end.
+        let mut copied = 0;
         let mut result = Ok(());
         for (sent, m) in messages.iter().enumerate() {
-            match inner.copy_send_on(
-                c,
-                events,
-                conn,
-                m.header,
-                std::slice::from_ref(&m.data),
-                m.key,
-            ) {
-                Ok(true) => done_at_once = true,
-                Ok(false) => queued = true,
-                Err(error) => {
-                    result = Err(BatchSendError { sent, error });
-                    break;
-                }
+            let data = std::slice::from_ref(&m.data);
+            let r = if queued {
+                inner
+                    .copy_frame_on(c, m.header, data, m.key)
+                    .map(|len| copied += len)
+            } else {
+                // Nothing queued yet: the send may be written through.
+                inner
+                    .copy_send_on(c, events, conn, m.header, data, m.key)
+                    .map(|at_once| {
+                        done_at_once |= at_once;
+                        queued = !at_once;
+                    })
+            };
+            if let Err(error) = r {
+                result = Err(BatchSendError { sent, error });
+                break;
             }
+        }
+        if copied > 0 {
+            c.queue_copied(copied);
         }
         // Written through can only be the sends before the first queued
         // one: their dispatch is posted first, as one by one.

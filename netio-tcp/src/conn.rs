@@ -632,12 +632,36 @@ impl Conn {
         debug_assert!(written == 0 || self.queue.is_empty());
         self.copies
             .push(frame, header, data, written, frame_len, key);
-        match self.queue.back_mut() {
-            Some(Out::Copied(len)) => *len += frame_len,
-            _ => self.queue.push_back(Out::Copied(frame_len)),
-        }
+        self.queue_copied(frame_len);
         if written > 0 {
             self.offset = written;
+        }
+    }
+
+    /// Copies a frame into the ring as [`push_copied`](Self::push_copied)
+    /// does with nothing written, but leaves it out of the send queue:
+    /// the frames of a batch so copied join the queue together, with one
+    /// [`queue_copied`](Self::queue_copied) call (which must come before
+    /// anything else is queued or written).
+    #[inline]
+    pub(crate) fn copy_frame(
+        &mut self,
+        frame: &[u8; FRAME_HEADER_LEN],
+        header: &[u8],
+        data: &[&[u8]],
+        frame_len: usize,
+        key: u64,
+    ) {
+        self.copies.push(frame, header, data, 0, frame_len, key);
+    }
+
+    /// Adds `len` bytes of copied frames to the send queue: to its last
+    /// item when that is copied frames too.
+    #[inline]
+    pub(crate) fn queue_copied(&mut self, len: usize) {
+        match self.queue.back_mut() {
+            Some(Out::Copied(n)) => *n += len,
+            _ => self.queue.push_back(Out::Copied(len)),
         }
     }
 

@@ -73,7 +73,7 @@ impl ByteRing {
     /// Appends `frame`, `header` and `data`, `n` bytes in all, for which
     /// [`reserve`](Self::reserve) made room: into one run of the buffer
     /// when they fit before its end (its end found once, not per part).
-    #[inline]
+    #[inline(always)]
     fn put_parts(&mut self, n: usize, frame: &[u8], header: &[u8], data: &[&[u8]]) {
         let cap = self.buf.len();
         debug_assert!(cap - self.len >= n);
@@ -106,6 +106,8 @@ impl ByteRing {
         self.len += n;
     }
 
+    #[cold]
+    #[inline(never)]
     fn grow(&mut self, need: usize) {
         let cap = need.max(self.buf.len() * 2).max(MIN_CAPACITY);
         let mut buf = vec![0u8; cap];
@@ -219,7 +221,7 @@ impl CopyQueue {
     /// Queues a frame of `frame_len` bytes: `frame` (its frame header),
     /// `header`, then `data`; its first `skip` bytes were already written
     /// (only possible when nothing else is queued).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push(
         &mut self,
         frame: &[u8],
@@ -230,18 +232,36 @@ impl CopyQueue {
         key: u64,
     ) {
         debug_assert!(skip == 0 || self.frames.is_empty());
-        self.ring.reserve(frame_len - skip);
         if skip == 0 {
+            self.ring.reserve(frame_len);
             self.ring.put_parts(frame_len, frame, header, data);
+            self.pushed += frame_len as u64;
+            self.frames.push_back((self.pushed, key));
         } else {
-            let mut skip_left = skip;
-            for part in [frame, header].into_iter().chain(data.iter().copied()) {
-                if skip_left >= part.len() {
-                    skip_left -= part.len();
-                } else {
-                    self.ring.put(&part[skip_left..]);
-                    skip_left = 0;
-                }
+            self.push_rest(frame, header, data, skip, frame_len, key);
+        }
+    }
+
+    /// [`push`](Self::push) of a frame whose first `skip` bytes (at least
+    /// one) were written.
+    #[inline(never)]
+    fn push_rest(
+        &mut self,
+        frame: &[u8],
+        header: &[u8],
+        data: &[&[u8]],
+        skip: usize,
+        frame_len: usize,
+        key: u64,
+    ) {
+        self.ring.reserve(frame_len - skip);
+        let mut skip_left = skip;
+        for part in [frame, header].into_iter().chain(data.iter().copied()) {
+            if skip_left >= part.len() {
+                skip_left -= part.len();
+            } else {
+                self.ring.put(&part[skip_left..]);
+                skip_left = 0;
             }
         }
         self.pushed += frame_len as u64;

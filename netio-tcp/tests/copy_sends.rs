@@ -74,6 +74,64 @@ fn large_and_small_copy_sends_through_a_full_socket_arrive_whole_in_order_and_co
 }
 
 #[test]
+fn a_copy_batch_of_large_and_small_messages_written_through_and_copied_arrives_whole_in_order() {
+    use netio_core::CopyMessage;
+    let rt = Running::start();
+    let server = Side::new(&rt.lp, BackendConfig::default());
+    let client = Side::new(&rt.lp, BackendConfig::default());
+    let (_, _) = connect(
+        &server,
+        &client,
+        EndpointAddress::localhost(0),
+        ConnectionParams::receive(2 << 20, 8),
+        ConnectionParams::default(),
+    );
+    let peer = server.conn(server.first_remote().unwrap());
+    let conn = client.conn(client.first_remote().unwrap());
+    let sent: Vec<Vec<u8>> = (0..24u32)
+        .map(|i| message(i, LENGTHS[i as usize % LENGTHS.len()]))
+        .collect();
+    // Three batches: the first large message of each may be written
+    // through (nothing queued), the rest is copied into the ring behind
+    // it; with the server paused for the second, its socket fills.
+    for (n, range) in [0..6usize, 6..18, 18..24].into_iter().enumerate() {
+        if n == 1 {
+            server.b.pause_receive(peer).unwrap();
+        }
+        let msgs: Vec<CopyMessage<'_>> = range
+            .clone()
+            .map(|i| CopyMessage::new(&sent[i], i as u64))
+            .collect();
+        client
+            .b
+            .send_copy_batch(conn, &msgs)
+            .unwrap_or_else(|e| panic!("batch {n}: {e:?}"));
+        if n == 1 {
+            server.b.resume_receive(peer).unwrap();
+        }
+    }
+    assert!(
+        wait_until(|| server.data_of(peer).len() == sent.len()),
+        "{} of {} messages arrived",
+        server.data_of(peer).len(),
+        sent.len()
+    );
+    for (i, (g, s)) in server.data_of(peer).iter().zip(&sent).enumerate() {
+        assert!(
+            g == s,
+            "message {i}: {} bytes arrived, {} sent",
+            g.len(),
+            s.len()
+        );
+    }
+    assert!(wait_until(|| client
+        .count(|e| matches!(e, Ev::Completed(..)))
+        == sent.len()));
+    let keys: Vec<u64> = client.batches().into_iter().flat_map(|(_, k)| k).collect();
+    assert_eq!(keys, (0..sent.len() as u64).collect::<Vec<_>>());
+}
+
+#[test]
 fn a_large_frame_partly_written_at_a_local_close_is_finished_before_the_close() {
     let rt = Running::start();
     let server = Side::new(&rt.lp, BackendConfig::default());
