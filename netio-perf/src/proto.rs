@@ -161,6 +161,23 @@ impl SinkCounter {
         }
     }
 
+    /// Counts a data message of `len` bytes as [`data`](Self::data) does,
+    /// unless it is the first measured one, which reads the clocks: then
+    /// nothing is counted and the answer is `false` (call `data`).
+    #[inline]
+    pub fn count(&mut self, len: usize) -> bool {
+        let n = self.report.received;
+        if n >= self.warmup && self.first.is_none() {
+            return false;
+        }
+        self.report.received = n + 1;
+        if n >= self.warmup {
+            self.report.measured += 1;
+            self.report.bytes += len as u64;
+        }
+        true
+    }
+
     /// The end message arrived (right behind the last data message): the
     /// measured span ends now.
     pub fn end(&mut self, virtual_now: impl FnOnce() -> Option<Duration>) {
