@@ -225,6 +225,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn counting_a_message_in_line_gives_the_report_data_gives_and_leaves_it_the_first_measured_one()
+    {
+        let (mut a, mut b) = (SinkCounter::new(3), SinkCounter::new(3));
+        let mut declined = Vec::new();
+        for i in 0..10usize {
+            a.data(10 + i, || None);
+            if !b.count(10 + i) {
+                declined.push(i);
+                b.data(10 + i, || None);
+            }
+        }
+        assert_eq!(
+            declined,
+            vec![3],
+            "only the first measured one reads the clock"
+        );
+        let (ra, rb) = (a.report(), b.report());
+        assert_eq!(
+            (rb.received, rb.measured, rb.bytes),
+            (ra.received, ra.measured, ra.bytes)
+        );
+        assert_eq!((rb.received, rb.measured), (10, 6));
+        assert_eq!(rb.bytes, (14..20).sum::<usize>() as u64);
+    }
+
+    #[test]
     fn messages_round_trip() {
         for role in [Role::Echo, Role::Sink] {
             for mode in [SendMode::Buffered, SendMode::ZeroCopy, SendMode::Copy] {
