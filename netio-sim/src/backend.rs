@@ -3,7 +3,6 @@
 
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use netio_core::{
@@ -32,6 +31,11 @@ impl SimBackend {
         Self { lp, id }
     }
 
+    /// The backend's index in the world.
+    pub(crate) fn index(&self) -> BackendId {
+        self.id
+    }
+
     pub(crate) fn create<H: Handler<SimBackend> + 'static>(
         lp: &SimLoop,
         config: BackendConfig,
@@ -48,7 +52,7 @@ impl SimBackend {
                     format!("simulated host {ip} has crashed").into(),
                 ));
             }
-            Ok(w.add_backend(ip, config, Arc::new(Mutex::new(handler))))
+            Ok(w.add_backend(ip, config, handler))
         })?;
         Ok(Self::from_parts(lp.clone(), id))
     }

@@ -67,10 +67,11 @@ impl EventLoop for SimLoop {
         let _driving = crate::DrivingGuard::enter(&self.sim);
         init();
         loop {
-            if self.take_stop() {
+            let done = self.sim.drive(u64::MAX, true, usize::MAX, Some(self.ip));
+            if done.stopped {
                 return;
             }
-            if self.sim.step_until(u64::MAX, true) {
+            if done.yielded {
                 continue;
             }
             let shared = &self.sim.shared;
@@ -130,14 +131,6 @@ impl EventLoop for SimLoop {
     /// is driven, as this host's callback (held while the loop is paused).
     fn post<F: FnOnce() + Send + 'static>(&self, f: F) {
         self.sim.with(|w| w.post(self.ip, Box::new(f)));
-    }
-}
-
-impl SimLoop {
-    fn take_stop(&self) -> bool {
-        let mut w = self.sim.world();
-        let h = w.host_mut(self.ip);
-        std::mem::replace(&mut h.stop, false)
     }
 }
 

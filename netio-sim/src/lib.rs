@@ -214,6 +214,8 @@ mod world;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -308,6 +310,9 @@ pub(crate) struct Shared {
     /// Held while one event is processed and its callbacks dispatched: one
     /// callback at a time, whoever drives.
     step_lock: Mutex<Stepping>,
+    /// Threads waiting for [`Shared::step_lock`] in a driving call of more
+    /// than one step; the driver gives way to them between steps.
+    drivers_waiting: AtomicUsize,
     seed: u64,
     /// What each host's application does when the host restarts.
     restart_hooks: Mutex<std::collections::BTreeMap<IpAddr, RestartHook>>,
@@ -438,6 +443,7 @@ impl Sim {
                 world: Mutex::new(World::new(seed, netio_core::thread_token())),
                 wake: Condvar::new(),
                 step_lock: Mutex::new(Stepping::default()),
+                drivers_waiting: AtomicUsize::new(0),
                 seed,
                 restart_hooks: Mutex::new(std::collections::BTreeMap::new()),
             }),
@@ -551,58 +557,115 @@ impl Sim {
     /// # Panics
     /// If called from inside a simulator callback.
     pub fn step(&self) -> bool {
-        self.step_until(u64::MAX, false)
+        self.drive(u64::MAX, false, 1, None).steps == 1
     }
 
-    /// Runs the next event if one is due no later than `deadline` (virtual
-    /// ns), with its callbacks; `false` if none is. With `batch`, events
-    /// that cause no callback (nothing an observer could see between them)
-    /// are run back to back under one lock, up to the first that does.
-    pub(crate) fn step_until(&self, deadline: u64, batch: bool) -> bool {
+    /// Runs steps, each the next event due no later than `deadline` (virtual
+    /// ns) with its callbacks, until none is due, `max_steps` have run, or
+    /// (with `stop`) that host's loop was told to stop (checked before each
+    /// step; the request is taken). With `batch`, events that cause no
+    /// callback (nothing an observer could see between them) are run back
+    /// to back, up to the first that does, as one step.
+    ///
+    /// One call takes the step lock once and keeps the world locked from
+    /// step to step, unlocking it only around callbacks, so a run of steps
+    /// costs what its callbacks need; no user code runs between the steps.
+    /// A call of more than one step gives way (ends, `yielded`) after a
+    /// step when another thread waits to drive, as a loop of single steps
+    /// would let it in.
+    pub(crate) fn drive(
+        &self,
+        deadline: u64,
+        batch: bool,
+        max_steps: usize,
+        stop: Option<IpAddr>,
+    ) -> Driven {
         assert_not_in_callback("Sim::step");
+        let long = max_steps > 1;
+        let waiting = &self.shared.drivers_waiting;
+        if long {
+            waiting.fetch_add(1, Ordering::Relaxed);
+        }
         let mut stepping = lock(&self.shared.step_lock);
+        if long {
+            waiting.fetch_sub(1, Ordering::Relaxed);
+        }
         let st = &mut *stepping;
         // Left by a callback that panicked; dropped with the world unlocked.
         st.calls.clear();
+        let _guard = CallbackGuard::enter(self);
+        let mut handles = Handles::default();
         let mut w = self.world();
         w.driver = netio_core::thread_token();
-        w.sched.reuse_keys(&mut st.spent);
-        let mut ran = false;
-        loop {
-            if w.next_at().is_none_or(|t| t > deadline) {
+        let mut done = Driven {
+            steps: 0,
+            stopped: false,
+            yielded: false,
+        };
+        while done.steps < max_steps {
+            if done.steps > 0 && long && waiting.load(Ordering::Relaxed) > 0 {
+                done.yielded = true;
                 break;
             }
-            let ev = w.pop().expect("an event is due");
-            w.process(ev);
-            ran = true;
-            if !batch || w.has_calls() {
+            if let Some(ip) = stop {
+                if std::mem::replace(&mut w.host_mut(ip).stop, false) {
+                    done.stopped = true;
+                    break;
+                }
+            }
+            if !st.spent.is_empty() {
+                w.sched.reuse_keys(&mut st.spent);
+            }
+            let mut ran = false;
+            loop {
+                if w.next_at().is_none_or(|t| t > deadline) {
+                    break;
+                }
+                let ev = w.pop().expect("an event is due");
+                w.process(ev);
+                ran = true;
+                if !batch || w.has_calls() {
+                    break;
+                }
+            }
+            if !ran {
                 break;
             }
+            done.steps += 1;
+            if w.has_calls() {
+                w.take_calls(&mut st.calls);
+                w = self.dispatch(w, st, &mut handles);
+            }
         }
-        if !ran {
-            return false;
-        }
-        w.take_calls(&mut st.calls);
-        self.dispatch(w, st);
-        true
+        self.unlock(w);
+        done
     }
 
     /// Runs events until none is scheduled or `max_events` have run; returns
     /// how many ran. A running periodic timer keeps the world busy, so this
     /// then runs exactly `max_events`.
+    ///
+    /// # Panics
+    /// If called from inside a simulator callback.
     pub fn run_until_idle(&self, max_events: usize) -> usize {
         let mut n = 0;
-        while n < max_events && self.step() {
-            n += 1;
+        loop {
+            let done = self.drive(u64::MAX, false, max_events - n, None);
+            n += done.steps;
+            if !done.yielded {
+                return n;
+            }
         }
-        n
     }
 
     /// Runs every event due within `d` of virtual time, then sets the clock
     /// to now + `d`.
+    ///
+    /// # Panics
+    /// If called from inside a simulator callback.
     pub fn run_for(&self, d: Duration) {
         let deadline = self.world().sched.now.saturating_add(world::nanos(d));
-        while self.step_until(deadline, true) {}
+        while self.drive(deadline, true, usize::MAX, None).yielded {}
         let mut w = self.world();
         w.sched.now = w.sched.now.max(deadline);
     }
@@ -875,19 +938,21 @@ impl Sim {
     }
 
     /// Runs the callbacks of a step (`st.calls`, left empty) with the
-    /// world unlocked. Whether a callback still runs is decided with the
-    /// world locked just before it: under `w` (the step's lock) for the
-    /// first, then under the lock taken after the callback before it (which
-    /// also frees the receive buffer an `on_data` read).
-    fn dispatch(&self, w: MutexGuard<'_, World>, st: &mut Stepping) {
-        let _guard = CallbackGuard::enter(self);
-        // The world while it is locked (not while a callback runs).
-        let mut locked = Some(w);
+    /// world unlocked, and returns the world locked again. Whether a
+    /// callback still runs is decided with the world locked just before it
+    /// (under `g` for the first, then under the lock taken after the
+    /// callback before it, which also gives the handler back and frees the
+    /// receive buffer an `on_data` read).
+    fn dispatch<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, World>,
+        st: &mut Stepping,
+        handles: &mut Handles,
+    ) -> MutexGuard<'a, World> {
         // Taken from the back: in their order. (If a callback panics, the
         // rest are dropped at the next step.)
         st.calls.reverse();
         while let Some(call) = st.calls.pop() {
-            let mut g = locked.take().unwrap_or_else(|| self.world());
             let (backend, ev) = match call {
                 Call::Net { backend, ev } => (backend, ev),
                 call => {
@@ -902,55 +967,121 @@ impl Sim {
                             Call::Post { f, .. } => f(),
                             Call::Net { .. } => unreachable!("handler calls are taken above"),
                         }
+                    } else {
+                        drop(call);
                     }
+                    g = self.world();
                     continue;
                 }
             };
-            let (handler, host) = match g.due(backend, &ev) {
+            let (mut h, host) = match g.due(backend, &ev) {
                 Due::Handler(handler, host) => (handler, host),
                 Due::Skip => {
                     if let NetEv::Data(m) = ev {
                         g.recv_done(backend, m);
                     }
-                    locked = Some(g);
                     continue;
                 }
                 Due::Hold => {
                     if let NetEv::Data(m) = ev {
                         g.hold(m);
                     }
-                    locked = Some(g);
                     continue;
                 }
             };
             self.unlock(g);
-            let b = SimBackend::from_parts(SimLoop::new(self.clone(), host), backend);
-            let mut h = lock(&handler);
-            match ev {
+            let b = handles.get(self, host, backend);
+            // The handler goes back to its backend even if it panics.
+            let (data, ran) = match ev {
                 NetEv::Data(m) => {
-                    h.on_data(&b, m.conn, m.buf.as_slice());
-                    drop(h);
-                    let mut g = self.world();
-                    g.recv_done(backend, m);
-                    locked = Some(g);
+                    let ran = catch_unwind(AssertUnwindSafe(|| {
+                        h.on_data(b, m.conn, m.buf.as_slice());
+                    }));
+                    (Some(m), ran)
                 }
-                NetEv::Established(c, r, caps) => h.on_connection_established(&b, c, r, caps),
-                NetEv::Refused(c, r, why) => h.on_connection_refused(&b, c, r, &why),
+                NetEv::Established(c, r, caps) => (
+                    None,
+                    catch_unwind(AssertUnwindSafe(|| {
+                        h.on_connection_established(b, c, r, caps);
+                    })),
+                ),
+                NetEv::Refused(c, r, why) => (
+                    None,
+                    catch_unwind(AssertUnwindSafe(|| h.on_connection_refused(b, c, r, &why))),
+                ),
                 NetEv::Closed(c, r, why, keys) => {
-                    h.on_connection_closed(&b, c, r, &why, &keys);
+                    let ran = catch_unwind(AssertUnwindSafe(|| {
+                        h.on_connection_closed(b, c, r, &why, &keys);
+                    }));
                     st.spent.push(keys);
+                    (None, ran)
                 }
                 NetEv::Completed(c, keys) => {
-                    h.on_sends_completed(&b, c, &keys);
+                    let ran = catch_unwind(AssertUnwindSafe(|| {
+                        h.on_sends_completed(b, c, &keys);
+                    }));
                     st.spent.push(keys);
+                    (None, ran)
                 }
-                NetEv::Timer(token) => h.on_timer(&b, token),
-                NetEv::Wake(token) => h.on_wake(&b, token),
+                NetEv::Timer(token) => (
+                    None,
+                    catch_unwind(AssertUnwindSafe(|| h.on_timer(b, token))),
+                ),
+                NetEv::Wake(token) => {
+                    (None, catch_unwind(AssertUnwindSafe(|| h.on_wake(b, token))))
+                }
+            };
+            g = self.world();
+            let retired = g.put_handler(backend, h);
+            if let Err(panic) = ran {
+                // As before the call: the message's buffer is dropped with
+                // the world unlocked, the other calls at the next step.
+                self.unlock(g);
+                drop(retired);
+                drop(data);
+                resume_unwind(panic);
+            }
+            if let Some(m) = data {
+                g.recv_done(backend, m);
+            }
+            if let Some(retired) = retired {
+                // Its backend was retired during the call (a crash or the
+                // world's end): dropped with the world unlocked.
+                self.unlock(g);
+                drop(retired);
+                g = self.world();
             }
         }
-        if let Some(g) = locked {
-            self.unlock(g);
+        g
+    }
+}
+
+/// How a [`Sim::drive`] call ended.
+pub(crate) struct Driven {
+    /// Steps run.
+    pub(crate) steps: usize,
+    /// It stopped because the host's loop was told to.
+    pub(crate) stopped: bool,
+    /// It gave way to another thread waiting to drive; more may be due.
+    pub(crate) yielded: bool,
+}
+
+/// Backend handles a driving call hands to handlers, made once per call
+/// and backend instead of once per callback (a handle holds the world's
+/// `Arc`); kept by backend index modulo the slots.
+#[derive(Default)]
+struct Handles {
+    slots: [Option<SimBackend>; 8],
+}
+
+impl Handles {
+    #[inline]
+    fn get(&mut self, sim: &Sim, host: IpAddr, b: world::BackendId) -> &SimBackend {
+        let slot = &mut self.slots[b % 8];
+        if slot.as_ref().is_none_or(|h| h.index() != b) {
+            *slot = Some(SimBackend::from_parts(SimLoop::new(sim.clone(), host), b));
         }
+        slot.as_ref().expect("just filled")
     }
 }
 

@@ -36,8 +36,10 @@ type WireId = u64;
 type ListenerId = u64;
 pub(crate) type PoolId = u64;
 
-/// A backend's handler, called by the driver with the world unlocked.
-pub(crate) type HandlerCell = Arc<Mutex<Box<dyn Handler<SimBackend>>>>;
+/// A backend's handler. The driver takes it out of the world for each call
+/// (with the world unlocked) and puts it back after: one callback runs at a
+/// time, so nothing else ever needs it meanwhile.
+pub(crate) type HandlerBox = Box<dyn Handler<SimBackend>>;
 /// A signal or timer callback.
 pub(crate) type UserFn = Arc<Mutex<Box<dyn FnMut() + Send>>>;
 /// A closure given to `EventLoop::post`.
@@ -51,16 +53,11 @@ pub(crate) type PostFn = Box<dyn FnOnce() + Send>;
 #[must_use]
 #[derive(Default)]
 pub(crate) struct Remains {
-    handlers: Vec<HandlerCell>,
+    handlers: Vec<HandlerBox>,
     calls: Vec<Call>,
     callbacks: Vec<UserFn>,
     /// Events still scheduled ([`World::shut_down`]): posted closures.
     queue: Queue,
-}
-
-/// The handler of a backend whose host crashed: it hears nothing.
-fn dead_handler() -> HandlerCell {
-    Arc::new(Mutex::new(Box::new(netio_core::NoopHandler)))
 }
 
 /// First port handed out for listen port 0 and for the local side of
@@ -301,9 +298,9 @@ impl Call {
 
 /// What the driver does with a handler call ([`World::due`]).
 pub(crate) enum Due {
-    /// Run it with this handler (the one its backend has now), on the loop
-    /// of this host.
-    Handler(HandlerCell, IpAddr),
+    /// Run it with this handler (the one its backend has now, taken out of
+    /// the world until [`World::put_handler`]), on the loop of this host.
+    Handler(HandlerBox, IpAddr),
     /// Drop it (a message's receive buffer is freed).
     Skip,
     /// A message for a paused side: keep it until the side resumes
@@ -591,7 +588,11 @@ pub(crate) struct BackendState {
     /// The life of its host it belongs to (see `Host::incarnation`).
     incarnation: u64,
     pub(crate) config: BackendConfig,
-    handler: HandlerCell,
+    /// `None` while the driver calls it, and for good once retired.
+    handler: Option<HandlerBox>,
+    /// Its handler was taken for good (the host crashed, or the world was
+    /// shut down): one that comes back from a call is dropped.
+    retired: bool,
     /// Connections by handle: opened here (from `open_active_endpoint` on)
     /// or accepted (from the SYN on; named to the application once
     /// established).
@@ -1508,7 +1509,7 @@ impl World {
     /// Whether `ev`, a call of backend `b`'s handler, runs now, decided
     /// just before it would (see [`Due`]).
     #[inline]
-    pub(crate) fn due(&self, b: BackendId, ev: &NetEv) -> Due {
+    pub(crate) fn due(&mut self, b: BackendId, ev: &NetEv) -> Due {
         if !self.backend_alive(b) {
             return Due::Skip;
         }
@@ -1525,8 +1526,34 @@ impl World {
                 }
             }
         }
-        let be = &self.backends[b];
-        Due::Handler(Arc::clone(&be.handler), be.host)
+        let be = &mut self.backends[b];
+        match be.handler.take() {
+            Some(h) => Due::Handler(h, be.host),
+            None => Due::Skip,
+        }
+    }
+
+    /// Gives backend `b` back the handler [`due`](Self::due) took, or
+    /// returns it if the backend was retired meanwhile (for the caller to
+    /// drop after unlocking).
+    #[inline]
+    #[must_use]
+    pub(crate) fn put_handler(&mut self, b: BackendId, h: HandlerBox) -> Option<HandlerBox> {
+        let be = &mut self.backends[b];
+        if be.retired {
+            return Some(h);
+        }
+        debug_assert!(be.handler.is_none(), "one handler call at a time");
+        be.handler = Some(h);
+        None
+    }
+
+    /// Takes backend `b`'s handler for good (into `dead`, for the caller to
+    /// drop after unlocking); one being called comes back to
+    /// [`put_handler`](Self::put_handler), which returns it to be dropped.
+    fn retire(be: &mut BackendState, dead: &mut Remains) {
+        be.retired = true;
+        dead.handlers.extend(be.handler.take());
     }
 
     /// Whether `call`, a loop callback (timer, signal, post), runs now: a
@@ -1657,7 +1684,7 @@ impl World {
         &mut self,
         host: IpAddr,
         config: BackendConfig,
-        handler: HandlerCell,
+        handler: HandlerBox,
     ) -> BackendId {
         let shared_recv = config
             .shared_receive_pool
@@ -1672,7 +1699,8 @@ impl World {
             hix,
             incarnation,
             config,
-            handler,
+            handler: Some(handler),
+            retired: false,
             conns: ConnTable::new(),
             next_seq: 0,
             timers: TimerQueue::new(),
@@ -3169,8 +3197,7 @@ impl World {
     pub(crate) fn shut_down(&mut self) -> Remains {
         let mut dead = Remains::default();
         for be in &mut self.backends {
-            dead.handlers
-                .push(std::mem::replace(&mut be.handler, dead_handler()));
+            Self::retire(be, &mut dead);
         }
         self.hosts
             .for_each_mut(|h| dead.calls.append(&mut h.held_calls));
@@ -3237,8 +3264,7 @@ impl World {
         let inc = self.host_mut(host).incarnation;
         for be in &mut self.backends {
             if be.host == host && be.incarnation == inc {
-                dead.handlers
-                    .push(std::mem::replace(&mut be.handler, dead_handler()));
+                Self::retire(be, &mut dead);
             }
         }
         let held = std::mem::take(&mut self.host_mut(host).held_calls);
