@@ -216,7 +216,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 pub use backend::{SimBackend, SimProvider};
@@ -310,8 +310,8 @@ pub(crate) struct Shared {
     /// Held while one event is processed and its callbacks dispatched: one
     /// callback at a time, whoever drives.
     step_lock: Mutex<Stepping>,
-    /// Threads waiting for [`Shared::step_lock`] in a driving call of more
-    /// than one step; the driver gives way to them between steps.
+    /// Threads waiting for [`Shared::step_lock`] to drive; the driver gives
+    /// way to them between steps.
     drivers_waiting: AtomicUsize,
     seed: u64,
     /// What each host's application does when the host restarts.
@@ -570,9 +570,8 @@ impl Sim {
     /// One call takes the step lock once and keeps the world locked from
     /// step to step, unlocking it only around callbacks, so a run of steps
     /// costs what its callbacks need; no user code runs between the steps.
-    /// A call of more than one step gives way (ends, `yielded`) after a
-    /// step when another thread waits to drive, as a loop of single steps
-    /// would let it in.
+    /// It gives way (ends, `yielded`) after a step when another thread
+    /// waits to drive, as a loop of single steps would let it in.
     pub(crate) fn drive(
         &self,
         deadline: u64,
@@ -581,15 +580,18 @@ impl Sim {
         stop: Option<IpAddr>,
     ) -> Driven {
         assert_not_in_callback("Sim::step");
-        let long = max_steps > 1;
         let waiting = &self.shared.drivers_waiting;
-        if long {
-            waiting.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut stepping = lock(&self.shared.step_lock);
-        if long {
-            waiting.fetch_sub(1, Ordering::Relaxed);
-        }
+        let mut stepping = match self.shared.step_lock.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                // Another thread drives: it gives way after its step.
+                waiting.fetch_add(1, Ordering::Relaxed);
+                let g = lock(&self.shared.step_lock);
+                waiting.fetch_sub(1, Ordering::Relaxed);
+                g
+            }
+        };
         let st = &mut *stepping;
         // Left by a callback that panicked; dropped with the world unlocked.
         st.calls.clear();
@@ -603,7 +605,7 @@ impl Sim {
             yielded: false,
         };
         while done.steps < max_steps {
-            if done.steps > 0 && long && waiting.load(Ordering::Relaxed) > 0 {
+            if done.steps > 0 && waiting.load(Ordering::Relaxed) > 0 {
                 done.yielded = true;
                 break;
             }
@@ -638,6 +640,13 @@ impl Sim {
             }
         }
         self.unlock(w);
+        drop(stepping);
+        if done.yielded {
+            // Let the waiting thread in before this one asks again.
+            while waiting.load(Ordering::Relaxed) > 0 {
+                std::thread::yield_now();
+            }
+        }
         done
     }
 

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{connect, full_params, listen, node, Event};
-use netio_core::{Backend, BackendConfig, EventLoop, SendError, Signal, ThreadSafety};
+use netio_core::{Backend, BackendConfig, EventLoop, SendError, Signal, ThreadSafety, Timer};
 use netio_sim::{Sim, SimBackend};
 
 #[test]
@@ -183,4 +183,126 @@ fn a_refused_call_from_another_thread_leaves_the_run_reproducible() {
     .join()
     .unwrap();
     assert!(sim.reproducible(), "a refused call changes nothing");
+}
+
+#[test]
+fn a_loop_driving_a_busy_world_gives_way_to_another_thread_that_drives() {
+    let sim = Sim::with_seed(34);
+    let lp = sim.next_host().event_loop().clone();
+    // A periodic timer keeps the world busy for as long as anyone drives.
+    let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let t = ticks.clone();
+    let timer = lp.timer(move || {
+        t.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    timer.start(Duration::from_micros(1));
+    let (ready, wait_ready) = mpsc::channel();
+    let runner = {
+        let lp = lp.clone();
+        std::thread::spawn(move || lp.run(|| ready.send(()).unwrap()))
+    };
+    wait_ready.recv_timeout(Duration::from_secs(10)).unwrap();
+    // This thread gets its turns while the loop runs on the other one.
+    let (done, wait_done) = mpsc::channel();
+    let s2 = sim.clone();
+    let other = std::thread::spawn(move || {
+        let before = s2.now();
+        s2.run_for(Duration::from_millis(1));
+        let stepped = s2.step();
+        let ran = s2.run_until_idle(10);
+        done.send((s2.now() - before, stepped, ran)).unwrap();
+    });
+    let (advanced, stepped, ran) = wait_done
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the second driver got its turn");
+    assert!(advanced >= Duration::from_millis(1), "{advanced:?}");
+    assert!(stepped, "a timer event was due");
+    assert_eq!(ran, 10, "the timer keeps the world busy");
+    other.join().unwrap();
+    lp.stop();
+    runner.join().expect("run returned after stop");
+    assert!(ticks.load(std::sync::atomic::Ordering::Relaxed) >= 1000);
+}
+
+#[test]
+fn a_handler_that_panics_keeps_its_backend_and_is_called_again() {
+    let sim = Sim::with_seed(35);
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let c2 = calls.clone();
+    let server = node(
+        &sim,
+        BackendConfig::default(),
+        Some(Box::new(move |_: &SimBackend, e: &Event| {
+            if let Event::Data { data, .. } = e {
+                c2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                assert!(data != b"boom", "the handler panics on boom");
+            }
+        })),
+    );
+    let client = node(&sim, BackendConfig::default(), None);
+    let addr = listen(&server, full_params(64, 4));
+    let (conn, _) = connect(&sim, &server, &client, addr, full_params(64, 4));
+    client.b.send_data_copy(conn, &[b"boom"], &[], 1).unwrap();
+    let err = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sim.run_until_idle(1000);
+    }))
+    .expect_err("the handler's panic reaches the driver");
+    let msg = err
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(msg.contains("panics on boom"), "{msg}");
+    // The same handler (it kept its log) hears the next message.
+    client.b.send_data_copy(conn, &[b"after"], &[], 2).unwrap();
+    common::run_until(&sim, "the next message arrives", || {
+        server.log.data().len() == 2
+    });
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 2);
+    assert_eq!(server.log.data()[1].1, b"after");
+}
+
+#[test]
+fn a_host_crashed_from_its_own_callback_drops_that_handler_when_the_callback_returns() {
+    struct Crasher(std::sync::Arc<std::sync::atomic::AtomicU64>);
+    impl netio_core::Handler<SimBackend> for Crasher {
+        fn on_data(&mut self, b: &SimBackend, _: netio_core::ConnId, _: &[u8]) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            b.sim().crash(b.ip());
+            // Still alive here: the call under way owns it.
+            assert_eq!(self.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+        }
+    }
+    impl Drop for Crasher {
+        fn drop(&mut self) {
+            self.0.fetch_add(100, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let sim = Sim::with_seed(36);
+    let state = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let host = sim.next_host();
+    let server = host
+        .backend(BackendConfig::default(), Crasher(state.clone()))
+        .unwrap();
+    let addr = server
+        .open_listen_endpoint(
+            netio_core::EndpointAddress::new(host.ip(), 0),
+            full_params(64, 4),
+        )
+        .unwrap();
+    let client = node(&sim, BackendConfig::default(), None);
+    let conn = client
+        .b
+        .open_active_endpoint(addr, full_params(64, 4))
+        .unwrap();
+    common::run_until(&sim, "established", || !client.log.established().is_empty());
+    client.b.send_data_copy(conn, &[b"one"], &[], 1).unwrap();
+    client.b.send_data_copy(conn, &[b"two"], &[], 2).unwrap();
+    common::run_until(&sim, "the handler is dropped", || {
+        state.load(std::sync::atomic::Ordering::Relaxed) >= 100
+    });
+    sim.run_for(Duration::from_millis(10));
+    // Called once, dropped once: nothing reached it after the crash.
+    assert_eq!(state.load(std::sync::atomic::Ordering::Relaxed), 101);
+    assert!(sim.crashed(host.ip()));
 }
