@@ -619,12 +619,7 @@ impl Sim {
                 w.sched.reuse_keys(&mut st.spent);
             }
             let mut ran = false;
-            loop {
-                if w.next_at().is_none_or(|t| t > deadline) {
-                    break;
-                }
-                let ev = w.pop().expect("an event is due");
-                w.process(ev);
+            while w.run_next(deadline) {
                 ran = true;
                 if !batch || w.has_calls() {
                     break;

@@ -1142,17 +1142,27 @@ impl World {
         !self.sched.queue.is_empty()
     }
 
-    /// Takes the next event and advances the clock to it.
+    /// Runs the next event if one is due by `deadline`: advances the clock
+    /// to it and applies it (callbacks it causes go to `self.sched.calls`).
+    /// Returns whether one ran.
     #[inline]
-    pub(crate) fn pop(&mut self) -> Option<Ev> {
-        let e = self.sched.queue.pop()?;
-        self.sched.now = self.sched.now.max(e.at);
-        Some(e.ev)
+    pub(crate) fn run_next(&mut self, deadline: u64) -> bool {
+        if self.next_at().is_none_or(|t| t > deadline) {
+            return false;
+        }
+        match self.sched.queue.pop() {
+            Some(e) => {
+                self.process(e);
+                true
+            }
+            None => false,
+        }
     }
 
-    /// Applies `ev`; callbacks it causes go to `self.sched.calls`.
-    pub(crate) fn process(&mut self, ev: Ev) {
-        match ev {
+    /// Applies the event of `e`, at its time.
+    fn process(&mut self, e: Entry) {
+        self.sched.now = self.sched.now.max(e.at);
+        match e.ev {
             Ev::Ctrl { conn, to, pkt } => self.on_ctrl(conn, to, *pkt),
             Ev::ConnectTimeout { conn } => self.on_connect_timeout(conn),
             Ev::Finish { conn, side } => {
