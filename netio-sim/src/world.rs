@@ -257,8 +257,15 @@ impl Queue {
                 let last = v.len() - 1;
                 v.swap_remove(last)
             }
-            Self::Heap(_) => self.pop().expect("the queue is not empty"),
+            Self::Heap(_) => self.take_from_heap(),
         }
+    }
+
+    /// [`take_next`](Self::take_next) from the heap; out of line, so that
+    /// the usual path has no `Option` to unpack.
+    #[inline(never)]
+    fn take_from_heap(&mut self) -> Entry {
+        self.pop().expect("the queue is not empty")
     }
 
     fn peek_at(&self) -> Option<u64> {
