@@ -625,10 +625,24 @@ impl Client {
         let first = self.key.wrapping_add(1);
         let (sent, r) = match self.spec.mode {
             SendMode::CopyBatch => {
-                let msgs: Vec<CopyMessage<'_>> = (0..n as u64)
-                    .map(|i| CopyMessage::new(&self.msg, first.wrapping_add(i)))
-                    .collect();
-                match b.send_copy_batch(conn, &msgs) {
+                // Small batches on the stack: a provider that completes one
+                // send at a time gets a batch of one per call, and an
+                // allocation per call would be this tool's cost.
+                const SMALL: usize = 8;
+                let mut small = [CopyMessage::new(&self.msg, first); SMALL];
+                let large: Vec<CopyMessage<'_>>;
+                let msgs: &[CopyMessage<'_>] = if n <= SMALL {
+                    for (i, m) in small.iter_mut().enumerate().take(n) {
+                        m.key = first.wrapping_add(i as u64);
+                    }
+                    &small[..n]
+                } else {
+                    large = (0..n as u64)
+                        .map(|i| CopyMessage::new(&self.msg, first.wrapping_add(i)))
+                        .collect();
+                    &large
+                };
+                match b.send_copy_batch(conn, msgs) {
                     Ok(()) => (n, Ok(())),
                     Err(e) => (e.sent, Err(e.error)),
                 }

@@ -6,9 +6,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use netio_core::{
-    Backend, BackendConfig, BufferError, CloseError, ConnError, ConnId, ConnectionParams,
-    CreateError, EndpointAddress, Features, Handler, MemoryUsage, NetworkBuffer, OpenActiveError,
-    OpenListenError, Provider, RegionSlice, SendError,
+    Backend, BackendConfig, BatchSendError, BufferError, CloseError, ConnError, ConnId,
+    ConnectionParams, CopyMessage, CreateError, EndpointAddress, Features, Handler, MemoryUsage,
+    NetworkBuffer, OpenActiveError, OpenListenError, Provider, RegionSlice, SendError,
 };
 
 use crate::world::BackendId;
@@ -148,6 +148,21 @@ impl Backend for SimBackend {
         key: u64,
     ) -> Result<(), SendError> {
         self.with(|w, b| w.op_send_copy(b, conn, data, header, key))
+    }
+
+    /// As many `send_data_copy` calls, under one lock of the world.
+    fn send_copy_batch(
+        &self,
+        conn: ConnId,
+        messages: &[CopyMessage<'_>],
+    ) -> Result<(), BatchSendError> {
+        self.with(|w, b| {
+            for (sent, m) in messages.iter().enumerate() {
+                w.op_send_copy(b, conn, &[m.data], m.header, m.key)
+                    .map_err(|error| BatchSendError { sent, error })?;
+            }
+            Ok(())
+        })
     }
 
     fn num_available_buffers(&self, conn: ConnId) -> Result<usize, BufferError> {
