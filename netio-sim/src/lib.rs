@@ -995,56 +995,53 @@ impl Sim {
             };
             self.unlock(g);
             let b = handles.get(self, host, backend);
-            // The handler goes back to its backend even if it panics.
-            let (data, ran) = match ev {
+            // The handler goes back to its backend even if it panics; a
+            // message comes back for its buffer to be freed.
+            let spent = &mut st.spent;
+            let ran = catch_unwind(AssertUnwindSafe(|| match ev {
                 NetEv::Data(m) => {
-                    let ran = catch_unwind(AssertUnwindSafe(|| {
-                        h.on_data(b, m.conn, m.buf.as_slice());
-                    }));
-                    (Some(m), ran)
+                    h.on_data(b, m.conn, m.buf.as_slice());
+                    Some(m)
                 }
-                NetEv::Established(c, r, caps) => (
-                    None,
-                    catch_unwind(AssertUnwindSafe(|| {
-                        h.on_connection_established(b, c, r, caps);
-                    })),
-                ),
-                NetEv::Refused(c, r, why) => (
-                    None,
-                    catch_unwind(AssertUnwindSafe(|| h.on_connection_refused(b, c, r, &why))),
-                ),
+                NetEv::Established(c, r, caps) => {
+                    h.on_connection_established(b, c, r, caps);
+                    None
+                }
+                NetEv::Refused(c, r, why) => {
+                    h.on_connection_refused(b, c, r, &why);
+                    None
+                }
                 NetEv::Closed(c, r, why, keys) => {
-                    let ran = catch_unwind(AssertUnwindSafe(|| {
-                        h.on_connection_closed(b, c, r, &why, &keys);
-                    }));
-                    st.spent.push(keys);
-                    (None, ran)
+                    h.on_connection_closed(b, c, r, &why, &keys);
+                    spent.push(keys);
+                    None
                 }
                 NetEv::Completed(c, keys) => {
-                    let ran = catch_unwind(AssertUnwindSafe(|| {
-                        h.on_sends_completed(b, c, &keys);
-                    }));
-                    st.spent.push(keys);
-                    (None, ran)
+                    h.on_sends_completed(b, c, &keys);
+                    spent.push(keys);
+                    None
                 }
-                NetEv::Timer(token) => (
-                    None,
-                    catch_unwind(AssertUnwindSafe(|| h.on_timer(b, token))),
-                ),
+                NetEv::Timer(token) => {
+                    h.on_timer(b, token);
+                    None
+                }
                 NetEv::Wake(token) => {
-                    (None, catch_unwind(AssertUnwindSafe(|| h.on_wake(b, token))))
+                    h.on_wake(b, token);
+                    None
                 }
-            };
+            }));
             g = self.world();
             let retired = g.put_handler(backend, h);
-            if let Err(panic) = ran {
-                // As before the call: the message's buffer is dropped with
-                // the world unlocked, the other calls at the next step.
-                self.unlock(g);
-                drop(retired);
-                drop(data);
-                resume_unwind(panic);
-            }
+            let data = match ran {
+                Ok(data) => data,
+                Err(panic) => {
+                    // The message's buffer went with the unwinding, the
+                    // other calls go at the next step.
+                    self.unlock(g);
+                    drop(retired);
+                    resume_unwind(panic);
+                }
+            };
             if let Some(m) = data {
                 g.recv_done(backend, m);
             }
@@ -1075,13 +1072,15 @@ pub(crate) struct Driven {
 /// `Arc`); kept by backend index modulo the slots.
 #[derive(Default)]
 struct Handles {
-    slots: [Option<SimBackend>; 8],
+    slots: [Option<SimBackend>; Handles::SLOTS],
 }
 
 impl Handles {
+    const SLOTS: usize = 8;
+
     #[inline]
     fn get(&mut self, sim: &Sim, host: IpAddr, b: world::BackendId) -> &SimBackend {
-        let slot = &mut self.slots[b % 8];
+        let slot = &mut self.slots[b % Self::SLOTS];
         if slot.as_ref().is_none_or(|h| h.index() != b) {
             *slot = Some(SimBackend::from_parts(SimLoop::new(sim.clone(), host), b));
         }
