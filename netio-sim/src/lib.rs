@@ -1017,8 +1017,10 @@ impl Sim {
                     None
                 }
                 NetEv::Completed(c, keys) => {
-                    h.on_sends_completed(b, c, &keys);
-                    spent.push(keys);
+                    h.on_sends_completed(b, c, keys.as_slice());
+                    if let world::Keys::List(keys) = keys {
+                        spent.push(keys);
+                    }
                     None
                 }
                 NetEv::Timer(token) => {

@@ -336,9 +336,27 @@ pub(crate) enum NetEv {
     Closed(ConnId, EndpointAddress, CloseReason, Vec<u64>),
     Data(DataMsg),
     /// Sends of one connection completed together, in send order.
-    Completed(ConnId, Vec<u64>),
+    Completed(ConnId, Keys),
     Timer(u64),
     Wake(u64),
+}
+
+/// The keys of one completion report: a single key inline (the usual
+/// report of a stream of small sends), more in a list.
+pub(crate) enum Keys {
+    One(u64),
+    List(Vec<u64>),
+}
+
+impl Keys {
+    /// The keys, in send order.
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[u64] {
+        match self {
+            Self::One(k) => std::slice::from_ref(k),
+            Self::List(v) => v,
+        }
+    }
 }
 
 /// A message in a receive buffer of pool `pool` until `on_data` returns
@@ -462,7 +480,7 @@ impl Sched {
                     fnv(m.buf.as_slice())
                 )
             }
-            NetEv::Completed(id, keys) => format!("completed {id} keys={keys:?}"),
+            NetEv::Completed(id, keys) => format!("completed {id} keys={:?}", keys.as_slice()),
             NetEv::Timer(t) => format!("on_timer {t}"),
             NetEv::Wake(t) => format!("on_wake {t}"),
         };
@@ -475,14 +493,6 @@ impl Sched {
         let mut keys = self.spare_keys.pop().unwrap_or_default();
         keys.clear();
         keys
-    }
-
-    /// Keeps an empty key list for a later report.
-    fn spare(&mut self, keys: Vec<u64>) {
-        debug_assert!(keys.is_empty());
-        if self.spare_keys.len() < SPARE_KEY_LISTS {
-            self.spare_keys.push(keys);
-        }
     }
 
     /// Takes back the key lists of reports the driver dispatched
@@ -2181,8 +2191,11 @@ impl World {
             }
         }
         if !completed.is_empty() && ending.is_some() {
-            self.sched
-                .emit(&self.backends, b, NetEv::Completed(id, completed));
+            self.sched.emit(
+                &self.backends,
+                b,
+                NetEv::Completed(id, Keys::List(completed)),
+            );
         }
         match ending {
             Some(Ending::Closed(reason)) => {
@@ -2279,7 +2292,9 @@ impl World {
         };
         // Each message taken is reported at once (`on_data`, in order);
         // under the RDMA profile their completions follow in one batch.
-        let mut keys = if tcp { None } else { Some(sched.key_list()) };
+        // The first key inline, a list from the second on.
+        let mut first_key = None;
+        let mut more_keys: Option<Vec<u64>> = None;
         // Where this delivery's trace lines begin, should a message too
         // large have to be named before them.
         let mark = sched.trace.as_ref().map(String::len);
@@ -2317,8 +2332,14 @@ impl World {
                 if slot {
                     tx.unbuffered -= 1;
                 }
-                if let Some(keys) = &mut keys {
-                    keys.push(key);
+                match (first_key, &mut more_keys) {
+                    (None, _) => first_key = Some(key),
+                    (Some(_), Some(more)) => more.push(key),
+                    (Some(k), None) => {
+                        let mut more = sched.key_list();
+                        more.extend([k, key]);
+                        more_keys = Some(more);
+                    }
                 }
             }
             let m = DataMsg {
@@ -2348,12 +2369,13 @@ impl World {
                 t.insert_str(mark, &line);
             }
         }
-        match keys {
-            Some(keys) if !keys.is_empty() => {
-                sched.emit(backends, tx_b, NetEv::Completed(tx_id, keys));
-            }
-            Some(keys) => sched.spare(keys),
-            None => {}
+        let keys = match (first_key, more_keys) {
+            (_, Some(list)) => Some(Keys::List(list)),
+            (Some(k), None) => Some(Keys::One(k)),
+            (None, None) => None,
+        };
+        if let Some(keys) = keys {
+            sched.emit(backends, tx_b, NetEv::Completed(tx_id, keys));
         }
         if let Some(len) = too_large {
             let reason = CloseReason::MessageTooLarge {
@@ -2369,7 +2391,10 @@ impl World {
             return;
         }
         if freed {
-            self.admit(conn, dir);
+            // The sends the freed room lets in complete in this step,
+            // reported after the messages taken.
+            self.admit(conn, dir, true);
+            self.complete(conn, dir);
         }
         // An orderly close that came behind the data is reported once the
         // data is taken.
@@ -2392,7 +2417,11 @@ impl World {
     /// while there is room (a message larger than the window goes alone
     /// into an empty one). An accepted send completes now: its bytes are
     /// copied (the buffer or region is free again), its queue slot freed.
-    fn admit(&mut self, conn: WireId, dir: usize) {
+    /// The completions are reported by an `Ev::Complete` at the current
+    /// instant, or, with `reported`, by the caller's own call of
+    /// [`complete`](Self::complete) in the same step (a delivery that
+    /// freed room in the window: no event of its own for them).
+    fn admit(&mut self, conn: WireId, dir: usize, reported: bool) {
         let now = self.sched.now;
         let cap = self.tcp_window;
         let World {
@@ -2453,7 +2482,7 @@ impl World {
         let Some(at) = first else {
             return;
         };
-        if p.completing.len() == p.accepted - start {
+        if !reported && p.completing.len() == p.accepted - start {
             sched.schedule(now, Ev::Complete { conn, dir });
         }
         if !p.blocked {
@@ -2481,8 +2510,14 @@ impl World {
             return;
         };
         tx.unbuffered -= slots;
-        // The list goes with the report; the pipe takes a spare one.
-        let keys = std::mem::replace(&mut p.completing, self.sched.key_list());
+        // A single key goes inline; a list goes with the report and the
+        // pipe takes a spare one.
+        let keys = if let [k] = p.completing[..] {
+            p.completing.clear();
+            Keys::One(k)
+        } else {
+            Keys::List(std::mem::replace(&mut p.completing, self.sched.key_list()))
+        };
         let (b, id) = (tx.backend, tx.handle);
         self.sched
             .emit(&self.backends, b, NetEv::Completed(id, keys));
@@ -2995,7 +3030,7 @@ impl World {
             // `admit` takes nothing while the first message waiting for
             // the window does not fit (usually one sent earlier).
             if !p.next_waits_for_room(cap) {
-                self.admit(conn, side);
+                self.admit(conn, side, false);
             }
         } else if !p.blocked {
             Self::kick_pipe(sched, conn, p, side, arrival);

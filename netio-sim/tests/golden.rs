@@ -88,11 +88,14 @@ fn scenario(seed: u64, config: BackendConfig) -> String {
 }
 
 /// The fingerprints of seeds 1 to 4 under the TCP profile, then under the
-/// RDMA profile.
+/// RDMA profile. (TCP seed 2 changed when the sends a delivery lets into
+/// the window came to be reported in that delivery's step, not by an event
+/// of their own at the same instant: one `completed` line moved up among
+/// the lines of that instant.)
 const FINGERPRINTS: [[u64; 4]; 2] = [
     [
         1449902775642032341,
-        2729007945113246350,
+        12743119930122064456,
         18308832118406893394,
         4577201829548359168,
     ],

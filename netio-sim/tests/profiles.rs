@@ -174,6 +174,47 @@ fn tcp_profile_window_bounds_what_completes_before_the_receiver_takes_it() {
     assert_eq!(firsts, (0..30).collect::<Vec<u8>>(), "in order, once each");
 }
 
+/// A send that waits for room in the window completes in the step of the
+/// delivery that makes the room: at the instant the receiver takes the
+/// message before it, reported right after that message, with no step of
+/// its own.
+#[test]
+fn tcp_profile_reports_a_send_the_window_lets_in_in_the_step_of_the_delivery_that_freed_room() {
+    let sim = Sim::with_seed(309);
+    sim.set_tcp_window(100);
+    let (server, client, c, s) = pair(&sim, BackendConfig::default());
+    client.b.send_data_copy(c, &[&[1; 60]], &[], 1).unwrap();
+    client.b.send_data_copy(c, &[&[2; 60]], &[], 2).unwrap();
+    let cl = client.log.clone();
+    run_until(&sim, "the first completes", || cl.completed_to(c) == [1]);
+    sim.run_for(Duration::from_micros(100));
+    assert_eq!(client.log.completed_to(c), [1], "the second waits for room");
+    assert!(server.log.data().is_empty(), "nothing has arrived yet");
+    let mut steps = 0;
+    while server.log.data_from(s).is_empty() {
+        assert!(sim.step(), "the first message is on its way");
+        steps += 1;
+        assert!(steps < 100, "the first message did not arrive");
+    }
+    let taken_at = sim.now();
+    assert_eq!(
+        client.log.completed_to(c),
+        [1, 2],
+        "the step that delivered the first message reported the second send"
+    );
+    assert_eq!(
+        server.log.data_from(s),
+        [vec![1; 60]],
+        "only the first arrived"
+    );
+    assert!(
+        sim.next_event_at().is_some_and(|t| t > taken_at),
+        "no event left at the delivery's instant for the completion"
+    );
+    let sl = server.log.clone();
+    run_until(&sim, "the second arrives", || sl.data_from(s).len() == 2);
+}
+
 #[test]
 fn tcp_profile_holds_the_queue_slot_until_the_completion_is_reported() {
     let sim = Sim::with_seed(305);
