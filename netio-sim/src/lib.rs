@@ -96,7 +96,8 @@
 //!     completes when its bytes are handed to the sending "kernel": at
 //!     once while the connection's window ([`Sim::set_tcp_window`],
 //!     [`DEFAULT_TCP_WINDOW`]) has room, later once the receiver takes
-//!     earlier messages. A completed send is still lost if the receiver
+//!     earlier messages (reported in the step of the delivery that made
+//!     the room, right after its messages). A completed send is still lost if the receiver
 //!     closes, resets or crashes before taking it; an orderly close by the
 //!     sender delivers what completed before the peer hears the close; a
 //!     message too large for the receiver is reported completed.
