@@ -137,6 +137,13 @@ pub struct Cli {
     #[arg(long, value_enum, value_name = "PROFILE")]
     pub sim_profile: Option<SimProfile>,
 
+    /// With --provider sim: a shared world, whose callbacks run with the
+    /// world unlocked for other threads (the simulator's default), instead
+    /// of a driver-only one (`Sim::set_driver_only`), which suits these
+    /// runs since they make every call on the one thread that drives.
+    #[arg(long)]
+    pub sim_shared: bool,
+
     /// Runs of each side per row. With a baseline, runs are made in pairs
     /// in the order A B B A A B B A ... (A: the provider, B: the
     /// baseline; the first pair starts with the provider, the second with

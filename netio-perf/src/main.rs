@@ -146,6 +146,12 @@ fn validate(cli: &Cli) -> Result<(), String> {
             cli.provider
         ));
     }
+    if cli.sim_shared && !sim {
+        return Err(format!(
+            "--sim-shared chooses how the simulator's world is shared: use it with --provider sim (not `{}`)",
+            cli.provider
+        ));
+    }
     if cli.thread_unsafe && sim {
         return Err("--thread-unsafe applies to the socket providers' backends".into());
     }
@@ -294,6 +300,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     busy_poll,
                     thread_unsafe: cli.thread_unsafe,
                     network_mode: cli.sim_profile.unwrap_or_default().mode(),
+                    sim_shared: cli.sim_shared,
                     timeout,
                     socket_buffers: cli.socket_buffers,
                     plain_write_buffer: cli
@@ -556,6 +563,11 @@ fn run_row(cli: &Cli, spec: &Spec, base: RowBaseline, progress: &mut Progress) -
         row.notes.push(match spec.test {
             TestKind::Pingpong => "real time per round trip is the simulator's cost; (virtual) is the modelled link (10 µs latency each way)".into(),
             _ => "deliveries per real second: how fast the simulator delivers; (virtual): the modelled link".into(),
+        });
+        row.notes.push(if cli.sim_shared {
+            "the world is shared (--sim-shared): callbacks run with it unlocked for other threads".into()
+        } else {
+            "the world is driver-only (Sim::set_driver_only): the run makes every call on the thread that drives it; --sim-shared for the default".into()
         });
     }
     row

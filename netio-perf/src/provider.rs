@@ -45,6 +45,8 @@ pub struct Spec {
     pub thread_unsafe: bool,
     /// The backends' network mode (the simulator's profile).
     pub network_mode: NetworkMode,
+    /// With the simulator: a shared world instead of a driver-only one.
+    pub sim_shared: bool,
     /// Bound of the whole run.
     pub timeout: Duration,
     /// `SO_SNDBUF` and `SO_RCVBUF` of every socket (netio's tcp provider
@@ -1108,6 +1110,7 @@ fn run_async_client(
 /// this thread until the client is done.
 pub fn run_sim(spec: &Spec) -> Result<Figures, RunError> {
     let sim = Sim::with_seed(1);
+    sim.set_driver_only(!spec.sim_shared);
     let (hs, hc) = (sim.next_host(), sim.next_host());
     let region = (spec.mode == SendMode::ZeroCopy).then(|| data_region(spec.size));
     (|| {

@@ -75,12 +75,16 @@ impl EventLoop for SimLoop {
                 continue;
             }
             let shared = &self.sim.shared;
-            let mut w = self.sim.world();
-            w.waiters += 1;
-            while !w.has_work() && !w.host_mut(self.ip).stop {
-                w = shared.wake.wait(w).unwrap_or_else(|p| p.into_inner());
+            let mut g = self.sim.lock_world();
+            crate::placed(&mut g).waiters += 1;
+            loop {
+                let w = crate::placed(&mut g);
+                if w.has_work() || w.host_mut(self.ip).stop {
+                    break;
+                }
+                g = shared.wake.wait(g).unwrap_or_else(|p| p.into_inner());
             }
-            w.waiters -= 1;
+            crate::placed(&mut g).waiters -= 1;
         }
     }
 

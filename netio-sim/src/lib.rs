@@ -158,9 +158,13 @@
 //!   cut heals, the peer hears a reset. Without it, a partition never
 //!   times out.
 //! - **Threads.** The world sits behind one mutex, and one event with its
-//!   callbacks runs at a time, whoever drives. The *driver thread* is the
-//!   thread currently (or last) driving the world, initially the one that
-//!   created the [`Sim`]; a backend created with
+//!   callbacks runs at a time, whoever drives. Callbacks run with the
+//!   world unlocked, so another thread may call in while one runs, even
+//!   while it waits for that thread, as on a real provider; a world made
+//!   [driver-only](Sim::set_driver_only) keeps it to its driver instead,
+//!   which is faster, and refuses such calls (they panic). The *driver
+//!   thread* is the thread currently (or last) driving the world,
+//!   initially the one that created the [`Sim`]; a backend created with
 //!   [`ThreadSafety::Unsafe`](netio_core::ThreadSafety::Unsafe) refuses
 //!   calls from any other thread with `WrongThread`, so a test thread that
 //!   steps the world may call it between steps.
@@ -210,6 +214,7 @@
 mod backend;
 pub mod chaos;
 mod event_loop;
+mod lend;
 mod rng;
 mod world;
 
@@ -218,6 +223,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+
+use lend::{Lending, Place, Slot, WorldGuard};
 use std::time::Duration;
 
 pub use backend::{SimBackend, SimProvider};
@@ -304,7 +311,9 @@ impl Default for LinkConfig {
 }
 
 pub(crate) struct Shared {
-    world: Mutex<World>,
+    /// The world; its driver holds it for a whole run of steps (see
+    /// `lend`).
+    world: Place,
     /// Signalled when work is scheduled or a loop is stopped, for threads
     /// blocked in [`SimLoop::run`] or [`Sim::wait_for_work`].
     wake: Condvar,
@@ -441,7 +450,7 @@ impl Sim {
     pub fn with_seed(seed: u64) -> Self {
         Self {
             shared: Arc::new(Shared {
-                world: Mutex::new(World::new(seed, netio_core::thread_token())),
+                world: Place::new(World::new(seed, netio_core::thread_token())),
                 wake: Condvar::new(),
                 step_lock: Mutex::new(Stepping::default()),
                 drivers_waiting: AtomicUsize::new(0),
@@ -468,16 +477,27 @@ impl Sim {
         DISPATCHING.with(|c| c.get()) == id || DRIVING.with(|d| d.borrow().contains(&id))
     }
 
-    pub(crate) fn world(&self) -> MutexGuard<'_, World> {
-        lock(&self.shared.world)
+    /// The world, for the calling thread: the one lent to it if it runs
+    /// this world's callbacks, else through the mutex.
+    #[inline]
+    pub(crate) fn world(&self) -> WorldGuard<'_> {
+        WorldGuard::get(&self.shared.world, self.id())
     }
 
-    /// Runs `f` on the locked world, then wakes threads waiting for work.
+    /// The world's mutex, locked (for a driver, or to wait on
+    /// [`Shared::wake`]). Never called with the world lent to this thread.
+    pub(crate) fn lock_world(&self) -> MutexGuard<'_, Slot> {
+        self.shared.world.lock()
+    }
+
+    /// Runs `f` on the world, then wakes threads waiting for work. (With
+    /// the world lent to a callback they cannot see the change before the
+    /// driver unlocks it, which wakes them then.)
     #[inline]
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut World) -> R) -> R {
         let mut w = self.world();
         let r = f(&mut w);
-        let notify = w.waiters > 0;
+        let notify = w.waiters > 0 && !w.lent();
         drop(w);
         if notify {
             self.shared.wake.notify_all();
@@ -537,6 +557,29 @@ impl Sim {
         self.world().foreign_call.is_none()
     }
 
+    /// Makes the world *driver-only* (or shared again, the default): every
+    /// call into it while it is driven comes from the driving thread, in
+    /// callbacks or between steps. The driver then keeps the world to
+    /// itself while its callbacks run, so the calls they make (a send, a
+    /// timer) take no lock each, and a run of steps takes none per
+    /// callback: a busy single-threaded simulation runs about a fifth
+    /// faster (`docs/benchmarks.md`).
+    ///
+    /// In a shared world a callback runs with the world unlocked, so
+    /// other threads may call in meanwhile, also while the callback waits
+    /// for them (a mutex shared with a thread that sends while it holds
+    /// it, say), as they may on a real provider. A driver-only world
+    /// cannot let them wait for it: a call from another thread while the
+    /// world is driven **panics** with a message saying so. Between runs
+    /// of steps any thread may call in. The chaos runner and the
+    /// determinism checks suit it when the scenario makes every call on
+    /// the driving thread, as a reproducible run does anyway (see
+    /// [When runs are reproducible](crate#when-runs-are-reproducible)).
+    /// Takes effect from the next run of steps.
+    pub fn set_driver_only(&self, on: bool) {
+        self.shared.world.set_driver_only(on);
+    }
+
     /// The addresses of every host of the world, in address order.
     pub fn hosts(&self) -> Vec<IpAddr> {
         self.world().hosts.keys().copied().collect()
@@ -568,11 +611,13 @@ impl Sim {
     /// callback (nothing an observer could see between them) are run back
     /// to back, up to the first that does, as one step.
     ///
-    /// One call takes the step lock once and keeps the world locked from
-    /// step to step, unlocking it only around callbacks, so a run of steps
-    /// costs what its callbacks need; no user code runs between the steps.
-    /// It gives way (ends, `yielded`) after a step when another thread
-    /// waits to drive, as a loop of single steps would let it in.
+    /// One call takes the step lock once and keeps the world locked for
+    /// the whole run, lending it to the callbacks it runs (see `lend`), so
+    /// a run of steps costs what its callbacks need; no user code runs
+    /// between the steps. It gives way (ends, `yielded`) after a step when
+    /// another thread waits to drive, as a loop of single steps would let
+    /// it in, and unlocks the world between steps for a thread that waits
+    /// for it.
     pub(crate) fn drive(
         &self,
         deadline: u64,
@@ -598,18 +643,28 @@ impl Sim {
         st.calls.clear();
         let _guard = CallbackGuard::enter(self);
         let mut handles = Handles::default();
-        let mut w = self.world();
-        w.driver = netio_core::thread_token();
+        let mut g = self.lock_world();
+        placed(&mut g).driver = netio_core::thread_token();
+        let mut held = Held {
+            lend: self.shared.world.start_driving(),
+            guard: Some(g),
+        };
         let mut done = Driven {
             steps: 0,
             stopped: false,
             yielded: false,
         };
         while done.steps < max_steps {
-            if done.steps > 0 && waiting.load(Ordering::Relaxed) > 0 {
-                done.yielded = true;
-                break;
+            if done.steps > 0 {
+                if waiting.load(Ordering::Relaxed) > 0 {
+                    done.yielded = true;
+                    break;
+                }
+                if self.shared.world.waited_for() {
+                    self.give_way(&mut held);
+                }
             }
+            let w = held.world();
             if let Some(ip) = stop {
                 if std::mem::replace(&mut w.host_mut(ip).stop, false) {
                     done.stopped = true;
@@ -632,10 +687,14 @@ impl Sim {
             done.steps += 1;
             if w.has_calls() {
                 w.take_calls(&mut st.calls);
-                w = self.dispatch(w, st, &mut handles);
+                if let Err(panic) = self.dispatch(&mut held, st, &mut handles) {
+                    self.end_run(held);
+                    drop(stepping);
+                    resume_unwind(panic);
+                }
             }
         }
-        self.unlock(w);
+        self.end_run(held);
         drop(stepping);
         if done.yielded {
             // Let the waiting thread in before this one asks again.
@@ -698,15 +757,23 @@ impl Sim {
     /// Blocks the calling thread for up to `timeout` of *real* time until
     /// some event is scheduled (by another thread: a backend call, a signal
     /// fire). Returns whether one is. For drivers that share the world with
-    /// other threads.
+    /// other threads. Inside a callback of this world it does not wait:
+    /// no other thread can reach the world until the callback returns.
     pub fn wait_for_work(&self, timeout: Duration) -> bool {
-        let mut w = self.world();
-        w.waiters += 1;
-        let (mut w, _) = self
+        {
+            let w = self.world();
+            if w.lent() || w.has_work() {
+                return w.has_work();
+            }
+        }
+        let mut g = self.lock_world();
+        placed(&mut g).waiters += 1;
+        let (mut g, _) = self
             .shared
             .wake
-            .wait_timeout_while(w, timeout, |w| !w.has_work())
+            .wait_timeout_while(g, timeout, |g| !placed_mut_slot(g).has_work())
             .unwrap_or_else(|p| p.into_inner());
+        let w = placed(&mut g);
         w.waiters -= 1;
         w.has_work()
     }
@@ -934,130 +1001,228 @@ impl Sim {
     }
 
     /// Unlocks the world, waking threads waiting for work.
-    fn unlock(&self, w: MutexGuard<'_, World>) {
-        let notify = w.waiters > 0;
-        drop(w);
+    #[inline]
+    fn unlock(&self, g: MutexGuard<'_, Slot>) {
+        let notify = placed_ref(&g).waiters > 0;
+        drop(g);
         if notify {
             self.shared.wake.notify_all();
         }
     }
 
-    /// Runs the callbacks of a step (`st.calls`, left empty) with the
-    /// world unlocked, and returns the world locked again. Whether a
-    /// callback still runs is decided with the world locked just before it
-    /// (under `g` for the first, then under the lock taken after the
-    /// callback before it, which also gives the handler back and frees the
-    /// receive buffer an `on_data` read).
+    /// Ends a run of steps: unlocks the world (if a callback that
+    /// panicked did not leave it unlocked).
+    fn end_run(&self, mut held: Held<'_>) {
+        self.shared.world.stop_driving();
+        if let Some(g) = held.guard.take() {
+            self.unlock(g);
+        }
+    }
+
+    /// Unlocks the world for the threads waiting for it, lets them in,
+    /// and locks it again.
+    fn give_way<'a>(&'a self, held: &mut Held<'a>) {
+        let g = held.guard.take().expect("the driver holds the world");
+        self.shared.world.stop_driving();
+        self.unlock(g);
+        // Each waiter counts itself out once it holds the lock; a bounded
+        // wait, so that threads calling in without pause cannot hold the
+        // driver up for good.
+        for _ in 0..64 {
+            if !self.shared.world.waited_for() {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        held.guard = Some(self.lock_world());
+        held.lend = self.shared.world.start_driving();
+    }
+
+    /// Runs the callbacks of a step (`st.calls`, left empty), each with
+    /// the world open to it ([`Open`]), and returns the panic
+    /// of one that panicked (the rest are then dropped at the next step).
+    /// Whether a callback still runs is decided just before it, which
+    /// also gives the handler back and frees the receive buffer an
+    /// `on_data` read after it. What a callback owns is dropped with the
+    /// world open too (a stopped timer's callback or a retired handler may
+    /// hold handles that call into it).
     fn dispatch<'a>(
         &'a self,
-        mut g: MutexGuard<'a, World>,
+        held: &mut Held<'a>,
         st: &mut Stepping,
         handles: &mut Handles,
-    ) -> MutexGuard<'a, World> {
-        // Taken from the back: in their order. (If a callback panics, the
-        // rest are dropped at the next step.)
+    ) -> Result<(), Box<dyn std::any::Any + Send>> {
+        // Taken from the back: in their order.
         st.calls.reverse();
         while let Some(call) = st.calls.pop() {
+            let w = held.world();
             let (backend, ev) = match call {
                 Call::Net { backend, ev } => (backend, ev),
                 call => {
-                    let run = g.loop_call_due(&call);
-                    // What the call holds is dropped with the world
-                    // unlocked (a stopped timer's callback may own handles
-                    // that lock it).
-                    self.unlock(g);
-                    if run {
-                        match call {
-                            Call::Timer { f, .. } | Call::Signal { f, .. } => (lock(&f))(),
-                            Call::Post { f, .. } => f(),
-                            Call::Net { .. } => unreachable!("handler calls are taken above"),
-                        }
-                    } else {
+                    let run = w.loop_call_due(&call);
+                    let _open = Open::new(self, held);
+                    if !run {
                         drop(call);
+                        continue;
                     }
-                    g = self.world();
+                    match call {
+                        Call::Timer { f, .. } | Call::Signal { f, .. } => {
+                            catch_unwind(AssertUnwindSafe(|| (lock(&f))()))?;
+                        }
+                        Call::Post { f, .. } => catch_unwind(AssertUnwindSafe(f))?,
+                        Call::Net { .. } => unreachable!("handler calls are taken above"),
+                    }
                     continue;
                 }
             };
-            let (mut h, host) = match g.due(backend, &ev) {
+            let (mut h, host) = match w.due(backend, &ev) {
                 Due::Handler(handler, host) => (handler, host),
                 Due::Skip => {
                     if let NetEv::Data(m) = ev {
-                        g.recv_done(backend, m);
+                        w.recv_done(backend, m);
                     }
                     continue;
                 }
                 Due::Hold => {
                     if let NetEv::Data(m) = ev {
-                        g.hold(m);
+                        w.hold(m);
                     }
                     continue;
                 }
             };
-            self.unlock(g);
             let b = handles.get(self, host, backend);
             // The handler goes back to its backend even if it panics; a
             // message comes back for its buffer to be freed.
             let spent = &mut st.spent;
-            let ran = catch_unwind(AssertUnwindSafe(|| match ev {
-                NetEv::Data(m) => {
-                    h.on_data(b, m.conn, m.buf.as_slice());
-                    Some(m)
-                }
-                NetEv::Established(c, r, caps) => {
-                    h.on_connection_established(b, c, r, caps);
-                    None
-                }
-                NetEv::Refused(c, r, why) => {
-                    h.on_connection_refused(b, c, r, &why);
-                    None
-                }
-                NetEv::Closed(c, r, why, keys) => {
-                    h.on_connection_closed(b, c, r, &why, &keys);
-                    spent.push(keys);
-                    None
-                }
-                NetEv::Completed(c, keys) => {
-                    h.on_sends_completed(b, c, keys.as_slice());
-                    if let world::Keys::List(keys) = keys {
-                        spent.push(keys);
+            let ran = {
+                let _open = Open::new(self, held);
+                catch_unwind(AssertUnwindSafe(|| match ev {
+                    NetEv::Data(m) => {
+                        h.on_data(b, m.conn, m.buf.as_slice());
+                        Some(m)
                     }
-                    None
-                }
-                NetEv::Timer(token) => {
-                    h.on_timer(b, token);
-                    None
-                }
-                NetEv::Wake(token) => {
-                    h.on_wake(b, token);
-                    None
-                }
-            }));
-            g = self.world();
-            let retired = g.put_handler(backend, h);
-            let data = match ran {
-                Ok(data) => data,
-                Err(panic) => {
-                    // The message's buffer went with the unwinding, the
-                    // other calls go at the next step.
-                    self.unlock(g);
-                    drop(retired);
-                    resume_unwind(panic);
-                }
+                    NetEv::Established(c, r, caps) => {
+                        h.on_connection_established(b, c, r, caps);
+                        None
+                    }
+                    NetEv::Refused(c, r, why) => {
+                        h.on_connection_refused(b, c, r, &why);
+                        None
+                    }
+                    NetEv::Closed(c, r, why, keys) => {
+                        h.on_connection_closed(b, c, r, &why, &keys);
+                        spent.push(keys);
+                        None
+                    }
+                    NetEv::Completed(c, keys) => {
+                        h.on_sends_completed(b, c, keys.as_slice());
+                        if let world::Keys::List(keys) = keys {
+                            spent.push(keys);
+                        }
+                        None
+                    }
+                    NetEv::Timer(token) => {
+                        h.on_timer(b, token);
+                        None
+                    }
+                    NetEv::Wake(token) => {
+                        h.on_wake(b, token);
+                        None
+                    }
+                }))
             };
-            if let Some(m) = data {
-                g.recv_done(backend, m);
+            let w = held.world();
+            let retired = w.put_handler(backend, h);
+            match ran {
+                Ok(Some(m)) => w.recv_done(backend, m),
+                Ok(None) => {}
+                Err(panic) => {
+                    // The message's buffer went with the unwinding.
+                    let _open = Open::new(self, held);
+                    drop(retired);
+                    return Err(panic);
+                }
             }
             if let Some(retired) = retired {
                 // Its backend was retired during the call (a crash or the
-                // world's end): dropped with the world unlocked.
-                self.unlock(g);
+                // world's end).
+                let _open = Open::new(self, held);
                 drop(retired);
-                g = self.world();
             }
         }
-        g
+        Ok(())
     }
+}
+
+/// The world's mutex as a run of steps holds it.
+struct Held<'a> {
+    /// The locked mutex; `None` only while user code runs with it unlocked
+    /// (or after such code panicked).
+    guard: Option<MutexGuard<'a, Slot>>,
+    /// Lend the world to callbacks instead of unlocking it (a driver-only
+    /// world).
+    lend: bool,
+}
+
+/// The world open to user code (a callback, or the drop of what one
+/// owned) while this lives: lent to the calling thread in a driver-only
+/// world, else unlocked; locked again (or given back) when this drops,
+/// also when that code unwinds.
+struct Open<'h, 'a> {
+    sim: &'a Sim,
+    held: &'h mut Held<'a>,
+}
+
+impl<'h, 'a> Open<'h, 'a> {
+    #[inline(always)]
+    fn new(sim: &'a Sim, held: &'h mut Held<'a>) -> Self {
+        let g = held.guard.as_mut().expect("the driver holds the world");
+        if held.lend {
+            Lending::lend(g, sim.id());
+        } else {
+            let g = held.guard.take().expect("the driver holds the world");
+            sim.unlock(g);
+        }
+        Self { sim, held }
+    }
+}
+
+impl Drop for Open<'_, '_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        match &mut self.held.guard {
+            Some(g) => Lending::take_back(g),
+            None => self.held.guard = Some(self.sim.lock_world()),
+        }
+    }
+}
+
+impl Held<'_> {
+    #[inline]
+    fn world(&mut self) -> &mut World {
+        placed(self.guard.as_mut().expect("the driver holds the world"))
+    }
+}
+
+/// The world in its place in the locked mutex.
+#[inline]
+pub(crate) fn placed<'a>(g: &'a mut MutexGuard<'_, Slot>) -> &'a mut World {
+    g.as_deref_mut()
+        .expect("the simulated world is in its place while its driver holds it")
+}
+
+/// [`placed`], from the slot itself (as a condition variable hands it).
+#[inline]
+pub(crate) fn placed_mut_slot(slot: &mut Slot) -> &mut World {
+    slot.as_deref_mut()
+        .expect("the simulated world is in its place while its driver holds it")
+}
+
+/// [`placed`], shared.
+#[inline]
+fn placed_ref<'a>(g: &'a MutexGuard<'_, Slot>) -> &'a World {
+    g.as_deref()
+        .expect("the simulated world is in its place while its driver holds it")
 }
 
 /// How a [`Sim::drive`] call ended.

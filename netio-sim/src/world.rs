@@ -1765,7 +1765,10 @@ impl World {
         if cfg!(debug_assertions) {
             let thread = std::thread::current();
             eprintln!(
-                "netio-sim: a backend on {} was called from thread {:?} while another thread                  drives the world (seed {:#x}, virtual time {} ns); from here on this run                  depends on thread timing and is not reproducible from its seed. Make the                  calls on the driving thread, or post them to the loop (EventLoop::post).",
+                "netio-sim: a backend on {} was called from thread {:?} while another thread \
+                 drives the world (seed {:#x}, virtual time {} ns); from here on this run \
+                 depends on thread timing and is not reproducible from its seed. Make the \
+                 calls on the driving thread, or post them to the loop (EventLoop::post).",
                 self.backends[b].host,
                 thread.name().unwrap_or("unnamed"),
                 self.seed,

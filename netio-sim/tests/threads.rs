@@ -306,3 +306,120 @@ fn a_host_crashed_from_its_own_callback_drops_that_handler_when_the_callback_ret
     assert_eq!(state.load(std::sync::atomic::Ordering::Relaxed), 101);
     assert!(sim.crashed(host.ip()));
 }
+
+/// An echo world where the server's handler, on a message, has another
+/// thread send on the client's connection and waits for that thread: what
+/// an application does when a thread shares a lock with its handler.
+/// Returns whether the other thread's send went through (or how it failed)
+/// and how many messages the server saw.
+fn callback_waits_for_a_thread_that_sends(driver_only: bool) -> (Result<(), String>, usize) {
+    let sim = Sim::with_seed(37);
+    sim.set_driver_only(driver_only);
+    let client = node(&sim, BackendConfig::default(), None);
+    let cb = client.b.clone();
+    let conn = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (outcome, outcomes) = mpsc::channel();
+    let c2 = conn.clone();
+    let server = node(
+        &sim,
+        BackendConfig::default(),
+        Some(Box::new(move |_: &SimBackend, e: &Event| {
+            let Event::Data { data, .. } = e else { return };
+            if data != b"first" {
+                return;
+            }
+            let (b, c) = (cb.clone(), c2.lock().unwrap().expect("connected"));
+            let sent = std::thread::spawn(move || {
+                b.send_data_copy(c, &[b"second"], &[], 2)
+                    .map_err(|e| e.to_string())
+            })
+            .join()
+            .unwrap_or_else(|panic| {
+                Err(panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default())
+            });
+            outcome.send(sent).unwrap();
+        })),
+    );
+    let addr = listen(&server, full_params(64, 4));
+    let (c, _) = connect(&sim, &server, &client, addr, full_params(64, 4));
+    *conn.lock().unwrap() = Some(c);
+    client.b.send_data_copy(c, &[b"first"], &[], 1).unwrap();
+    sim.run_until_idle(10_000);
+    let sent = outcomes
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the callback ran");
+    (sent, server.log.data().len())
+}
+
+#[test]
+fn a_callback_may_wait_for_another_thread_that_calls_into_a_shared_world() {
+    let (sent, seen) = callback_waits_for_a_thread_that_sends(false);
+    assert_eq!(sent, Ok(()), "the other thread's send went through");
+    assert_eq!(seen, 2, "and its message arrived");
+}
+
+#[test]
+fn another_thread_calling_into_a_driver_only_world_while_it_is_driven_panics_with_advice() {
+    let (sent, seen) = callback_waits_for_a_thread_that_sends(true);
+    let msg = sent.expect_err("the call from the other thread is not made");
+    assert!(
+        msg.contains("driver-only") && msg.contains("driving thread"),
+        "{msg}"
+    );
+    assert_eq!(seen, 1, "nothing more was sent");
+}
+
+#[test]
+fn any_thread_may_call_into_a_driver_only_world_between_runs_of_steps() {
+    let sim = Sim::with_seed(38);
+    sim.set_driver_only(true);
+    let server = node(&sim, BackendConfig::default(), None);
+    let client = node(&sim, BackendConfig::default(), None);
+    let addr = listen(&server, full_params(64, 4));
+    let (c, _) = connect(&sim, &server, &client, addr, full_params(64, 4));
+    let b = client.b.clone();
+    std::thread::spawn(move || b.send_data_copy(c, &[b"from elsewhere"], &[], 1))
+        .join()
+        .expect("no panic: nobody drives")
+        .expect("sent");
+    sim.run_until_idle(1000);
+    assert_eq!(server.log.data().len(), 1);
+    assert_eq!(client.log.completed_to(c), vec![1]);
+}
+
+#[test]
+fn a_handler_that_panics_in_a_driver_only_world_leaves_the_world_in_place() {
+    let sim = Sim::with_seed(39);
+    sim.set_driver_only(true);
+    let server = node(
+        &sim,
+        BackendConfig::default(),
+        Some(Box::new(move |b: &SimBackend, e: &Event| {
+            if let Event::Data { conn, data } = e {
+                // A call made with the world lent, then the panic.
+                let _ = b.num_available_buffers(*conn);
+                assert!(data != b"boom", "the handler panics on boom");
+            }
+        })),
+    );
+    let client = node(&sim, BackendConfig::default(), None);
+    let addr = listen(&server, full_params(64, 4));
+    let (conn, _) = connect(&sim, &server, &client, addr, full_params(64, 4));
+    client.b.send_data_copy(conn, &[b"boom"], &[], 1).unwrap();
+    std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sim.run_until_idle(1000);
+    }))
+    .expect_err("the handler's panic reaches the driver");
+    // The world answers from this thread and from another one, and runs on.
+    let s2 = sim.clone();
+    std::thread::spawn(move || s2.now()).join().unwrap();
+    client.b.send_data_copy(conn, &[b"after"], &[], 2).unwrap();
+    common::run_until(&sim, "the next message arrives", || {
+        server.log.data().len() == 2
+    });
+    assert_eq!(server.log.data()[1].1, b"after");
+}
