@@ -562,7 +562,7 @@ impl Sim {
     /// callbacks or between steps. The driver then keeps the world to
     /// itself while its callbacks run, so the calls they make (a send, a
     /// timer) take no lock each, and a run of steps takes none per
-    /// callback: a busy single-threaded simulation runs about a fifth
+    /// callback: a busy single-threaded simulation runs 1.15–1.25×
     /// faster (`docs/benchmarks.md`).
     ///
     /// In a shared world a callback runs with the world unlocked, so
