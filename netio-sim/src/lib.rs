@@ -1094,8 +1094,11 @@ impl Sim {
             // The handler goes back to its backend even if it panics; a
             // message comes back for its buffer to be freed.
             let spent = &mut st.spent;
+            // Opened and closed by hand rather than by an `Open` guard (its
+            // drop glue is not inlined): `catch_unwind` returns in every
+            // case, so the close always runs.
+            self.open_world(held);
             let ran = {
-                let _open = Open::new(self, held);
                 catch_unwind(AssertUnwindSafe(|| match ev {
                     NetEv::Data(m) => {
                         h.on_data(b, m.conn, m.buf.as_slice());
@@ -1131,6 +1134,7 @@ impl Sim {
                     }
                 }))
             };
+            self.close_world(held);
             let w = held.world();
             let retired = w.put_handler(backend, h);
             match ran {
@@ -1176,13 +1180,7 @@ struct Open<'h, 'a> {
 impl<'h, 'a> Open<'h, 'a> {
     #[inline(always)]
     fn new(sim: &'a Sim, held: &'h mut Held<'a>) -> Self {
-        let g = held.guard.as_mut().expect("the driver holds the world");
-        if held.lend {
-            Lending::lend(g, sim.id());
-        } else {
-            let g = held.guard.take().expect("the driver holds the world");
-            sim.unlock(g);
-        }
+        sim.open_world(held);
         Self { sim, held }
     }
 }
@@ -1190,9 +1188,30 @@ impl<'h, 'a> Open<'h, 'a> {
 impl Drop for Open<'_, '_> {
     #[inline(always)]
     fn drop(&mut self) {
-        match &mut self.held.guard {
+        self.sim.close_world(self.held);
+    }
+}
+
+impl Sim {
+    /// Opens the world to user code (see [`Open`]).
+    #[inline(always)]
+    fn open_world(&self, held: &mut Held<'_>) {
+        if held.lend {
+            let g = held.guard.as_mut().expect("the driver holds the world");
+            Lending::lend(g, self.id());
+        } else {
+            let g = held.guard.take().expect("the driver holds the world");
+            self.unlock(g);
+        }
+    }
+
+    /// Ends [`open_world`](Self::open_world): takes the lent world back,
+    /// or locks the world again.
+    #[inline(always)]
+    fn close_world<'a>(&'a self, held: &mut Held<'a>) {
+        match &mut held.guard {
             Some(g) => Lending::take_back(g),
-            None => self.held.guard = Some(self.sim.lock_world()),
+            None => held.guard = Some(self.lock_world()),
         }
     }
 }
