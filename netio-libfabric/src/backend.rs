@@ -935,10 +935,32 @@ impl Inner {
     fn read_cq(&self, st: &mut State, id: ConnId, extra: u32) -> Option<bool> {
         // The completions read (memory kept in the state).
         let mut out = std::mem::take(&mut st.completions);
-        let r = self.read_cq_into(st, id, &mut out, extra);
+        let r = self.read_cq_into(st, id, &mut out, extra, None);
         out.clear();
         st.completions = out;
         r
+    }
+
+    /// [`read_cq`](Self::read_cq) for the spin's hot connection: a read
+    /// that found a single message for a connection with nothing else
+    /// going on (established, receiving, not paused, nothing held or being
+    /// delivered, no close waiting, no event queued) does not hold and
+    /// queue it but returns it as (buffer, length), marked queued for
+    /// delivery, for the caller to hand over at once with
+    /// [`deliver_locked`](Self::deliver_locked). The sends the read found
+    /// completed are queued as usual, behind it.
+    fn read_cq_one(
+        &self,
+        st: &mut State,
+        id: ConnId,
+        extra: u32,
+    ) -> (Option<bool>, Option<(usize, usize)>) {
+        let mut out = std::mem::take(&mut st.completions);
+        let mut single = None;
+        let r = self.read_cq_into(st, id, &mut out, extra, Some(&mut single));
+        out.clear();
+        st.completions = out;
+        (r, single)
     }
 
     fn read_cq_into(
@@ -947,7 +969,10 @@ impl Inner {
         id: ConnId,
         out: &mut Vec<Completion>,
         extra: u32,
+        mut single: Option<&mut Option<(usize, usize)>>,
     ) -> Option<bool> {
+        // Another event queued would be handed over before the message.
+        let none_queued = st.events.is_empty();
         let c = st.conns.get_mut(id)?;
         if c.phase != Phase::Established {
             return Some(false);
@@ -973,6 +998,15 @@ impl Inner {
             st.hot = Some(id);
         }
         let c = st.conns.get_mut(id)?;
+        // A single message handed over without the held list and the
+        // event queue (see `read_cq_one`).
+        let alone = single.is_some()
+            && none_queued
+            && out.len() == 1
+            && c.held.is_empty()
+            && !c.deliver_queued
+            && !c.paused
+            && c.pending_close.is_none();
         let mut ending: Option<CloseReason> = None;
         for comp in out.drain(..) {
             match comp {
@@ -990,7 +1024,13 @@ impl Inner {
                         });
                         continue;
                     }
-                    c.held.push_back((index, len));
+                    match single.as_deref_mut() {
+                        Some(slot) if alone => {
+                            *slot = Some((index, len));
+                            c.deliver_queued = true;
+                        }
+                        _ => c.held.push_back((index, len)),
+                    }
                 }
                 Completion::Truncated { size, .. } => {
                     if c.receive {
@@ -1034,8 +1074,11 @@ impl Inner {
         // The messages first: a reply to one is then sent before the sends
         // this read found completed are reported (the contract orders
         // completions among themselves, not against messages), which keeps
-        // that report off a round trip's path.
-        self.queue_deliver(st, id);
+        // that report off a round trip's path. (A single message returned
+        // to the caller is handed over before anything queued here.)
+        if !single.is_some_and(|s| s.is_some()) {
+            self.queue_deliver(st, id);
+        }
         Self::queue_completed(st, id, done);
         self.post_dispatch(st);
         Some(true)
@@ -1080,18 +1123,24 @@ impl Inner {
             // What the reads queue is handed over right here, not posted.
             st.dispatching = true;
             let hot = st.hot;
+            // A single message of the hot connection, read with nothing
+            // else going on: handed over below without being held or
+            // queued.
+            let mut one = None;
             if let Some(id) = hot {
-                if self.read_cq(st, id, SPIN_READS - 1) != Some(true) && st.hot == Some(id) {
+                let (read, single) = self.read_cq_one(st, id, SPIN_READS - 1);
+                if read != Some(true) && st.hot == Some(id) {
                     st.hot = None;
                 }
+                one = single.map(|first| (id, first));
             }
             // What the hot connection brought is handed over first; the
             // other queues are read after it (below), off its reply's path.
-            let hot_found = !st.events.is_empty();
+            let hot_found = one.is_some() || !st.events.is_empty();
             if !hot_found {
                 self.spin_rest(st, hot);
             }
-            if st.events.is_empty() {
+            if one.is_none() && st.events.is_empty() {
                 st.dispatching = false;
                 return false;
             }
@@ -1100,17 +1149,22 @@ impl Inner {
             // here, in order, the messages under the lock of the read that
             // found them, with no event taken into a dispatch's batch.
             // Anything else, or more than a few, takes the dispatch.
-            if matches!(st.events.front(), Some(Ev::Deliver(_) | Ev::Completed(..))) {
+            if one.is_some()
+                || matches!(st.events.front(), Some(Ev::Deliver(_) | Ev::Completed(..)))
+            {
                 let _unwinding = events::ClearOnUnwind(|| {
                     let mut st = lock(&self.state);
                     st.dispatching = false;
                     self.post_dispatch(&mut st);
                 });
+                if let Some((id, first)) = one {
+                    guard = self.deliver_locked(backend, id, guard, Some(first));
+                }
                 for _ in 0..SPIN_EVENTS {
                     match guard.events.front() {
                         Some(&Ev::Deliver(id)) => {
                             guard.events.pop_front();
-                            guard = self.deliver_locked(backend, id, guard);
+                            guard = self.deliver_locked(backend, id, guard, None);
                         }
                         Some(Ev::Completed(..)) => {
                             let Some(Ev::Completed(id, keys)) = guard.events.pop_front() else {
@@ -1511,19 +1565,22 @@ impl Inner {
     }
 
     fn deliver(&self, backend: &LibfabricBackend, id: ConnId) {
-        drop(self.deliver_locked(backend, id, lock(&self.state)));
+        drop(self.deliver_locked(backend, id, lock(&self.state), None));
     }
 
     /// [`deliver`](Self::deliver), starting under the state lock `st` (the
-    /// spin's, which found the messages) and returning with it held.
+    /// spin's, which found the messages) and returning with it held;
+    /// `first`, a message (buffer, length) to hand over before the held
+    /// ones, taken from a read by [`read_cq_one`](Self::read_cq_one).
     fn deliver_locked<'a>(
         &'a self,
         backend: &LibfabricBackend,
         id: ConnId,
         st: MutexGuard<'a, State>,
+        first: Option<(usize, usize)>,
     ) -> MutexGuard<'a, State> {
         let mut reposted = false;
-        let mut st = self.deliver_held(backend, id, &mut reposted, st);
+        let mut st = self.deliver_held(backend, id, &mut reposted, st, first);
         if reposted {
             // A provider may hold a message whose header it read while no
             // buffer was posted (libfabric 1.17 `tcp`); posting a buffer
@@ -1557,15 +1614,16 @@ impl Inner {
     }
 
     /// Delivers the held messages of `id` (up to 1,024, or for
-    /// [`events::DISPATCH_BUDGET`], then queues the rest), starting under
-    /// the state lock `st` and taking it once per message besides the
-    /// handler call; returns with the lock held.
+    /// [`events::DISPATCH_BUDGET`], then queues the rest), `first` before
+    /// them, starting under the state lock `st` and taking it once per
+    /// message besides the handler call; returns with the lock held.
     fn deliver_held<'a>(
         &'a self,
         backend: &LibfabricBackend,
         id: ConnId,
         reposted: &mut bool,
         mut st: MutexGuard<'a, State>,
+        mut first: Option<(usize, usize)>,
     ) -> MutexGuard<'a, State> {
         let mut budget = Budget::new(DELIVER_CLOCK_EVERY);
         for _ in 0..1024 {
@@ -1573,10 +1631,15 @@ impl Inner {
                 return st;
             };
             if c.paused {
+                // Kept, in order, for the delivery after a resume.
+                if let Some(m) = first.take() {
+                    c.held.push_front(m);
+                }
                 c.deliver_queued = false;
                 return st;
             }
-            let (mem, index, len) = match (c.held.pop_front(), &c.recv_mem) {
+            let next = first.take().or_else(|| c.held.pop_front());
+            let (mem, index, len) = match (next, &c.recv_mem) {
                 (Some((index, len)), Some(mem)) => (Arc::clone(mem), index, len),
                 (Some(_), None) => unreachable!("a message held without receive memory"),
                 (None, _) => {

@@ -289,3 +289,106 @@ fn a_message_found_with_a_completion_is_handed_over_before_the_completion_is_rep
         );
     }
 }
+
+/// Records every message and pauses its connection from `on_data` once it
+/// has `pause_at` of them.
+#[derive(Clone, Default)]
+struct PauseAt {
+    pause_at: usize,
+    seen: Arc<Mutex<Vec<Vec<u8>>>>,
+    established: Arc<Mutex<Option<ConnId>>>,
+}
+
+impl Handler<LibfabricBackend> for PauseAt {
+    fn on_connection_established(
+        &mut self,
+        _b: &LibfabricBackend,
+        conn: ConnId,
+        _r: EndpointAddress,
+        _c: Capabilities,
+    ) {
+        *self.established.lock().unwrap() = Some(conn);
+    }
+
+    fn on_data(&mut self, b: &LibfabricBackend, c: ConnId, data: &[u8]) {
+        let mut seen = self.seen.lock().unwrap();
+        seen.push(data.to_vec());
+        if seen.len() == self.pause_at {
+            b.pause_receive(c).expect("pausing from on_data");
+        }
+    }
+}
+
+/// On a busy-polling loop a message that a read finds alone goes from the
+/// read to `on_data` without being held or queued; a handler that pauses
+/// its connection from that call gets nothing more until it resumes, and
+/// then every later message, in order (each sent on its own, so that each
+/// read finds one).
+#[test]
+fn on_busy_polling_loops_a_pause_from_on_data_of_a_lone_message_holds_the_next_ones_until_resume() {
+    let (server_loop, client_loop) = (Running::start_busy(), Running::start_busy());
+    let lf = LibfabricConfig::provider("tcp");
+    let server_log = PauseAt {
+        pause_at: 1,
+        ..PauseAt::default()
+    };
+    let server = LibfabricBackend::new(
+        &server_loop.lp,
+        BackendConfig::default(),
+        lf.clone(),
+        server_log.clone(),
+    )
+    .expect("server");
+    let client_log = OrderLog::default();
+    let client = LibfabricBackend::new(
+        &client_loop.lp,
+        BackendConfig::default(),
+        lf,
+        client_log.clone(),
+    )
+    .expect("client");
+    let params = ConnectionParams::receive(64, 8);
+    let listen = server
+        .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params.clone())
+        .expect("listening");
+    client
+        .open_active_endpoint(listen, params)
+        .expect("connecting");
+    assert!(
+        wait_until(|| client_log.established.lock().unwrap().is_some()
+            && server_log.established.lock().unwrap().is_some()),
+        "both sides established"
+    );
+    let conn = client_log.established.lock().unwrap().unwrap();
+    let server_conn = server_log.established.lock().unwrap().unwrap();
+    for i in 0..6u8 {
+        client
+            .send_data_copy(conn, &[&[i; 16]], &[], u64::from(i))
+            .expect("send");
+        // Each message on its own: the server's reads find them one by one.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        wait_until(|| client_log.seen.lock().unwrap().len() == 6),
+        "every send completed: {:?}",
+        client_log.seen.lock().unwrap()
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        *server_log.seen.lock().unwrap(),
+        vec![vec![0u8; 16]],
+        "nothing delivered after the pause from on_data"
+    );
+    server.resume_receive(server_conn).expect("resuming");
+    assert!(
+        wait_until(|| server_log.seen.lock().unwrap().len() == 6),
+        "every message delivered after the resume: {:?}",
+        server_log.seen.lock().unwrap().len()
+    );
+    let expected: Vec<Vec<u8>> = (0..6u8).map(|i| vec![i; 16]).collect();
+    assert_eq!(
+        *server_log.seen.lock().unwrap(),
+        expected,
+        "in the order sent"
+    );
+}
