@@ -226,6 +226,54 @@ impl Handler<LibfabricBackend> for Echo {
     }
 }
 
+/// A server and a client backend over `tcp`, each on its own busy-polling
+/// loop, the client connecting to the server's listener (8 receive
+/// buffers of 64 bytes on each side).
+struct BusyPair {
+    server: LibfabricBackend,
+    client: LibfabricBackend,
+    // The loops stop when dropped, after the backends.
+    _server_loop: Running,
+    client_loop: Running,
+}
+
+impl BusyPair {
+    fn connect(
+        server_handler: impl Handler<LibfabricBackend> + 'static,
+        client_handler: impl Handler<LibfabricBackend> + 'static,
+    ) -> Self {
+        let (server_loop, client_loop) = (Running::start_busy(), Running::start_busy());
+        let lf = LibfabricConfig::provider("tcp");
+        let server = LibfabricBackend::new(
+            &server_loop.lp,
+            BackendConfig::default(),
+            lf.clone(),
+            server_handler,
+        )
+        .expect("server");
+        let client = LibfabricBackend::new(
+            &client_loop.lp,
+            BackendConfig::default(),
+            lf,
+            client_handler,
+        )
+        .expect("client");
+        let params = ConnectionParams::receive(64, 8);
+        let listen = server
+            .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params.clone())
+            .expect("listening");
+        client
+            .open_active_endpoint(listen, params)
+            .expect("connecting");
+        Self {
+            server,
+            client,
+            _server_loop: server_loop,
+            client_loop,
+        }
+    }
+}
+
 /// When one completion-queue read of a busy-polling loop finds a message
 /// and the completion of an earlier send of the same connection, the
 /// message is handed to `on_data` first and the completion reported after
@@ -236,20 +284,9 @@ impl Handler<LibfabricBackend> for Echo {
 /// echo lands, so that its first read after the hold finds both.
 #[test]
 fn a_message_found_with_a_completion_is_handed_over_before_the_completion_is_reported() {
-    let (server_loop, client_loop) = (Running::start_busy(), Running::start_busy());
-    let lf = LibfabricConfig::provider("tcp");
-    let server = LibfabricBackend::new(&server_loop.lp, BackendConfig::default(), lf.clone(), Echo)
-        .expect("server");
     let log = OrderLog::default();
-    let client = LibfabricBackend::new(&client_loop.lp, BackendConfig::default(), lf, log.clone())
-        .expect("client");
-    let params = ConnectionParams::receive(64, 8);
-    let listen = server
-        .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params.clone())
-        .expect("listening");
-    client
-        .open_active_endpoint(listen, params)
-        .expect("connecting");
+    let pair = BusyPair::connect(Echo, log.clone());
+    let (client_loop, client) = (&pair.client_loop, &pair.client);
     assert!(
         wait_until(|| log.established.lock().unwrap().is_some()),
         "the client established"
@@ -326,34 +363,13 @@ impl Handler<LibfabricBackend> for PauseAt {
 /// read finds one).
 #[test]
 fn on_busy_polling_loops_a_pause_from_on_data_of_a_lone_message_holds_the_next_ones_until_resume() {
-    let (server_loop, client_loop) = (Running::start_busy(), Running::start_busy());
-    let lf = LibfabricConfig::provider("tcp");
     let server_log = PauseAt {
         pause_at: 1,
         ..PauseAt::default()
     };
-    let server = LibfabricBackend::new(
-        &server_loop.lp,
-        BackendConfig::default(),
-        lf.clone(),
-        server_log.clone(),
-    )
-    .expect("server");
     let client_log = OrderLog::default();
-    let client = LibfabricBackend::new(
-        &client_loop.lp,
-        BackendConfig::default(),
-        lf,
-        client_log.clone(),
-    )
-    .expect("client");
-    let params = ConnectionParams::receive(64, 8);
-    let listen = server
-        .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params.clone())
-        .expect("listening");
-    client
-        .open_active_endpoint(listen, params)
-        .expect("connecting");
+    let pair = BusyPair::connect(server_log.clone(), client_log.clone());
+    let (server, client) = (&pair.server, &pair.client);
     assert!(
         wait_until(|| client_log.established.lock().unwrap().is_some()
             && server_log.established.lock().unwrap().is_some()),
