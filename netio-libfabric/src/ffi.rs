@@ -465,6 +465,9 @@ impl Drop for Fabric {
 /// An open domain (and its fabric).
 pub struct Domain {
     pub(crate) ptr: *mut sys::fid_domain,
+    /// The fabric provider's name, from the entry the domain was opened
+    /// with (the entry of a connection request names none).
+    prov: String,
     /// Registered send memory kept for reuse (closed before the domain).
     bounces: Arc<BouncePool>,
     /// Memory registrations made on this domain so far.
@@ -736,6 +739,7 @@ impl Domain {
         check("fi_domain", rc)?;
         Ok(Arc::new(Domain {
             ptr: domain,
+            prov: info.prov_name(),
             bounces: Arc::default(),
             registrations: AtomicU64::new(0),
             fabric,
@@ -1076,8 +1080,13 @@ const INJECT_IOV: usize = 8;
 /// `sockets` into its transmit ring. libfabric 1.17's `tcp` ignores the
 /// flag in `fi_sendmsg` (it keeps pointers to the caller's bytes until it
 /// writes them to its socket, as for an ordinary send), so it gets none.
-fn inject_copy_max(info: &Info) -> usize {
-    match info.prov_name().as_str() {
+///
+/// `prov` is the provider's name: the domain's, since the entry of an
+/// accepted connection's request (`FI_CONNREQ`) carries no provider name,
+/// and a name taken from it would leave the accepting side without
+/// injection.
+fn inject_copy_max(prov: &str, info: &Info) -> usize {
+    match prov {
         "verbs" | "sockets" => info.inject_size().min(INJECT_COPY_LIMIT),
         _ => 0,
     }
@@ -1376,7 +1385,7 @@ impl Link {
             info: None,
             iov_limit: info.iov_limit(),
             max_msg: info.max_msg_size(),
-            inject_max: inject_copy_max(&info),
+            inject_max: inject_copy_max(&domain.prov, &info),
             scratch: Vec::with_capacity(64),
         };
         if spec.cq_wait_fd {
@@ -2049,9 +2058,9 @@ mod tests {
         // libfabric's `tcp` keeps pointers to an `fi_sendmsg`'s bytes even
         // with FI_INJECT: a copy send injected there could go out after
         // the caller's memory changed.
-        assert_eq!(inject_copy_max(&connected_info("tcp")), 0);
+        assert_eq!(inject_copy_max("tcp", &connected_info("tcp")), 0);
         let sockets = connected_info("sockets");
-        let max = inject_copy_max(&sockets);
+        let max = inject_copy_max("sockets", &sockets);
         assert!(max >= 64, "sockets injects copy sends up to {max} bytes");
         assert!(max <= sockets.inject_size() && max <= INJECT_COPY_LIMIT);
     }

@@ -123,3 +123,114 @@ fn copy_and_zero_copy_sends_register_no_memory_once_warmed_up() {
         );
     }
 }
+
+/// Records the connection it has besides counting (see [`Count`]).
+#[derive(Clone, Default)]
+struct Side {
+    count: Count,
+    conn: Arc<std::sync::Mutex<Option<ConnId>>>,
+}
+
+impl Handler<LibfabricBackend> for Side {
+    fn on_connection_established(
+        &mut self,
+        b: &LibfabricBackend,
+        c: ConnId,
+        r: EndpointAddress,
+        caps: Capabilities,
+    ) {
+        *self.conn.lock().unwrap() = Some(c);
+        self.count.on_connection_established(b, c, r, caps);
+    }
+
+    fn on_data(&mut self, b: &LibfabricBackend, c: ConnId, d: &[u8]) {
+        self.count.on_data(b, c, d);
+    }
+
+    fn on_sends_completed(&mut self, b: &LibfabricBackend, c: ConnId, keys: &[u64]) {
+        self.count.on_sends_completed(b, c, keys);
+    }
+}
+
+/// On `sockets`, which copies an injected send during the call, small
+/// copy sends go out by injection from both ends of a connection, the
+/// accepting one too: neither registers memory for them, not even a
+/// first bounce buffer. (The entry of an accepted connection's request
+/// names no provider; the injection limit comes from the domain's.)
+#[test]
+fn on_sockets_small_copy_sends_register_no_memory_on_the_accepting_side_either() {
+    let (server_loop, client_loop) = (Running::start(), Running::start());
+    let lf = LibfabricConfig::provider("sockets");
+    let (server_side, client_side) = (Side::default(), Side::default());
+    let server = LibfabricBackend::new(
+        &server_loop.lp,
+        BackendConfig::default(),
+        lf.clone(),
+        server_side.clone(),
+    )
+    .expect("server");
+    let client = LibfabricBackend::new(
+        &client_loop.lp,
+        BackendConfig::default(),
+        lf,
+        client_side.clone(),
+    )
+    .expect("client");
+    let params = ConnectionParams::receive(256, 16);
+    let listen = server
+        .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params.clone())
+        .expect("listening");
+    client
+        .open_active_endpoint(listen, params)
+        .expect("connecting");
+    assert!(
+        wait_until(|| server_side.conn.lock().unwrap().is_some()
+            && client_side.conn.lock().unwrap().is_some()),
+        "both ends established"
+    );
+    let server_conn = server_side.conn.lock().unwrap().unwrap();
+    let client_conn = client_side.conn.lock().unwrap().unwrap();
+    let small = [5u8; 64];
+    for (name, from, conn, sender, to) in [
+        (
+            "accepting",
+            &server,
+            server_conn,
+            &server_side,
+            &client_side,
+        ),
+        (
+            "connecting",
+            &client,
+            client_conn,
+            &client_side,
+            &server_side,
+        ),
+    ] {
+        let before = from.memory_registrations();
+        let (c0, r0) = (
+            sender.count.completed.load(Ordering::SeqCst),
+            to.count.received.load(Ordering::SeqCst),
+        );
+        for k in 0..100u64 {
+            loop {
+                match from.send_data_copy(conn, &[&small], &[], k) {
+                    Ok(()) => break,
+                    Err(SendError::NoResources) => std::thread::yield_now(),
+                    Err(e) => panic!("{name} end, send {k}: {e}"),
+                }
+            }
+        }
+        assert!(
+            wait_until(|| sender.count.completed.load(Ordering::SeqCst) == c0 + 100
+                && to.count.received.load(Ordering::SeqCst) == r0 + 100),
+            "{name} end: 100 sends completed and delivered"
+        );
+        assert_eq!(
+            from.memory_registrations() - before,
+            0,
+            "the {name} end registered memory for 100 copy sends of 64 bytes, which \
+             sockets takes by injection"
+        );
+    }
+}
