@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Recorder, Running, Seen};
+use common::{listener_and_connector, wait_until, Recorder, Running, Seen};
 use netio_core::mio_loop::{LoopConfig, MioLoop};
 use netio_core::{
     Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
@@ -243,28 +243,16 @@ impl BusyPair {
         client_handler: impl Handler<LibfabricBackend> + 'static,
     ) -> Self {
         let (server_loop, client_loop) = (Running::start_busy(), Running::start_busy());
-        let lf = LibfabricConfig::provider("tcp");
-        let server = LibfabricBackend::new(
-            &server_loop.lp,
-            BackendConfig::default(),
-            lf.clone(),
-            server_handler,
-        )
-        .expect("server");
-        let client = LibfabricBackend::new(
-            &client_loop.lp,
-            BackendConfig::default(),
-            lf,
-            client_handler,
-        )
-        .expect("client");
         let params = ConnectionParams::receive(64, 8);
-        let listen = server
-            .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params.clone())
-            .expect("listening");
-        client
-            .open_active_endpoint(listen, params)
-            .expect("connecting");
+        let (server, client) = listener_and_connector(
+            &server_loop.lp,
+            &client_loop.lp,
+            LibfabricConfig::provider("tcp"),
+            server_handler,
+            client_handler,
+            params.clone(),
+            params,
+        );
         Self {
             server,
             client,

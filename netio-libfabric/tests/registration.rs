@@ -8,7 +8,7 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::{wait_until, Running};
+use common::{listener_and_connector, wait_until, Running};
 use netio_core::{
     Backend, BackendConfig, Capabilities, ConnId, ConnectionParams, EndpointAddress, Handler,
     MemoryRegion, RegionSlice, SendError,
@@ -160,29 +160,17 @@ impl Handler<LibfabricBackend> for Side {
 #[test]
 fn on_sockets_small_copy_sends_register_no_memory_on_the_accepting_side_either() {
     let (server_loop, client_loop) = (Running::start(), Running::start());
-    let lf = LibfabricConfig::provider("sockets");
     let (server_side, client_side) = (Side::default(), Side::default());
-    let server = LibfabricBackend::new(
-        &server_loop.lp,
-        BackendConfig::default(),
-        lf.clone(),
-        server_side.clone(),
-    )
-    .expect("server");
-    let client = LibfabricBackend::new(
-        &client_loop.lp,
-        BackendConfig::default(),
-        lf,
-        client_side.clone(),
-    )
-    .expect("client");
     let params = ConnectionParams::receive(256, 16);
-    let listen = server
-        .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), params.clone())
-        .expect("listening");
-    client
-        .open_active_endpoint(listen, params)
-        .expect("connecting");
+    let (server, client) = listener_and_connector(
+        &server_loop.lp,
+        &client_loop.lp,
+        LibfabricConfig::provider("sockets"),
+        server_side.clone(),
+        client_side.clone(),
+        params.clone(),
+        params,
+    );
     assert!(
         wait_until(|| server_side.conn.lock().unwrap().is_some()
             && client_side.conn.lock().unwrap().is_some()),

@@ -169,6 +169,20 @@ pub fn receiver_and_sender(
     t: impl Handler<LibfabricBackend> + 'static,
     recv: ConnectionParams,
 ) -> (LibfabricBackend, LibfabricBackend) {
+    listener_and_connector(rx, tx, lf, r, t, recv, ConnectionParams::default())
+}
+
+/// [`receiver_and_sender`] with the connecting side's parameters `send`.
+#[allow(dead_code)] // not every test binary connects with parameters of its own
+pub fn listener_and_connector(
+    rx: &MioLoop,
+    tx: &MioLoop,
+    lf: LibfabricConfig,
+    r: impl Handler<LibfabricBackend> + 'static,
+    t: impl Handler<LibfabricBackend> + 'static,
+    recv: ConnectionParams,
+    send: ConnectionParams,
+) -> (LibfabricBackend, LibfabricBackend) {
     let receiver =
         LibfabricBackend::new(rx, BackendConfig::default(), lf.clone(), r).expect("receiver");
     let sender = LibfabricBackend::new(tx, BackendConfig::default(), lf, t).expect("sender");
@@ -176,7 +190,7 @@ pub fn receiver_and_sender(
         .open_listen_endpoint("127.0.0.1:0".parse().unwrap(), recv)
         .expect("listening");
     sender
-        .open_active_endpoint(listen, ConnectionParams::default())
+        .open_active_endpoint(listen, send)
         .expect("connecting");
     (receiver, sender)
 }
