@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{listener_and_connector, wait_until, Recorder, Running, Seen};
+use common::{listener_and_connector, wait_until, LastConn, Recorder, Running, Seen, Tracked};
 use netio_core::mio_loop::{LoopConfig, MioLoop};
 use netio_core::{
-    Backend, BackendConfig, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress,
-    EventLoop, Handler, SendError,
+    Backend, BackendConfig, CloseReason, ConnId, ConnectionParams, EndpointAddress, EventLoop,
+    Handler, SendError,
 };
 use netio_libfabric::{LibfabricBackend, LibfabricConfig};
 
@@ -58,20 +58,9 @@ struct Tally {
     delivered: Arc<AtomicU64>,
     completed: Arc<Mutex<Vec<u64>>>,
     closed: Arc<Mutex<Option<CloseReport>>>,
-    established: Arc<Mutex<Option<ConnId>>>,
 }
 
 impl Handler<LibfabricBackend> for Tally {
-    fn on_connection_established(
-        &mut self,
-        _b: &LibfabricBackend,
-        conn: ConnId,
-        _r: EndpointAddress,
-        _c: Capabilities,
-    ) {
-        *self.established.lock().unwrap() = Some(conn);
-    }
-
     fn on_connection_closed(
         &mut self,
         _b: &LibfabricBackend,
@@ -107,22 +96,18 @@ fn on_busy_polling_loops_a_local_close_waits_for_its_sends_and_no_longer() {
         ..LibfabricConfig::provider("tcp")
     };
     let (rx, tx) = (Tally::default(), Tally::default());
+    let (rx_conn, tx_conn) = (LastConn::default(), LastConn::default());
     let (receiver, sender) = common::receiver_and_sender(
         &rx_loop.lp,
         &tx_loop.lp,
         lf,
-        rx.clone(),
-        tx.clone(),
+        Tracked::new(rx.clone(), &rx_conn),
+        Tracked::new(tx.clone(), &tx_conn),
         ConnectionParams::receive(64 * 1024, 8),
     );
-    assert!(
-        wait_until(
-            || rx.established.lock().unwrap().is_some() && tx.established.lock().unwrap().is_some()
-        ),
-        "both sides established"
-    );
-    let accepted = rx.established.lock().unwrap().unwrap();
-    let conn = tx.established.lock().unwrap().unwrap();
+    let (Some(accepted), Some(conn)) = (rx_conn.wait(), tx_conn.wait()) else {
+        panic!("both sides established");
+    };
     // The receiver stops reading: the sender's messages pile up in the
     // sockets' buffers and then in the fabric provider.
     receiver.pause_receive(accepted).unwrap();
@@ -191,20 +176,9 @@ enum Order {
 #[derive(Clone, Default)]
 struct OrderLog {
     seen: Arc<Mutex<Vec<Order>>>,
-    established: Arc<Mutex<Option<ConnId>>>,
 }
 
 impl Handler<LibfabricBackend> for OrderLog {
-    fn on_connection_established(
-        &mut self,
-        _b: &LibfabricBackend,
-        conn: ConnId,
-        _r: EndpointAddress,
-        _c: Capabilities,
-    ) {
-        *self.established.lock().unwrap() = Some(conn);
-    }
-
     fn on_data(&mut self, _b: &LibfabricBackend, _c: ConnId, data: &[u8]) {
         self.seen.lock().unwrap().push(Order::Data(data.to_vec()));
     }
@@ -272,14 +246,10 @@ impl BusyPair {
 /// echo lands, so that its first read after the hold finds both.
 #[test]
 fn a_message_found_with_a_completion_is_handed_over_before_the_completion_is_reported() {
-    let log = OrderLog::default();
-    let pair = BusyPair::connect(Echo, log.clone());
+    let (log, client_conn) = (OrderLog::default(), LastConn::default());
+    let pair = BusyPair::connect(Echo, Tracked::new(log.clone(), &client_conn));
     let (client_loop, client) = (&pair.client_loop, &pair.client);
-    assert!(
-        wait_until(|| log.established.lock().unwrap().is_some()),
-        "the client established"
-    );
-    let conn = log.established.lock().unwrap().unwrap();
+    let conn = client_conn.wait().expect("the client established");
     for round in 0..3u64 {
         log.seen.lock().unwrap().clear();
         let (held, release) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -321,20 +291,9 @@ fn a_message_found_with_a_completion_is_handed_over_before_the_completion_is_rep
 struct PauseAt {
     pause_at: usize,
     seen: Arc<Mutex<Vec<Vec<u8>>>>,
-    established: Arc<Mutex<Option<ConnId>>>,
 }
 
 impl Handler<LibfabricBackend> for PauseAt {
-    fn on_connection_established(
-        &mut self,
-        _b: &LibfabricBackend,
-        conn: ConnId,
-        _r: EndpointAddress,
-        _c: Capabilities,
-    ) {
-        *self.established.lock().unwrap() = Some(conn);
-    }
-
     fn on_data(&mut self, b: &LibfabricBackend, c: ConnId, data: &[u8]) {
         let mut seen = self.seen.lock().unwrap();
         seen.push(data.to_vec());
@@ -356,15 +315,15 @@ fn on_busy_polling_loops_a_pause_from_on_data_of_a_lone_message_holds_the_next_o
         ..PauseAt::default()
     };
     let client_log = OrderLog::default();
-    let pair = BusyPair::connect(server_log.clone(), client_log.clone());
-    let (server, client) = (&pair.server, &pair.client);
-    assert!(
-        wait_until(|| client_log.established.lock().unwrap().is_some()
-            && server_log.established.lock().unwrap().is_some()),
-        "both sides established"
+    let (server_conn, client_conn) = (LastConn::default(), LastConn::default());
+    let pair = BusyPair::connect(
+        Tracked::new(server_log.clone(), &server_conn),
+        Tracked::new(client_log.clone(), &client_conn),
     );
-    let conn = client_log.established.lock().unwrap().unwrap();
-    let server_conn = server_log.established.lock().unwrap().unwrap();
+    let (server, client) = (&pair.server, &pair.client);
+    let (Some(conn), Some(server_conn)) = (client_conn.wait(), server_conn.wait()) else {
+        panic!("both sides established");
+    };
     for i in 0..6u8 {
         client
             .send_data_copy(conn, &[&[i; 16]], &[], u64::from(i))

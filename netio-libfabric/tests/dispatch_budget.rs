@@ -14,10 +14,9 @@ mod harness;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Running};
+use common::{wait_until, LastConn, Running, Tracked};
 use netio_core::{
-    Backend, Capabilities, CloseReason, ConnId, ConnectionParams, EndpointAddress, Handler,
-    SendError,
+    Backend, CloseReason, ConnId, ConnectionParams, EndpointAddress, Handler, SendError,
 };
 use netio_libfabric::{LibfabricBackend, LibfabricConfig};
 
@@ -38,7 +37,6 @@ const MAX_DELIVERED_WHILE_DUE: u64 = 300;
 
 #[derive(Default)]
 struct Seen {
-    conn: Option<ConnId>,
     delivered: u64,
     completed: u64,
     timer_set: Option<Instant>,
@@ -57,16 +55,6 @@ struct Side {
 }
 
 impl Handler<LibfabricBackend> for Side {
-    fn on_connection_established(
-        &mut self,
-        _b: &LibfabricBackend,
-        conn: ConnId,
-        _r: EndpointAddress,
-        _c: Capabilities,
-    ) {
-        self.seen.lock().unwrap().conn = Some(conn);
-    }
-
     fn on_connection_closed(
         &mut self,
         _b: &LibfabricBackend,
@@ -134,20 +122,18 @@ fn slow_pair(lf: LibfabricConfig, busy: bool, recv_buffers: usize) -> SlowPair {
         ..Side::default()
     };
     let tx = Side::default();
+    let (rx_last, tx_last) = (LastConn::default(), LastConn::default());
     let (receiver, sender) = common::receiver_and_sender(
         &rx_loop.lp,
         &tx_loop.lp,
         lf,
-        rx.clone(),
-        tx.clone(),
+        Tracked::new(rx.clone(), &rx_last),
+        Tracked::new(tx.clone(), &tx_last),
         ConnectionParams::receive(256, recv_buffers),
     );
-    let conn = |side: &Side| side.seen.lock().unwrap().conn;
-    assert!(
-        wait_until(|| conn(&tx).is_some() && conn(&rx).is_some()),
-        "both sides established"
-    );
-    let (rx_conn, tx_conn) = (conn(&rx).unwrap(), conn(&tx).unwrap());
+    let (Some(rx_conn), Some(tx_conn)) = (rx_last.wait(), tx_last.wait()) else {
+        panic!("both sides established");
+    };
     SlowPair {
         rx,
         tx,

@@ -12,33 +12,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-use common::wait_until;
+use common::{wait_until, LastConn, Tracked};
 use netio_core::mio_loop::{LoopConfig, MioLoop};
-use netio_core::{
-    Backend, BackendConfig, Capabilities, ConnId, ConnectionParams, EndpointAddress, EventLoop,
-    Handler,
-};
+use netio_core::{Backend, BackendConfig, ConnId, ConnectionParams, EventLoop, Handler};
 use netio_libfabric::{LibfabricBackend, LibfabricConfig};
 
-/// Records the messages it is handed and the connection it has; panics
-/// after recording a message that reads `boom`.
+/// Records the messages it is handed; panics after recording a message
+/// that reads `boom`.
 #[derive(Clone, Default)]
 struct Side {
     got: Arc<Mutex<Vec<Vec<u8>>>>,
-    conn: Arc<Mutex<Option<ConnId>>>,
 }
 
 impl Handler<LibfabricBackend> for Side {
-    fn on_connection_established(
-        &mut self,
-        _b: &LibfabricBackend,
-        conn: ConnId,
-        _r: EndpointAddress,
-        _c: Capabilities,
-    ) {
-        *self.conn.lock().unwrap() = Some(conn);
-    }
-
     fn on_data(&mut self, _b: &LibfabricBackend, _c: ConnId, data: &[u8]) {
         self.got.lock().unwrap().push(data.to_vec());
         if data == b"boom" {
@@ -91,20 +77,16 @@ impl Drop for Restarting {
 
 fn messages_after_a_panic_arrive(lf: LibfabricConfig, busy: bool) {
     let (rx_loop, tx_loop) = (Restarting::start(busy), Restarting::start(busy));
-    let (rx, tx) = (Side::default(), Side::default());
+    let (rx, tx_conn) = (Side::default(), LastConn::default());
     let (receiver, sender) = common::receiver_and_sender(
         &rx_loop.lp,
         &tx_loop.lp,
         lf,
         rx.clone(),
-        tx.clone(),
+        Tracked::new(Side::default(), &tx_conn),
         ConnectionParams::receive(64, 8),
     );
-    assert!(
-        wait_until(|| tx.conn.lock().unwrap().is_some()),
-        "the sender's connection established"
-    );
-    let conn = tx.conn.lock().unwrap().expect("checked");
+    let conn = tx_conn.wait().expect("the sender's connection established");
     let send = |m: &[u8], key: u64| {
         assert!(
             wait_until(|| sender.send_data_copy(conn, &[m], &[], key).is_ok()),

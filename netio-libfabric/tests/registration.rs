@@ -8,7 +8,7 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::{listener_and_connector, wait_until, Running};
+use common::{listener_and_connector, wait_until, LastConn, Running, Tracked};
 use netio_core::{
     Backend, BackendConfig, Capabilities, ConnId, ConnectionParams, EndpointAddress, Handler,
     MemoryRegion, RegionSlice, SendError,
@@ -124,34 +124,6 @@ fn copy_and_zero_copy_sends_register_no_memory_once_warmed_up() {
     }
 }
 
-/// Records the connection it has besides counting (see [`Count`]).
-#[derive(Clone, Default)]
-struct Side {
-    count: Count,
-    conn: Arc<std::sync::Mutex<Option<ConnId>>>,
-}
-
-impl Handler<LibfabricBackend> for Side {
-    fn on_connection_established(
-        &mut self,
-        b: &LibfabricBackend,
-        c: ConnId,
-        r: EndpointAddress,
-        caps: Capabilities,
-    ) {
-        *self.conn.lock().unwrap() = Some(c);
-        self.count.on_connection_established(b, c, r, caps);
-    }
-
-    fn on_data(&mut self, b: &LibfabricBackend, c: ConnId, d: &[u8]) {
-        self.count.on_data(b, c, d);
-    }
-
-    fn on_sends_completed(&mut self, b: &LibfabricBackend, c: ConnId, keys: &[u64]) {
-        self.count.on_sends_completed(b, c, keys);
-    }
-}
-
 /// On `sockets`, which copies an injected send during the call, small
 /// copy sends go out by injection from both ends of a connection, the
 /// accepting one too: neither registers memory for them, not even a
@@ -160,24 +132,21 @@ impl Handler<LibfabricBackend> for Side {
 #[test]
 fn on_sockets_small_copy_sends_register_no_memory_on_the_accepting_side_either() {
     let (server_loop, client_loop) = (Running::start(), Running::start());
-    let (server_side, client_side) = (Side::default(), Side::default());
+    let (server_side, client_side) = (Count::default(), Count::default());
+    let (server_last, client_last) = (LastConn::default(), LastConn::default());
     let params = ConnectionParams::receive(256, 16);
     let (server, client) = listener_and_connector(
         &server_loop.lp,
         &client_loop.lp,
         LibfabricConfig::provider("sockets"),
-        server_side.clone(),
-        client_side.clone(),
+        Tracked::new(server_side.clone(), &server_last),
+        Tracked::new(client_side.clone(), &client_last),
         params.clone(),
         params,
     );
-    assert!(
-        wait_until(|| server_side.conn.lock().unwrap().is_some()
-            && client_side.conn.lock().unwrap().is_some()),
-        "both ends established"
-    );
-    let server_conn = server_side.conn.lock().unwrap().unwrap();
-    let client_conn = client_side.conn.lock().unwrap().unwrap();
+    let (Some(server_conn), Some(client_conn)) = (server_last.wait(), client_last.wait()) else {
+        panic!("both ends established");
+    };
     let small = [5u8; 64];
     for (name, from, conn, sender, to) in [
         (
@@ -197,8 +166,8 @@ fn on_sockets_small_copy_sends_register_no_memory_on_the_accepting_side_either()
     ] {
         let before = from.memory_registrations();
         let (c0, r0) = (
-            sender.count.completed.load(Ordering::SeqCst),
-            to.count.received.load(Ordering::SeqCst),
+            sender.completed.load(Ordering::SeqCst),
+            to.received.load(Ordering::SeqCst),
         );
         for k in 0..100u64 {
             loop {
@@ -210,8 +179,8 @@ fn on_sockets_small_copy_sends_register_no_memory_on_the_accepting_side_either()
             }
         }
         assert!(
-            wait_until(|| sender.count.completed.load(Ordering::SeqCst) == c0 + 100
-                && to.count.received.load(Ordering::SeqCst) == r0 + 100),
+            wait_until(|| sender.completed.load(Ordering::SeqCst) == c0 + 100
+                && to.received.load(Ordering::SeqCst) == r0 + 100),
             "{name} end: 100 sends completed and delivered"
         );
         assert_eq!(

@@ -114,6 +114,95 @@ impl<B: Backend + ?Sized> Handler<B> for Recorder {
     }
 }
 
+/// The connection a [`Tracked`] handler saw established last, shared
+/// with the test.
+#[derive(Clone, Default)]
+pub struct LastConn(Arc<Mutex<Option<ConnId>>>);
+
+impl LastConn {
+    /// The connection established last, if any yet.
+    pub fn get(&self) -> Option<ConnId> {
+        *self.0.lock().unwrap()
+    }
+
+    /// Waits (bounded by [`DEADLINE`]) for a connection to be established.
+    pub fn wait(&self) -> Option<ConnId> {
+        wait_until(|| self.get().is_some());
+        self.get()
+    }
+}
+
+/// Handler `H` whose `on_connection_established` is recorded in a
+/// [`LastConn`] before `H` sees it; every other call goes to `H` as is.
+pub struct Tracked<H> {
+    inner: H,
+    conn: LastConn,
+}
+
+impl<H> Tracked<H> {
+    /// `inner`, tracked in `conn`.
+    pub fn new(inner: H, conn: &LastConn) -> Self {
+        Self {
+            inner,
+            conn: conn.clone(),
+        }
+    }
+}
+
+impl<B: ?Sized, H: Handler<B>> Handler<B> for Tracked<H> {
+    fn on_connection_established(
+        &mut self,
+        b: &B,
+        conn: ConnId,
+        remote: EndpointAddress,
+        caps: Capabilities,
+    ) {
+        *self.conn.0.lock().unwrap() = Some(conn);
+        self.inner.on_connection_established(b, conn, remote, caps);
+    }
+
+    fn on_connection_refused(
+        &mut self,
+        b: &B,
+        conn: ConnId,
+        remote: EndpointAddress,
+        why: &RefuseReason,
+    ) {
+        self.inner.on_connection_refused(b, conn, remote, why);
+    }
+
+    fn on_connection_closed(
+        &mut self,
+        b: &B,
+        conn: ConnId,
+        remote: EndpointAddress,
+        why: &CloseReason,
+        keys: &[u64],
+    ) {
+        self.inner.on_connection_closed(b, conn, remote, why, keys);
+    }
+
+    fn on_data(&mut self, b: &B, conn: ConnId, data: &[u8]) {
+        self.inner.on_data(b, conn, data);
+    }
+
+    fn on_send_completed(&mut self, b: &B, conn: ConnId, key: u64) {
+        self.inner.on_send_completed(b, conn, key);
+    }
+
+    fn on_sends_completed(&mut self, b: &B, conn: ConnId, keys: &[u64]) {
+        self.inner.on_sends_completed(b, conn, keys);
+    }
+
+    fn on_timer(&mut self, b: &B, token: u64) {
+        self.inner.on_timer(b, token);
+    }
+
+    fn on_wake(&mut self, b: &B, token: u64) {
+        self.inner.on_wake(b, token);
+    }
+}
+
 /// A loop running on its own thread until dropped.
 pub struct Running {
     pub lp: MioLoop,
