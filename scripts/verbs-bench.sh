@@ -7,7 +7,10 @@
 #   bash scripts/verbs-guest.sh --timeout 1200 -- bash scripts/verbs-bench.sh target/release
 #
 # The guest does not inherit the environment: to change RUNS, COUNT,
-# RATE_COUNT or BW_COUNT, pass them through `env` inside the guest command
+# RATE_COUNT, BW_COUNT, NETIO_PERF_FLAGS (more netio-perf options for its
+# server and client alike, such as --thread-unsafe) or PINGPONG_ONLY (1:
+# the round trips only, no rate or bandwidth), pass them through
+# `env` inside the guest command
 # (`-- env RUNS=3 bash scripts/verbs-bench.sh target/release`). Run it on a
 # quiet host: a busy host stalls the emulated CPUs unevenly.
 #
@@ -43,6 +46,8 @@ runs="${RUNS:-5}"
 count="${COUNT:-10000}"
 rate_count="${RATE_COUNT:-50000}"
 bw_count="${BW_COUNT:-2000}"
+extra="${NETIO_PERF_FLAGS:-}"
+pingpong_only="${PINGPONG_ONLY:-0}"
 perf="$bin/netio-perf"
 [ -x "$perf" ] || { echo "verbs-bench: no $perf (build netio-perf with --features libfabric)" >&2; exit 2; }
 for tool in fi_pingpong ib_send_lat ib_send_bw python3; do
@@ -93,12 +98,14 @@ port=7100
 netio_run() {
     # netio_run ARGS...: one netio-perf client run against a fresh server.
     port=$((port + 1))
+    # shellcheck disable=SC2086 # the extra flags are words
     timeout 300 "$perf" --listen "$addr:$port" --provider libfabric --fabric verbs --busy-poll \
-        --serve-for 280 >"$out/server.txt" 2>&1 &
+        $extra --serve-for 280 >"$out/server.txt" 2>&1 &
     local spid=$!
     wait_for "$out/server.txt" "listening"
+    # shellcheck disable=SC2086
     timeout 240 "$perf" "$@" --connect "$addr:$port" --provider libfabric --fabric verbs \
-        --busy-poll --runs 1 --json - 2>"$out/client.err" || cat "$out/client.err" >&2
+        --busy-poll $extra --runs 1 --json - 2>"$out/client.err" || cat "$out/client.err" >&2
     kill "$spid" 2>/dev/null || true
     wait "$spid" 2>/dev/null || true
 }
@@ -133,6 +140,7 @@ for i in $(seq 1 "$runs"); do
     lat="$(printf '%s\n' "$txt" | awk '$1 == 64 && NF >= 6 { print 2 * $6 }' | tail -1)"
     record ib_send_lat_64_rtt_us "${lat:-nan}" us
 
+    [ "$pingpong_only" = 1 ] && continue
     txt="$(netio_run rate --sizes 64 --count "$rate_count" --warmup 2000)"
     rate="$(printf '%s' "$txt" | metric messages_per_s)"
     record netio_rate_64 "$rate" msg/s

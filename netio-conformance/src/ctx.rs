@@ -535,6 +535,43 @@ impl<H: Harness> Ctx<H> {
             .unwrap_or_else(|e| panic!("listening on {addr} failed: {e}"))
     }
 
+    /// Opens a listener with `params` on `server` on a port below Linux's
+    /// default ephemeral range (32768–60999), the first of up to 200
+    /// candidates from 20000 up that opens, and returns its address. For a
+    /// behaviour that listens on the same address again after a close: a
+    /// port handed out by the system (port 0) comes from the ephemeral
+    /// range, where a connection opened meanwhile by another test of the
+    /// same process (or by a fabric provider) may take it as its local
+    /// port, and the second listen would then fail through no fault of
+    /// the provider.
+    #[track_caller]
+    pub fn listen_on_fixed_port(
+        &mut self,
+        server: &Node<H>,
+        params: ConnectionParams,
+    ) -> EndpointAddress {
+        // Spread over the candidates, so that test processes running at
+        // once rarely try the same ports in the same order.
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let start = (u64::from(std::process::id()) * 37
+            + NEXT.fetch_add(1, Ordering::Relaxed) * 211)
+            % 12_000;
+        let mut last = None;
+        for i in 0..200 {
+            let port = 20_000 + ((start + i * 61) % 12_000) as u16;
+            let addr = EndpointAddress::new(server.ip, port);
+            let p = params.clone();
+            match self.call(server, move |b| b.open_listen_endpoint(addr, p)) {
+                Ok(a) => return a,
+                Err(e) => last = Some(e),
+            }
+        }
+        panic!(
+            "listening on {} failed on 200 ports from 20000 up; the last error: {:?}",
+            server.ip, last
+        )
+    }
+
     /// Connects `client` to `listen` with `params` and waits until both
     /// sides report the connection. Returns both handles and the client's
     /// address as `server` sees it.

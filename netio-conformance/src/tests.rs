@@ -1632,11 +1632,12 @@ pub fn closing_listener_closes_its_connections<H: Harness>(mode: ThreadSafety) {
 }
 
 /// Closing a listener that accepted nothing reports nothing, and the
-/// address can be listened on again.
+/// address can be listened on again. (The port is one outside the
+/// system's ephemeral range: see [`Ctx::listen_on_fixed_port`].)
 pub fn closing_listener_without_connections_reports_nothing<H: Harness>(mode: ThreadSafety) {
     let mut c = Ctx::<H>::new(mode);
     let s = c.node();
-    let listen = c.listen(&s, full_params(64, 2));
+    let listen = c.listen_on_fixed_port(&s, full_params(64, 2));
     c.call(&s, move |b| b.close_listen_endpoint(listen))
         .unwrap();
     c.settle();
