@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use netio_core::{
     Backend, BackendConfig, BufferError, ConnId, ConnectionParams, EndpointAddress, MemoryRegion,
-    SendError, ThreadSafety,
+    OpenListenError, SendError, ThreadSafety,
 };
 
 use crate::harness::{Harness, NodeId};
@@ -537,7 +537,9 @@ impl<H: Harness> Ctx<H> {
 
     /// Opens a listener with `params` on `server` on a port below Linux's
     /// default ephemeral range (32768–60999), the first of up to 200
-    /// candidates from 20000 up that opens, and returns its address. For a
+    /// candidates from 20000 up that opens (a port that fails with
+    /// `FailedOpenListenEndpoint`, taken, is skipped; any other error
+    /// fails at once), and returns its address. For a
     /// behaviour that listens on the same address again after a close: a
     /// port handed out by the system (port 0) comes from the ephemeral
     /// range, where a connection opened meanwhile by another test of the
@@ -563,7 +565,9 @@ impl<H: Harness> Ctx<H> {
             let p = params.clone();
             match self.call(server, move |b| b.open_listen_endpoint(addr, p)) {
                 Ok(a) => return a,
-                Err(e) => last = Some(e),
+                // The port is taken (by another process): the next one.
+                Err(e @ OpenListenError::FailedOpenListenEndpoint { .. }) => last = Some(e),
+                Err(e) => panic!("listening on {addr} failed: {e}"),
             }
         }
         panic!(
