@@ -19,7 +19,9 @@ use netio_core::{
 };
 
 use crate::config::{EndpointType, LibfabricConfig};
-use crate::events::{self, lock, Budget, Ev, UserTimers, DELIVER_CLOCK_EVERY, SPIN_READS};
+use crate::events::{
+    self, lock, Budget, Ev, UserTimers, DELIVER_CLOCK_EVERY, HOT_IDLE_SPINS, SPIN_READS,
+};
 use crate::ffi::{
     self, Completion, ConnRequest, Domain, EqEvent, FiError, Info, Link, LinkSpec, PostError,
     Query, RecvMem,
@@ -216,6 +218,9 @@ struct State {
     /// The connection whose completion queue had entries last (read first
     /// by the spin callback of a busy-polling loop).
     hot: Option<ConnId>,
+    /// How many spins in a row have found the hot connection's queue empty
+    /// (see [`HOT_IDLE_SPINS`]).
+    hot_idle: u32,
     /// The established connections of the spin's current round (busy
     /// polling), and how many of them it has read.
     spin_round: Vec<ConnId>,
@@ -226,6 +231,8 @@ struct State {
 
 struct FabricSettings {
     provider: String,
+    /// Rounds of reads of an empty queue per spin ([`events::spin_rounds`]).
+    spin_rounds: u32,
     lf: LibfabricConfig,
 }
 
@@ -388,6 +395,7 @@ impl LibfabricBackend {
                 config,
                 fabric: FabricSettings {
                     provider: lf.provider.clone(),
+                    spin_rounds: events::spin_rounds(&lf),
                     lf,
                 },
                 handler: Mutex::new(Box::new(handler)),
@@ -996,6 +1004,7 @@ impl Inner {
         };
         if any {
             st.hot = Some(id);
+            st.hot_idle = 0;
         }
         let c = st.conns.get_mut(id)?;
         // A single message handed over without the held list and the
@@ -1096,10 +1105,11 @@ impl Inner {
 
     /// The spin callback of a busy-polling loop, whose completion queues
     /// have no wait fd: reads the queue of the connection that had
-    /// completions last (up to [`SPIN_READS`] times while it is empty),
-    /// then those of [`SPIN_OTHERS`] other connections in turn, and of the
-    /// lingering ones; dispatches what it found at once. `true` when it
-    /// found something to hand over.
+    /// completions last (up to [`SPIN_READS`] times while it is empty, or
+    /// more rounds of that when it is the only connection: see
+    /// [`LibfabricConfig::spin_rounds`]), then those of [`SPIN_OTHERS`]
+    /// other connections in turn, and of the lingering ones; dispatches
+    /// what it found at once. `true` when it found something to hand over.
     fn spin_owned(this: Arc<Inner>) -> bool {
         let backend = LibfabricBackend {
             kind: Kind::Msg(this),
@@ -1116,24 +1126,22 @@ impl Inner {
     fn spin(&self, backend: &LibfabricBackend) -> bool {
         {
             let mut guard = lock(&self.state);
-            let st = &mut *guard;
-            if st.dispatching {
+            if guard.dispatching {
                 return false;
             }
             // What the reads queue is handed over right here, not posted.
-            st.dispatching = true;
-            let hot = st.hot;
+            guard.dispatching = true;
+            let hot = guard.hot;
             // A single message of the hot connection, read with nothing
             // else going on: handed over below without being held or
             // queued.
             let mut one = None;
             if let Some(id) = hot {
-                let (read, single) = self.read_cq_one(st, id, SPIN_READS - 1);
-                if read != Some(true) && st.hot == Some(id) {
-                    st.hot = None;
-                }
-                one = single.map(|first| (id, first));
+                let (g, found) = self.spin_hot(guard, id);
+                guard = g;
+                one = found.map(|first| (id, first));
             }
+            let st = &mut *guard;
             // What the hot connection brought is handed over first; the
             // other queues are read after it (below), off its reply's path.
             let hot_found = one.is_some() || !st.events.is_empty();
@@ -1189,6 +1197,53 @@ impl Inner {
         }
         self.run_dispatch();
         true
+    }
+
+    /// The spin's reads of the hot connection `id`: [`SPIN_READS`] while
+    /// its queue is empty, and, when `id` is the only connection and
+    /// nothing lingers, up to [`LibfabricConfig::spin_rounds`] rounds of
+    /// them, the state unlocked between two rounds (another
+    /// thread's send waits for one round at most) and none begun once
+    /// work was announced to the loop or an event is queued. Returns the
+    /// state locked again and the lone message found, if any. The
+    /// connection stops being hot when it is gone, or when its queue
+    /// stayed empty for one spin (one round a spin) or for
+    /// [`HOT_IDLE_SPINS`] (more).
+    fn spin_hot<'a>(
+        &'a self,
+        mut guard: MutexGuard<'a, State>,
+        id: ConnId,
+    ) -> (MutexGuard<'a, State>, Option<(usize, usize)>) {
+        let mut rounds = 1;
+        loop {
+            let (read, single) = self.read_cq_one(&mut guard, id, SPIN_READS - 1);
+            if read == Some(true) || single.is_some() {
+                return (guard, single);
+            }
+            let alone = guard.conns.len() <= 1 && guard.lingering.is_empty();
+            if read.is_some()
+                && alone
+                && rounds < self.fabric.spin_rounds
+                && guard.events.is_empty()
+                && !self.lp.work_announced()
+            {
+                rounds += 1;
+                drop(guard);
+                guard = lock(&self.state);
+                if guard.hot == Some(id) {
+                    continue;
+                }
+                return (guard, None);
+            }
+            let st = &mut *guard;
+            if st.hot == Some(id) {
+                st.hot_idle += 1;
+                if read.is_none() || self.fabric.spin_rounds == 1 || st.hot_idle >= HOT_IDLE_SPINS {
+                    st.hot = None;
+                }
+            }
+            return (guard, None);
+        }
     }
 
     /// The part of a spin after the hot connection: the other

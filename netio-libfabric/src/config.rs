@@ -34,6 +34,21 @@ pub struct LibfabricConfig {
     /// busy polling on either endpoint type, run the backend on a
     /// busy-polling loop instead.
     pub max_poll: u32,
+    /// On a busy-polling loop: how many rounds of eight reads the spin
+    /// callback makes of an empty completion queue (the hot connection's,
+    /// when it is the backend's only connection, or the reliable-datagram
+    /// endpoint's) before it gives the loop its turn back; the state is
+    /// unlocked between two rounds, and no round begins once work was
+    /// posted or announced to the loop. With more than one round, a
+    /// connection stays first in line for 64 empty spins after its last
+    /// completion (with one, for a single empty spin). `None`: 8 on fabric
+    /// providers whose read only looks at memory (`verbs`, `shm`, `efa`,
+    /// … and the layers on them), 1 on the socket-based ones (`tcp`,
+    /// `sockets`, `udp` and the layers on them), where each read costs a
+    /// system call. 0 counts as 1. More rounds answer a message sooner
+    /// where a loop turn costs many reads (an emulated machine); fewer
+    /// keep the loop's other sources and timers closer to their time.
+    pub spin_rounds: Option<u32>,
     /// `FI_SOCKETS_PE_WAITTIME` (µs the `sockets` provider's progress
     /// thread waits) set in the environment when the first backend is
     /// created, unless the environment already sets it. The default 0 makes
@@ -112,6 +127,7 @@ impl Default for LibfabricConfig {
             rx_size: None,
             cq_size: 1024,
             max_poll: 0,
+            spin_rounds: None,
             sockets_pe_waittime: Some(0),
             close_linger: std::time::Duration::from_millis(500),
             handshake_timeout: std::time::Duration::from_secs(10),

@@ -15,6 +15,7 @@ use netio_core::{
 };
 
 use crate::backend::LibfabricBackend;
+use crate::config::LibfabricConfig;
 
 /// How many batches one dispatch hands over before it yields to the loop.
 const BATCHES: usize = 64;
@@ -32,6 +33,42 @@ pub(crate) const DELIVER_CLOCK_EVERY: u32 = 4;
 /// completion queue before it returns to the loop (whose own turn, with
 /// its epoll call every few turns, costs more than a read).
 pub(crate) const SPIN_READS: u32 = 8;
+/// On a fabric provider whose completion-queue read only looks at memory
+/// ([`cheap_reads`]), how many rounds of [`SPIN_READS`] reads a spin makes
+/// by default of one empty queue (the only connection's, or the
+/// endpoint's) before it gives the loop its turn back, letting other
+/// threads take the state lock between rounds and stopping early when
+/// work was announced to the loop ([`LibfabricConfig::spin_rounds`]).
+/// Under emulation (QEMU without KVM, where soft-RoCE runs) a loop turn
+/// costs as much as ten reads or more, and a message that arrives
+/// meanwhile waits for it.
+pub(crate) const SPIN_ROUNDS: u32 = 8;
+/// With more than one round, how many spins in a row the hot connection
+/// stays first in line (read [`SPIN_READS`] times) while its queue stays
+/// empty; then it is read with the others, once a spin, until it has
+/// completions again. With one round, one empty spin ends it (on
+/// socket-based providers each read is a system call).
+pub(crate) const HOT_IDLE_SPINS: u32 = 64;
+
+/// The rounds of reads of an empty queue per spin under `lf`
+/// ([`LibfabricConfig::spin_rounds`]).
+pub(crate) fn spin_rounds(lf: &LibfabricConfig) -> u32 {
+    match lf.spin_rounds {
+        Some(rounds) => rounds.max(1),
+        None if cheap_reads(&lf.provider) => SPIN_ROUNDS,
+        None => 1,
+    }
+}
+
+/// `true` when reading a completion queue of fabric provider `provider`
+/// (a name as `fi_info` gives it, layered ones such as `verbs;ofi_rxm`
+/// included) only looks at memory the device or the peer writes: not on
+/// the socket-based providers (`tcp`, `sockets`, `udp` and the layers on
+/// them), whose read progresses the sockets with a system call.
+pub(crate) fn cheap_reads(provider: &str) -> bool {
+    let core = provider.split(';').next().unwrap_or(provider);
+    !matches!(core, "tcp" | "sockets" | "udp")
+}
 
 /// Runs its closure when dropped during a panic (a handler's, unwinding
 /// through a dispatch or a delivery): puts the state back as the code it
@@ -374,4 +411,28 @@ pub(crate) fn spin_to<T: Send + Sync + 'static>(
         let w = weak.clone();
         lp.add_spin(move || w.upgrade().is_some_and(f))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spin_reads_an_empty_queue_in_rounds_only_where_reads_look_at_memory() {
+        let rounds = |provider: &str, set: Option<u32>| {
+            spin_rounds(&LibfabricConfig {
+                spin_rounds: set,
+                ..LibfabricConfig::provider(provider)
+            })
+        };
+        for memory in ["verbs", "verbs;ofi_rxm", "shm", "efa", "cxi", "opx"] {
+            assert_eq!(rounds(memory, None), SPIN_ROUNDS, "{memory}");
+        }
+        for sockets in ["tcp", "tcp;ofi_rxm", "sockets", "udp;ofi_rxd"] {
+            assert_eq!(rounds(sockets, None), 1, "{sockets}");
+        }
+        assert_eq!(rounds("tcp", Some(8)), 8, "a setting wins");
+        assert_eq!(rounds("verbs", Some(1)), 1, "a setting wins");
+        assert_eq!(rounds("shm", Some(0)), 1, "0 counts as 1");
+    }
 }

@@ -352,6 +352,27 @@ fn on_busy_polling_loops_a_stream_to_a_paused_and_resumed_receiver_delivers_ever
     );
 }
 
+/// Connected `tcp` with the spin reading the hot connection's empty queue
+/// in 8 rounds (`LibfabricConfig::spin_rounds`), as on `verbs`.
+fn tcp_rounds() -> LibfabricConfig {
+    LibfabricConfig {
+        spin_rounds: Some(8),
+        ..LibfabricConfig::provider("tcp")
+    }
+}
+
+#[test]
+fn on_busy_polling_loops_reading_in_rounds_a_stream_to_a_counting_receiver_delivers_every_message()
+{
+    stream_on(tcp_rounds(), localhost(), false, true, runs(3));
+}
+
+#[test]
+fn on_busy_polling_loops_reading_in_rounds_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message(
+) {
+    stream_on(tcp_rounds(), localhost(), true, true, runs(3));
+}
+
 /// The reliable-datagram streams: one test per fabric provider and mode,
 /// on loops that sleep or, after `busy`, on busy-polling loops (where the
 /// spin hands a single message found by a completion read straight to the

@@ -61,6 +61,9 @@ const SETUP_POLL: Duration = Duration::from_secs(2);
 const PROGRESS_SPIN: Duration = Duration::from_micros(200);
 /// The longest the progress thread sleeps between reads of an idle queue.
 const PROGRESS_SLEEP: Duration = Duration::from_millis(1);
+/// How often the stall guard of a busy-polling loop (see
+/// [`RdmInner::spawn_stall_guard`]) looks whether the loop spun.
+const STALL_CHECK: Duration = Duration::from_millis(1);
 /// Heartbeat interval without a peer timeout.
 const HEARTBEAT: Duration = Duration::from_secs(5);
 /// The tag bit of set-up probes (see [`RdmInner::send_probe`]): above
@@ -258,6 +261,8 @@ pub(crate) struct RdmInner {
     lp: MioLoop,
     config: BackendConfig,
     lf: LibfabricConfig,
+    /// Rounds of reads of an empty queue per spin ([`events::spin_rounds`]).
+    spin_rounds: u32,
     handler: Mutex<Box<dyn Handler<LibfabricBackend>>>,
     state: Mutex<State>,
     shared_send: Option<BufferPool>,
@@ -268,6 +273,9 @@ pub(crate) struct RdmInner {
     /// and retries sends the provider answered `-FI_EAGAIN`.
     poll_timer: MioTimer,
     spin: Option<SpinId>,
+    /// Spins so far, counted by the spin callback (the loop thread alone
+    /// writes it) for the stall guard.
+    spins: AtomicU64,
     refused: AtomicU64,
     /// Tells the progress thread (see [`RdmInner::spawn_progress`]) to end.
     stop_progress: Arc<AtomicBool>,
@@ -392,6 +400,7 @@ impl RdmInner {
             RdmInner {
                 lp,
                 config,
+                spin_rounds: events::spin_rounds(&lf),
                 lf,
                 handler: Mutex::new(Box::new(handler)),
                 state: Mutex::new(State {
@@ -404,6 +413,7 @@ impl RdmInner {
                 tick_timer,
                 poll_timer,
                 spin,
+                spins: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
                 stop_progress: Arc::new(AtomicBool::new(false)),
                 domain: Mutex::new(None),
@@ -508,8 +518,53 @@ impl RdmInner {
         st.ep = Some(ep);
         if progress {
             self.spawn_progress()?;
+        } else if self.spin.is_some() {
+            self.spawn_stall_guard()?;
         }
         Ok(())
+    }
+
+    /// On a busy-polling loop, starts the thread that reads the completion
+    /// queue while the loop does not spin: stalled in a handler or a
+    /// posted closure, or not running. Every [`STALL_CHECK`] it looks at
+    /// the spin count; when it has not moved since the last look, it reads
+    /// the queue as the progress thread does (again at once while the reads
+    /// find something). A peer's sends that complete only when this
+    /// process reads its queue (`shm`'s larger messages, `udp;ofi_rxd`)
+    /// then complete while the loop is held up, as they do on a loop that
+    /// sleeps; a loop that spins pays one relaxed store per spin.
+    fn spawn_stall_guard(&self) -> Result<(), FiError> {
+        let weak = self.weak.clone();
+        let stop = Arc::clone(&self.stop_progress);
+        std::thread::Builder::new()
+            .name("netio-lf-stall".into())
+            .spawn(move || {
+                let mut seen = None;
+                let mut nap = STALL_CHECK;
+                while !stop.load(Ordering::Acquire) {
+                    if nap.is_zero() {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(nap);
+                    }
+                    let Some(inner) = weak.upgrade() else {
+                        return;
+                    };
+                    let spins = inner.spins.load(Ordering::Relaxed);
+                    let stalled = seen == Some(spins);
+                    seen = Some(spins);
+                    nap = if stalled && inner.progress_once() {
+                        Duration::ZERO
+                    } else {
+                        STALL_CHECK
+                    };
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| FiError {
+                call: "starting the completion queue's stall guard",
+                errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+            })
     }
 
     /// Starts the thread that reads a completion queue without a wait fd
@@ -1933,6 +1988,7 @@ impl RdmInner {
     #[inline(never)]
     fn handle_completions(&self, st: &mut State, out: &mut Vec<RdmCompletion>, now: Duration) {
         st.read_at = now;
+
         // The connections the read concerned (memory kept in the state).
         let mut touched = std::mem::take(&mut st.touched);
         touched.clear();
@@ -2143,10 +2199,16 @@ impl RdmInner {
     }
 
     /// One spin of a busy-polling loop: reads of the completion queue
-    /// until one finds something, then what they found handed over;
-    /// `backend`, this backend's handle. `true` when a read found
-    /// something.
+    /// until one finds something ([`SPIN_READS`] at most, or up to
+    /// [`LibfabricConfig::spin_rounds`] rounds of them, the state
+    /// unlocked between two rounds and none begun once work was announced
+    /// to the loop, an event is queued or a send waits for a retry), then
+    /// what they found handed over; `backend`, this backend's handle.
+    /// `true` when a read found something.
     fn spin(&self, backend: &LibfabricBackend) -> bool {
+        // For the stall guard. Only the loop thread writes it.
+        let spins = self.spins.load(Ordering::Relaxed);
+        self.spins.store(spins.wrapping_add(1), Ordering::Relaxed);
         {
             let mut st = lock(&self.state);
             if st.dispatching {
@@ -2159,18 +2221,32 @@ impl RdmInner {
             let now = self.lp.turn_now();
             let mut one = None;
             let mut read_some = false;
-            for _ in 0..SPIN_READS {
-                match self.read_cq_one(&mut st, now, true) {
-                    CqRead::Nothing => {}
-                    CqRead::Some => {
-                        read_some = true;
-                        break;
-                    }
-                    CqRead::One(id, index, len, mem) => {
-                        one = Some((id, Some((index, len, mem))));
-                        break;
+            let mut rounds = 1;
+            'rounds: loop {
+                for _ in 0..SPIN_READS {
+                    match self.read_cq_one(&mut st, now, true) {
+                        CqRead::Nothing => {}
+                        CqRead::Some => {
+                            read_some = true;
+                            break 'rounds;
+                        }
+                        CqRead::One(id, index, len, mem) => {
+                            one = Some((id, Some((index, len, mem))));
+                            break 'rounds;
+                        }
                     }
                 }
+                if rounds >= self.spin_rounds
+                    || !st.events.is_empty()
+                    || !st.blocked.is_empty()
+                    || self.lp.work_announced()
+                {
+                    break;
+                }
+                rounds += 1;
+                // Another thread's send waits for one round at most.
+                drop(st);
+                st = lock(&self.state);
             }
             if !st.blocked.is_empty() {
                 self.retry_blocked(&mut st);

@@ -192,6 +192,24 @@ flavor!(
     busy = true
 );
 flavor!(
+    /// libfabric's `tcp` provider on 127.0.0.1, on busy-polling loops, the
+    /// spin reading an empty queue in 8 rounds
+    /// (`LibfabricConfig::spin_rounds`, one round by default on `tcp`), as
+    /// it does by default on fabrics whose reads only look at memory.
+    TcpBusyPollRounds,
+    LibfabricConfig {
+        spin_rounds: Some(8),
+        ..LibfabricConfig::provider("tcp")
+    },
+    Ipv4Addr::LOCALHOST.into(),
+    pushes_back = true,
+    reset = false,
+    netns = false,
+    liveness = false,
+    close_in_accept = true,
+    busy = true
+);
+flavor!(
     /// libfabric's `sockets` provider on 127.0.0.1.
     Sockets,
     LibfabricConfig::provider("sockets"),
@@ -247,6 +265,19 @@ flavor!(
     pushes_back = true,
     reset = true,
     netns = true
+);
+flavor!(
+    /// Reliable datagrams over libfabric's `shm` on busy-polling loops
+    /// (the spin reads the queue in 8 rounds by default there).
+    RdmShmBusyPoll,
+    rdm_config("shm"),
+    Ipv4Addr::LOCALHOST.into(),
+    pushes_back = true,
+    reset = true,
+    netns = true,
+    liveness = true,
+    close_in_accept = true,
+    busy = true
 );
 flavor!(
     /// Reliable datagrams over libfabric's `sockets` on 127.0.0.1.
