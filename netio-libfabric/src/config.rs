@@ -159,8 +159,11 @@ impl LibfabricConfig {
     }
 
     /// The settings named by the environment: `NETIO_LIBFABRIC_PROVIDER`
-    /// (default `tcp`), `NETIO_LIBFABRIC_DOMAIN` and
-    /// `NETIO_LIBFABRIC_ENDPOINT` (`auto`, `msg` or `rdm`; default `auto`).
+    /// (default `tcp`), `NETIO_LIBFABRIC_DOMAIN`,
+    /// `NETIO_LIBFABRIC_ENDPOINT` (`auto`, `msg` or `rdm`; default `auto`)
+    /// and `NETIO_LIBFABRIC_SPIN_ROUNDS` ([`spin_rounds`](Self::spin_rounds),
+    /// a number; anything else leaves the default). Values that do not
+    /// parse are ignored.
     pub fn from_env() -> Self {
         let mut c = Self::default();
         if let Ok(p) = std::env::var("NETIO_LIBFABRIC_PROVIDER") {
@@ -178,6 +181,31 @@ impl LibfabricConfig {
                 c.endpoint = t;
             }
         }
+        if let Ok(r) = std::env::var("NETIO_LIBFABRIC_SPIN_ROUNDS") {
+            if let Some(rounds) = parse_rounds(&r) {
+                c.spin_rounds = Some(rounds);
+            }
+        }
         c
+    }
+}
+
+/// A number of spin rounds as the environment gives it (surrounding
+/// blanks allowed).
+fn parse_rounds(s: &str) -> Option<u32> {
+    s.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rounds;
+
+    #[test]
+    fn spin_rounds_from_the_environment_are_a_number_or_nothing() {
+        assert_eq!(parse_rounds("8"), Some(8));
+        assert_eq!(parse_rounds(" 1\n"), Some(1));
+        assert_eq!(parse_rounds(""), None);
+        assert_eq!(parse_rounds("eight"), None);
+        assert_eq!(parse_rounds("-1"), None);
     }
 }

@@ -534,11 +534,10 @@ impl RdmInner {
     /// then complete while the loop is held up, as they do on a loop that
     /// sleeps; a loop that spins pays one relaxed store per spin.
     fn spawn_stall_guard(&self) -> Result<(), FiError> {
-        let weak = self.weak.clone();
-        let stop = Arc::clone(&self.stop_progress);
-        std::thread::Builder::new()
-            .name("netio-lf-stall".into())
-            .spawn(move || {
+        self.spawn_reader(
+            "netio-lf-stall",
+            "starting the completion queue's stall guard",
+            |weak, stop| {
                 let mut seen = None;
                 let mut nap = STALL_CHECK;
                 while !stop.load(Ordering::Acquire) {
@@ -559,10 +558,27 @@ impl RdmInner {
                         STALL_CHECK
                     };
                 }
-            })
+            },
+        )
+    }
+
+    /// Starts thread `name`, which runs `body` with this backend's weak
+    /// handle and the flag that tells it to end; `call` names the start in
+    /// the error when the thread cannot be started.
+    fn spawn_reader(
+        &self,
+        name: &str,
+        call: &'static str,
+        body: fn(Weak<RdmInner>, Arc<AtomicBool>),
+    ) -> Result<(), FiError> {
+        let weak = self.weak.clone();
+        let stop = Arc::clone(&self.stop_progress);
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || body(weak, stop))
             .map(|_| ())
             .map_err(|e| FiError {
-                call: "starting the completion queue's stall guard",
+                call,
                 errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
             })
     }
@@ -577,11 +593,10 @@ impl RdmInner {
     /// only when the receiving process reads its queue (`udp;ofi_rxd`)
     /// going while the loop is busy in a handler.
     fn spawn_progress(&self) -> Result<(), FiError> {
-        let weak = self.weak.clone();
-        let stop = Arc::clone(&self.stop_progress);
-        std::thread::Builder::new()
-            .name("netio-lf-progress".into())
-            .spawn(move || {
+        self.spawn_reader(
+            "netio-lf-progress",
+            "starting the completion queue's progress thread",
+            |weak, stop| {
                 let mut last = std::time::Instant::now();
                 let mut nap = Duration::from_micros(20);
                 while !stop.load(Ordering::Acquire) {
@@ -602,12 +617,8 @@ impl RdmInner {
                         nap = (nap * 2).min(PROGRESS_SLEEP);
                     }
                 }
-            })
-            .map(|_| ())
-            .map_err(|e| FiError {
-                call: "starting the completion queue's progress thread",
-                errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
-            })
+            },
+        )
     }
 
     /// One read of the completion queue from the progress thread; `true`
