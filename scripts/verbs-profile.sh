@@ -40,10 +40,12 @@ report() {
     grep -v -e '^#' -e '^$' "$out/$1.sym" | head -n 40 || true
     echo "== $1: system calls of the server while the client ran"
     grep -E 'syscalls|seconds' "$out/$1.stat" || true
+    echo "   (threads counted: $(cat "$out/$1.threads"))"
 }
 
 # profile NAME PATTERN SERVER... -- CLIENT...: the server under perf
-# record, its system calls counted (perf stat on its pid, PATTERN finds it)
+# record, its system calls counted (perf stat on its threads, PATTERN
+# finds it)
 # while the client runs; the server is stopped when the client ends; the
 # client's output is printed.
 profile() {
@@ -65,7 +67,12 @@ profile() {
         sleep 0.1
     done
     sleep 2
-    "$perf_bin" stat -e raw_syscalls:sys_enter -p "$spid" -o "$out/$name.stat" &
+    # Every thread of the server (its loop runs on a thread of its own):
+    # `perf stat -p` counted the main thread alone.
+    local tids
+    tids="$(ls "/proc/$spid/task" | paste -sd, -)"
+    echo "$tids" | tr ',' '\n' | wc -l >"$out/$name.threads"
+    "$perf_bin" stat -e raw_syscalls:sys_enter -t "$tids" -o "$out/$name.stat" &
     local stat_pid=$!
     timeout 240 "${client[@]}" 2>&1 | tail -5 || true
     kill -INT "$stat_pid" 2>/dev/null || true
