@@ -447,3 +447,48 @@ fn on_verbs_a_stream_to_a_counting_receiver_delivers_every_message() {
 fn on_verbs_a_stream_to_a_receiver_paused_and_resumed_from_another_thread_delivers_every_message() {
     stream(harness::verbs_config(), harness::verbs_ip(), true);
 }
+
+/// On a busy-polling loop `verbs` reads an empty queue in rounds
+/// (`LibfabricConfig::spin_rounds`, 8 by default there) and keeps the hot
+/// connection first in line between messages.
+#[cfg(feature = "verbs-conformance")]
+#[test]
+fn on_verbs_on_busy_polling_loops_a_stream_to_a_counting_receiver_delivers_every_message() {
+    stream_on(
+        harness::verbs_config(),
+        harness::verbs_ip(),
+        false,
+        true,
+        runs(3),
+    );
+}
+
+#[cfg(feature = "verbs-conformance")]
+#[test]
+fn on_verbs_on_busy_polling_loops_a_stream_to_a_paused_and_resumed_receiver_delivers_every_message()
+{
+    stream_on(
+        harness::verbs_config(),
+        harness::verbs_ip(),
+        true,
+        true,
+        runs(3),
+    );
+}
+
+/// Reliable datagrams over `verbs;ofi_rxm` on busy-polling loops: the
+/// spin's rounds of reads, and the stall guard beside them.
+#[cfg(feature = "verbs-conformance")]
+#[test]
+fn on_rdm_verbs_rxm_on_busy_polling_loops_a_stream_to_a_counting_receiver_delivers_every_message() {
+    stream_on(
+        LibfabricConfig {
+            endpoint: netio_libfabric::EndpointType::Rdm,
+            ..harness::verbs_config_for("verbs;ofi_rxm")
+        },
+        harness::verbs_ip(),
+        false,
+        true,
+        runs(3),
+    );
+}
