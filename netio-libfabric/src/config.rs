@@ -45,9 +45,9 @@ pub struct LibfabricConfig {
     /// providers whose read only looks at memory (`verbs`, `shm`, `efa`,
     /// … and the layers on them), 1 on the socket-based ones (`tcp`,
     /// `sockets`, `udp` and the layers on them), where each read costs a
-    /// system call. 0 counts as 1. More rounds answer a message sooner
-    /// where a loop turn costs many reads (an emulated machine); fewer
-    /// keep the loop's other sources and timers closer to their time.
+    /// system call. 0 counts as 1. More rounds mean fewer loop turns
+    /// between two reads; fewer keep the loop's other sources and timers
+    /// closer to their time (they wait for a spin's reads).
     pub spin_rounds: Option<u32>,
     /// `FI_SOCKETS_PE_WAITTIME` (µs the `sockets` provider's progress
     /// thread waits) set in the environment when the first backend is

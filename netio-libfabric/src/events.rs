@@ -38,10 +38,11 @@ pub(crate) const SPIN_READS: u32 = 8;
 /// by default of one empty queue (the only connection's, or the
 /// endpoint's) before it gives the loop its turn back, letting other
 /// threads take the state lock between rounds and stopping early when
-/// work was announced to the loop ([`LibfabricConfig::spin_rounds`]).
-/// Under emulation (QEMU without KVM, where soft-RoCE runs) a loop turn
-/// costs as much as ten reads or more, and a message that arrives
-/// meanwhile waits for it.
+/// work was announced to the loop ([`LibfabricConfig::spin_rounds`]): fewer
+/// loop turns between two reads where a turn costs many reads (under
+/// emulation, where soft-RoCE runs). In the guest's 64 B round trip 1 and
+/// 8 rounds measured the same within its noise (docs/benchmarks.md,
+/// 2026-12-08).
 pub(crate) const SPIN_ROUNDS: u32 = 8;
 /// With more than one round, how many spins in a row the hot connection
 /// stays first in line (read [`SPIN_READS`] times) while its queue stays
